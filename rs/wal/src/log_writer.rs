@@ -1,0 +1,386 @@
+//! The public [`Wal`] handle and the log-writer thread that owns the files.
+//!
+//! Architecture invariants:
+//! - Only the log-writer thread touches segment files for writing; callers (threads or async
+//!   tasks) only queue requests and wait on tickets, so no tokio worker ever blocks on I/O.
+//! - The log-writer thread is the write-group leader: each turn it takes everything queued,
+//!   writes it with one vectored write, syncs once if any member needs it, then completes every
+//!   member in sequence order. Requests that arrive during the sync form the next group.
+//! - Sequence numbers are handed out in queue order; the `n`-th append of a group gets the
+//!   group's first sequence number plus `n`.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::config::{Durability, RecoveryReport, WalConfig};
+use crate::error::{Result, WalError};
+use crate::replay::Replay;
+use crate::segmented_log::{SegmentedLog, SharedSegments};
+use crate::write_group::{Abandoned, GroupBounds, GroupQueue, Member, Taken, Ticket};
+
+impl From<Abandoned> for Result<u64> {
+    fn from(_: Abandoned) -> Self {
+        Err(WalError::Closed)
+    }
+}
+
+#[derive(Debug)]
+enum Request {
+    Append {
+        payload: Arc<[u8]>,
+        durability: Durability,
+    },
+    Sync,
+    TruncateBefore(u64),
+}
+
+impl Request {
+    fn weight(&self) -> usize {
+        match self {
+            Request::Append { payload, .. } => payload.len() + crate::entry::ENTRY_HEADER_BYTES,
+            Request::Sync | Request::TruncateBefore(_) => 0,
+        }
+    }
+}
+
+/// Counters for metrics and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WalStats {
+    /// Write groups the leader has processed.
+    pub n_groups: u64,
+    /// fdatasync calls made (group syncs, barriers and background syncs).
+    pub n_syncs: u64,
+    /// Entries written.
+    pub n_entries: u64,
+    /// Entry bytes written (headers included).
+    pub n_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    n_groups: AtomicU64,
+    n_syncs: AtomicU64,
+    n_entries: AtomicU64,
+    n_bytes: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Shared {
+    queue: GroupQueue<Request, Result<u64>>,
+    config: WalConfig,
+    segments: SharedSegments,
+    last_appended_seq: AtomicU64,
+    last_durable_seq: AtomicU64,
+    first_seq: AtomicU64,
+    poisoned: Mutex<Option<Arc<str>>>,
+    counters: Counters,
+}
+
+impl Shared {
+    fn poisoned(&self) -> Option<Arc<str>> {
+        self.poisoned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+#[derive(Debug)]
+struct Handle {
+    shared: Arc<Shared>,
+    writer_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Handle {
+    fn shut_down(&self) {
+        self.shared.queue.close();
+        let thread = self
+            .writer_thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(thread) = thread {
+            if thread.join().is_err() {
+                tracing::error!("the WAL writer thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
+/// A write-ahead log: a directory of segment files, appended to through write groups by a
+/// dedicated thread. Cloning gives another handle to the same log; the writer thread stops (after
+/// draining and syncing) when the last handle is dropped or [`Wal::close`] is called.
+#[derive(Debug, Clone)]
+pub struct Wal {
+    handle: Arc<Handle>,
+}
+
+impl Wal {
+    /// Opens the log in `dir` (created if missing), recovering from whatever a crash left, and
+    /// starts its writer thread. Blocking: from async code call it inside `spawn_blocking`.
+    pub fn open(dir: impl AsRef<Path>, config: WalConfig) -> Result<(Wal, RecoveryReport)> {
+        let (log, report) = SegmentedLog::open(dir.as_ref(), config.clone())?;
+        let shared = Arc::new(Shared {
+            queue: GroupQueue::new(),
+            config,
+            segments: log.segments(),
+            last_appended_seq: AtomicU64::new(log.last_written_seq()),
+            last_durable_seq: AtomicU64::new(log.last_synced_seq()),
+            first_seq: AtomicU64::new(log.first_seq()),
+            poisoned: Mutex::new(None),
+            counters: Counters::default(),
+        });
+        let thread_shared = Arc::clone(&shared);
+        let writer_thread = std::thread::Builder::new()
+            .name("tarn-wal-writer".to_owned())
+            .spawn(move || run_writer(&thread_shared, log))
+            .map_err(|e| WalError::io("spawn writer thread", dir.as_ref(), e))?;
+        let wal = Wal {
+            handle: Arc::new(Handle {
+                shared,
+                writer_thread: Mutex::new(Some(writer_thread)),
+            }),
+        };
+        Ok((wal, report))
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.handle.shared
+    }
+
+    fn submit(&self, request: Request) -> Ticket<Result<u64>> {
+        if let Some(first_error) = self.shared().poisoned() {
+            return Ticket::ready(Err(WalError::Poisoned { first_error }));
+        }
+        match self.shared().queue.submit(request) {
+            Ok(ticket) => ticket,
+            Err(_) => Ticket::ready(Err(WalError::Closed)),
+        }
+    }
+
+    /// Appends one entry. The ticket resolves to its sequence number once it is durable
+    /// ([`Durability::Fsync`]) or written to the OS ([`Durability::Written`]). The payload is
+    /// shared, not copied.
+    pub fn append(&self, payload: Arc<[u8]>, durability: Durability) -> Ticket<Result<u64>> {
+        let max = self.shared().config.max_entry_bytes;
+        if payload.len() > max {
+            return Ticket::ready(Err(WalError::EntryTooLarge {
+                len: payload.len(),
+                max,
+            }));
+        }
+        self.submit(Request::Append {
+            payload,
+            durability,
+        })
+    }
+
+    /// A barrier: resolves once every entry appended before it is durable, to the last durable
+    /// sequence number.
+    pub fn sync(&self) -> Ticket<Result<u64>> {
+        self.submit(Request::Sync)
+    }
+
+    /// Deletes whole segments whose entries all come before `seq`; resolves to the oldest
+    /// sequence number still in the log.
+    pub fn truncate_before(&self, seq: u64) -> Ticket<Result<u64>> {
+        self.submit(Request::TruncateBefore(seq))
+    }
+
+    /// Reads back entries from `from_seq` up to the last one appended now.
+    pub fn replay(&self, from_seq: u64) -> Result<Replay> {
+        let segments = self
+            .shared()
+            .segments
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        Replay::new(
+            segments,
+            from_seq,
+            self.last_appended_seq(),
+            self.shared().config.max_entry_bytes,
+        )
+    }
+
+    /// The last sequence number known to be on disk (0 when none).
+    pub fn last_durable_seq(&self) -> u64 {
+        self.shared().last_durable_seq.load(Ordering::Acquire)
+    }
+
+    /// The last sequence number written (durable or not).
+    pub fn last_appended_seq(&self) -> u64 {
+        self.shared().last_appended_seq.load(Ordering::Acquire)
+    }
+
+    /// The oldest sequence number still in the log.
+    pub fn first_seq(&self) -> u64 {
+        self.shared().first_seq.load(Ordering::Acquire)
+    }
+
+    /// The first error that poisoned the log, if any.
+    pub fn poisoned(&self) -> Option<Arc<str>> {
+        self.shared().poisoned()
+    }
+
+    pub fn stats(&self) -> WalStats {
+        let c = &self.shared().counters;
+        WalStats {
+            n_groups: c.n_groups.load(Ordering::Relaxed),
+            n_syncs: c.n_syncs.load(Ordering::Relaxed),
+            n_entries: c.n_entries.load(Ordering::Relaxed),
+            n_bytes: c.n_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops accepting requests, lets the writer finish what is queued and sync, and waits for
+    /// it. Every handle sees the log closed afterwards. Returns the poisoning error, if any.
+    pub fn close(&self) -> Result<()> {
+        self.handle.shut_down();
+        match self.poisoned() {
+            Some(first_error) => Err(WalError::Poisoned { first_error }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The log-writer thread: leads one write group after another until the queue closes.
+fn run_writer(shared: &Shared, mut log: SegmentedLog) {
+    let bounds = GroupBounds {
+        max_members: shared.config.max_group_entries,
+        max_weight: shared.config.max_group_bytes,
+    };
+    // When written-but-unsynced data first appeared (Durability::Written appends).
+    let mut unsynced_since: Option<Instant> = None;
+    loop {
+        let deadline = unsynced_since.map(|since| since + shared.config.background_sync_interval);
+        match shared.queue.take_group(bounds, Request::weight, deadline) {
+            Taken::Group(group) => {
+                lead_group(shared, &mut log, group);
+                unsynced_since = match unsynced_since {
+                    _ if !log.has_unsynced() => None,
+                    None => Some(Instant::now()),
+                    since => since,
+                };
+            }
+            Taken::TimedOut => {
+                background_sync(shared, &mut log);
+                unsynced_since = None;
+            }
+            Taken::Closed => {
+                if log.has_unsynced() {
+                    background_sync(shared, &mut log);
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn background_sync(shared: &Shared, log: &mut SegmentedLog) {
+    if log.poisoned().is_some() {
+        return;
+    }
+    let result = log.sync();
+    shared.counters.n_syncs.fetch_add(1, Ordering::Relaxed);
+    publish(shared, log);
+    if let Err(error) = result {
+        tracing::error!(%error, "background WAL sync failed");
+    }
+}
+
+/// Copies the log's positions and poison state to where handles read them.
+fn publish(shared: &Shared, log: &SegmentedLog) {
+    shared
+        .last_appended_seq
+        .store(log.last_written_seq(), Ordering::Release);
+    shared
+        .last_durable_seq
+        .store(log.last_synced_seq(), Ordering::Release);
+    shared.first_seq.store(log.first_seq(), Ordering::Release);
+    if let Some(first_error) = log.poisoned() {
+        let mut poisoned = shared.poisoned.lock().unwrap_or_else(|p| p.into_inner());
+        poisoned.get_or_insert_with(|| Arc::clone(first_error));
+    }
+}
+
+/// Writes, syncs and answers one group.
+fn lead_group(shared: &Shared, log: &mut SegmentedLog, group: Vec<Member<Request, Result<u64>>>) {
+    let payloads: Vec<&[u8]> = group
+        .iter()
+        .filter_map(|member| match &member.request {
+            Request::Append { payload, .. } => Some(&payload[..]),
+            _ => None,
+        })
+        .collect();
+    let needs_sync = group.iter().any(|member| {
+        matches!(
+            member.request,
+            Request::Sync
+                | Request::Append {
+                    durability: Durability::Fsync,
+                    ..
+                }
+        )
+    });
+    let n_bytes: usize = group.iter().map(|m| m.request.weight()).sum();
+    let written = if payloads.is_empty() {
+        Ok(log.last_written_seq() + 1)
+    } else {
+        log.append(&payloads)
+    };
+    let outcome = written.and_then(|first_seq| {
+        if needs_sync {
+            shared.counters.n_syncs.fetch_add(1, Ordering::Relaxed);
+            log.sync()?;
+        }
+        Ok(first_seq)
+    });
+    shared.counters.n_groups.fetch_add(1, Ordering::Relaxed);
+    if outcome.is_ok() {
+        shared
+            .counters
+            .n_entries
+            .fetch_add(payloads.len() as u64, Ordering::Relaxed);
+        shared
+            .counters
+            .n_bytes
+            .fetch_add(n_bytes as u64, Ordering::Relaxed);
+    }
+    drop(payloads);
+    publish(shared, log);
+
+    let mut next_seq = match outcome {
+        Ok(first_seq) => first_seq,
+        Err(error) => {
+            for member in group {
+                member.complete(Err(error.clone()));
+            }
+            return;
+        }
+    };
+    for member in group {
+        let result = match member.request {
+            Request::Append { .. } => {
+                next_seq += 1;
+                Ok(next_seq - 1)
+            }
+            Request::Sync => Ok(log.last_synced_seq()),
+            Request::TruncateBefore(seq) => {
+                let result = log.truncate_before(seq);
+                publish(shared, log);
+                result
+            }
+        };
+        member.complete(result);
+    }
+}

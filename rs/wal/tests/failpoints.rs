@@ -1,0 +1,153 @@
+//! Fail points for write, fdatasync and segment-creation errors: the log poisons itself, no
+//! failed append resolves as durable, and a reopen brings back every acknowledged entry.
+//!
+//! Fail points are process-global, so these tests live in their own binary and each holds a
+//! `FailScenario` (which serialises them). Run with `--features failpoints`.
+#![cfg(feature = "failpoints")]
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fail::FailScenario;
+use tarn_wal::{Durability, Wal, WalConfig, WalError};
+
+fn payload(tag: u64) -> Arc<[u8]> {
+    let mut bytes = tag.to_le_bytes().to_vec();
+    bytes.resize(200, tag as u8);
+    bytes.into()
+}
+
+fn replay_all(wal: &Wal) -> Vec<(u64, Vec<u8>)> {
+    wal.replay(1).unwrap().collect::<Result<_, _>>().unwrap()
+}
+
+fn assert_poisoned(wal: &Wal) {
+    assert!(wal.poisoned().is_some());
+    assert!(matches!(
+        wal.append(payload(99), Durability::Fsync).wait(),
+        Err(WalError::Poisoned { .. })
+    ));
+    assert!(matches!(
+        wal.append(payload(99), Durability::Written).wait(),
+        Err(WalError::Poisoned { .. })
+    ));
+    assert!(matches!(wal.sync().wait(), Err(WalError::Poisoned { .. })));
+    assert!(wal.close().is_err());
+}
+
+/// Appends 5 entries, arms `fail_point`, checks that the next append fails and poisons the log,
+/// then reopens and checks that the 5 acknowledged entries are intact and new appends work.
+fn poisons_and_recovers(fail_point: &str, config: WalConfig) {
+    let scenario = FailScenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(dir.path(), config.clone()).unwrap();
+    for tag in 1..=5 {
+        assert_eq!(
+            wal.append(payload(tag), Durability::Fsync).wait().unwrap(),
+            tag
+        );
+    }
+    fail::cfg(fail_point, "return").unwrap();
+    let result = wal.append(payload(6), Durability::Fsync).wait();
+    assert!(
+        matches!(result, Err(WalError::Io { .. })),
+        "{fail_point}: {result:?}"
+    );
+    fail::remove(fail_point);
+    // Nothing is retried: the log stays poisoned even though the fault is gone.
+    assert_poisoned(&wal);
+    assert_eq!(wal.last_durable_seq(), 5);
+    drop(wal);
+
+    let (wal, _) = Wal::open(dir.path(), config).unwrap();
+    let entries = replay_all(&wal);
+    assert!(entries.len() >= 5, "{fail_point}");
+    for (seq, bytes) in entries.iter().take(5) {
+        assert_eq!(bytes, &payload(*seq).to_vec());
+    }
+    let next = entries.len() as u64 + 1;
+    assert_eq!(
+        wal.append(payload(next), Durability::Fsync).wait().unwrap(),
+        next
+    );
+    scenario.teardown();
+}
+
+#[test]
+fn failed_fdatasync_poisons() {
+    poisons_and_recovers("wal::fdatasync", WalConfig::default());
+}
+
+#[test]
+fn failed_write_poisons() {
+    poisons_and_recovers("wal::write", WalConfig::default());
+}
+
+#[test]
+fn torn_write_poisons_and_the_tail_is_cut_at_reopen() {
+    poisons_and_recovers("wal::torn_write", WalConfig::default());
+}
+
+#[test]
+fn failed_segment_creation_at_rollover_poisons() {
+    // 5 entries of 216 bytes fill a 1,112-byte segment; the sixth needs a new one.
+    let config = WalConfig {
+        segment_bytes: 32 + 5 * 216,
+        ..WalConfig::default()
+    };
+    poisons_and_recovers("wal::create_segment", config);
+}
+
+#[test]
+fn every_member_of_a_failing_group_gets_the_error() {
+    let scenario = FailScenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(dir.path(), WalConfig::default()).unwrap();
+    // Slow the first sync down so that the others queue up behind it, then fail the second.
+    fail::cfg("wal::fdatasync", "1*sleep(50)->return").unwrap();
+    let tickets: Vec<_> = (1..=200)
+        .map(|tag| wal.append(payload(tag), Durability::Fsync))
+        .collect();
+    let results: Vec<_> = tickets.into_iter().map(|t| t.wait()).collect();
+    let n_ok = results.iter().filter(|r| r.is_ok()).count();
+    let n_failed = results.iter().filter(|r| r.is_err()).count();
+    assert!(n_failed >= 1, "{results:?}");
+    assert_eq!(n_ok + n_failed, 200);
+    // Every acknowledged one came before every failed one, and nothing after the failure was
+    // acknowledged.
+    let first_failure = results.iter().position(|r| r.is_err()).unwrap();
+    assert!(results[first_failure..].iter().all(|r| r.is_err()));
+    assert_eq!(wal.last_durable_seq(), n_ok as u64);
+    fail::remove("wal::fdatasync");
+    assert_poisoned(&wal);
+    scenario.teardown();
+}
+
+#[test]
+fn a_failed_background_sync_poisons_written_mode() {
+    let scenario = FailScenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    let config = WalConfig {
+        background_sync_interval: Duration::from_millis(10),
+        ..WalConfig::default()
+    };
+    let (wal, _) = Wal::open(dir.path(), config).unwrap();
+    fail::cfg("wal::fdatasync", "return").unwrap();
+    assert_eq!(
+        wal.append(payload(1), Durability::Written).wait().unwrap(),
+        1
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while wal.poisoned().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "background sync never failed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    fail::remove("wal::fdatasync");
+    assert_eq!(wal.last_durable_seq(), 0);
+    assert_poisoned(&wal);
+    scenario.teardown();
+}
