@@ -38,6 +38,9 @@ struct Completion<T> {
 struct CompletionState<T> {
     result: Option<T>,
     waker: Option<Waker>,
+    /// A thread is blocked in `Ticket::wait` (so `complete` must signal the condvar; skipping
+    /// the signal otherwise saves the completing thread a futex syscall per member).
+    thread_waiting: bool,
 }
 
 impl<T> Completion<T> {
@@ -46,18 +49,21 @@ impl<T> Completion<T> {
             state: Mutex::new(CompletionState {
                 result,
                 waker: None,
+                thread_waiting: false,
             }),
             done: Condvar::new(),
         })
     }
 
     fn complete(&self, result: T) {
-        let waker = {
+        let (waker, thread_waiting) = {
             let mut state = lock(&self.state);
             state.result = Some(result);
-            state.waker.take()
+            (state.waker.take(), state.thread_waiting)
         };
-        self.done.notify_all();
+        if thread_waiting {
+            self.done.notify_all();
+        }
         if let Some(waker) = waker {
             waker.wake();
         }
@@ -88,6 +94,7 @@ impl<T> Ticket<T> {
             if let Some(result) = state.result.take() {
                 return result;
             }
+            state.thread_waiting = true;
             state = self
                 .completion
                 .done
@@ -142,6 +149,9 @@ impl<R, T: From<Abandoned>> Drop for Member<R, T> {
 struct QueueState<R, T: From<Abandoned>> {
     pending: VecDeque<Member<R, T>>,
     closed: bool,
+    /// The leader is blocked in `take_group`. Writers signal the condvar only then: while the
+    /// leader writes and syncs, arrivals just queue, without a futex syscall each.
+    leader_waiting: bool,
 }
 
 /// What a leader gets from [`GroupQueue::take_group`].
@@ -175,6 +185,7 @@ impl<R, T: From<Abandoned>> GroupQueue<R, T> {
             state: Mutex::new(QueueState {
                 pending: VecDeque::new(),
                 closed: false,
+                leader_waiting: false,
             }),
             arrived: Condvar::new(),
         }
@@ -183,7 +194,7 @@ impl<R, T: From<Abandoned>> GroupQueue<R, T> {
     /// Queues a request. Returns it back if the queue is closed.
     pub(crate) fn submit(&self, request: R) -> Result<Ticket<T>, R> {
         let completion = Completion::new(None);
-        {
+        let leader_waiting = {
             let mut state = lock(&self.state);
             if state.closed {
                 return Err(request);
@@ -192,8 +203,11 @@ impl<R, T: From<Abandoned>> GroupQueue<R, T> {
                 request,
                 completion: Some(Arc::clone(&completion)),
             });
+            std::mem::replace(&mut state.leader_waiting, false)
+        };
+        if leader_waiting {
+            self.arrived.notify_one();
         }
-        self.arrived.notify_one();
         Ok(Ticket { completion })
     }
 
@@ -219,6 +233,7 @@ impl<R, T: From<Abandoned>> GroupQueue<R, T> {
             if state.closed {
                 return Taken::Closed;
             }
+            state.leader_waiting = true;
             state = match deadline {
                 None => self
                     .arrived
@@ -227,6 +242,7 @@ impl<R, T: From<Abandoned>> GroupQueue<R, T> {
                 Some(deadline) => {
                     let now = Instant::now();
                     if now >= deadline {
+                        state.leader_waiting = false;
                         return Taken::TimedOut;
                     }
                     self.arrived
@@ -236,6 +252,7 @@ impl<R, T: From<Abandoned>> GroupQueue<R, T> {
                 }
             };
         }
+        state.leader_waiting = false;
         let mut group = Vec::with_capacity(state.pending.len().min(bounds.max_members));
         let mut group_weight = 0usize;
         while let Some(next) = state.pending.front() {
