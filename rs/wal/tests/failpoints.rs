@@ -38,7 +38,7 @@ fn assert_poisoned(wal: &Wal) {
 
 /// Appends 5 entries, arms `fail_point`, checks that the next append fails and poisons the log,
 /// then reopens and checks that the 5 acknowledged entries are intact and new appends work.
-fn poisons_and_recovers(fail_point: &str, config: WalConfig) {
+fn poisons_and_recovers(fail_point: &str, config: WalConfig) -> tarn_wal::RecoveryReport {
     let scenario = FailScenario::setup();
     let dir = tempfile::tempdir().unwrap();
     let (wal, _) = Wal::open(dir.path(), config.clone()).unwrap();
@@ -60,7 +60,7 @@ fn poisons_and_recovers(fail_point: &str, config: WalConfig) {
     assert_eq!(wal.last_durable_seq(), 5);
     drop(wal);
 
-    let (wal, _) = Wal::open(dir.path(), config).unwrap();
+    let (wal, report) = Wal::open(dir.path(), config).unwrap();
     let entries = replay_all(&wal);
     assert!(entries.len() >= 5, "{fail_point}");
     for (seq, bytes) in entries.iter().take(5) {
@@ -72,21 +72,25 @@ fn poisons_and_recovers(fail_point: &str, config: WalConfig) {
         next
     );
     scenario.teardown();
+    report
 }
 
 #[test]
 fn failed_fdatasync_poisons() {
-    poisons_and_recovers("wal::fdatasync", WalConfig::default());
+    let _ = poisons_and_recovers("wal::fdatasync", WalConfig::default());
 }
 
 #[test]
 fn failed_write_poisons() {
-    poisons_and_recovers("wal::write", WalConfig::default());
+    let _ = poisons_and_recovers("wal::write", WalConfig::default());
 }
 
 #[test]
 fn torn_write_poisons_and_the_tail_is_cut_at_reopen() {
-    poisons_and_recovers("wal::torn_write", WalConfig::default());
+    let report = poisons_and_recovers("wal::torn_write", WalConfig::default());
+    let repair = report.torn_tail.expect("the half-written entry is cut off");
+    assert_eq!(repair.bytes_dropped, 8, "{repair:?}");
+    assert_eq!(report.last_seq, 5);
 }
 
 #[test]
@@ -96,7 +100,7 @@ fn failed_segment_creation_at_rollover_poisons() {
         segment_bytes: 32 + 5 * 216,
         ..WalConfig::default()
     };
-    poisons_and_recovers("wal::create_segment", config);
+    let _ = poisons_and_recovers("wal::create_segment", config);
 }
 
 #[test]
@@ -104,21 +108,38 @@ fn every_member_of_a_failing_group_gets_the_error() {
     let scenario = FailScenario::setup();
     let dir = tempfile::tempdir().unwrap();
     let (wal, _) = Wal::open(dir.path(), WalConfig::default()).unwrap();
-    // Slow the first sync down so that the others queue up behind it, then fail the second.
-    fail::cfg("wal::fdatasync", "1*sleep(50)->return").unwrap();
-    let tickets: Vec<_> = (1..=200)
+    // Hold the leader in its first sync (which then succeeds) while 199 appends queue up behind
+    // it; they form the next group, whose sync fails. The margins are wide: the leader is in
+    // the 300 ms sleep long before the 199 are queued.
+    fail::cfg("wal::fdatasync", "1*sleep(300)").unwrap();
+    let first = wal.append(payload(1), Durability::Fsync);
+    std::thread::sleep(Duration::from_millis(30));
+    let tickets: Vec<_> = (2..=200)
         .map(|tag| wal.append(payload(tag), Durability::Fsync))
         .collect();
+    fail::cfg("wal::fdatasync", "return").unwrap();
+    assert_eq!(first.wait().unwrap(), 1);
     let results: Vec<_> = tickets.into_iter().map(|t| t.wait()).collect();
-    let n_ok = results.iter().filter(|r| r.is_ok()).count();
-    let n_failed = results.iter().filter(|r| r.is_err()).count();
-    assert!(n_failed >= 1, "{results:?}");
-    assert_eq!(n_ok + n_failed, 200);
-    // Every acknowledged one came before every failed one, and nothing after the failure was
-    // acknowledged.
-    let first_failure = results.iter().position(|r| r.is_err()).unwrap();
-    assert!(results[first_failure..].iter().all(|r| r.is_err()));
-    assert_eq!(wal.last_durable_seq(), n_ok as u64);
+    let first_error = results[0].clone().unwrap_err();
+    assert!(
+        matches!(
+            first_error,
+            WalError::Io {
+                op: "fdatasync",
+                ..
+            }
+        ),
+        "{first_error:?}"
+    );
+    for result in &results {
+        // Every member got the leader's error itself, not a later "poisoned".
+        assert_eq!(
+            result.as_ref().unwrap_err().to_string(),
+            first_error.to_string()
+        );
+    }
+    assert_eq!(wal.last_durable_seq(), 1);
+    assert_eq!(wal.stats().n_groups, 2);
     fail::remove("wal::fdatasync");
     assert_poisoned(&wal);
     scenario.teardown();
