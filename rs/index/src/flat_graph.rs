@@ -1,0 +1,274 @@
+//! tarn's own HNSW graph layout and search: neighbour lists as flat `u32` arrays per layer
+//! (CSR: an offsets array and one neighbours array), searched with a reusable visited set and
+//! heaps of plain `(distance, node)` pairs. Built by exporting an hnsw_rs graph.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use crate::bytes::{ByteReader, ByteWriter};
+use crate::error::{IndexError, Result};
+use crate::visited::with_visited;
+
+/// One layer: node `i`'s neighbours are `neighbors[offsets[i]..offsets[i + 1]]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CsrLayer {
+    offsets: Vec<u32>,
+    neighbors: Vec<u32>,
+}
+
+impl CsrLayer {
+    pub(crate) fn from_lists(lists: &[Vec<u32>]) -> Self {
+        let mut offsets = Vec::with_capacity(lists.len() + 1);
+        let mut neighbors = Vec::with_capacity(lists.iter().map(Vec::len).sum());
+        offsets.push(0);
+        for list in lists {
+            neighbors.extend_from_slice(list);
+            offsets.push(neighbors.len() as u32);
+        }
+        CsrLayer { offsets, neighbors }
+    }
+
+    #[inline]
+    pub(crate) fn neighbors(&self, node: u32) -> &[u32] {
+        let node = node as usize;
+        &self.neighbors[self.offsets[node] as usize..self.offsets[node + 1] as usize]
+    }
+
+    fn memory_bytes(&self) -> usize {
+        (self.offsets.len() + self.neighbors.len()) * 4
+    }
+}
+
+/// An immutable HNSW graph over nodes `0..n_nodes` (a partition's slots).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FlatGraph {
+    pub(crate) entry: u32,
+    /// `layers[l]` for l in 0..=max level.
+    pub(crate) layers: Vec<CsrLayer>,
+}
+
+/// A `(distance, node)` pair ordered by distance (then node, for determinism).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Candidate {
+    pub(crate) distance: f32,
+    pub(crate) node: u32,
+}
+
+impl Eq for Candidate {}
+
+impl Ord for Candidate {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.distance
+            .total_cmp(&other.distance)
+            .then(self.node.cmp(&other.node))
+    }
+}
+
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl FlatGraph {
+    pub(crate) fn n_nodes(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.offsets.len() - 1)
+    }
+
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.layers.iter().map(CsrLayer::memory_bytes).sum()
+    }
+
+    /// Approximate k nearest live nodes. `distance(node)` measures a node against the query;
+    /// `is_live(node)` excludes tombstoned nodes from the results (they are still traversed, so
+    /// the graph stays connected).
+    pub(crate) fn search(
+        &self,
+        k: usize,
+        ef: usize,
+        distance: impl Fn(u32) -> f32,
+        is_live: impl Fn(u32) -> bool,
+    ) -> Vec<Candidate> {
+        let n_nodes = self.n_nodes();
+        if n_nodes == 0 || k == 0 {
+            return Vec::new();
+        }
+        let ef = ef.max(k);
+        // Greedy descent through the upper layers.
+        let mut entry = Candidate {
+            distance: distance(self.entry),
+            node: self.entry,
+        };
+        for layer in self.layers[1..].iter().rev() {
+            loop {
+                let mut improved = false;
+                for &neighbor in layer.neighbors(entry.node) {
+                    let d = distance(neighbor);
+                    if d < entry.distance {
+                        entry = Candidate {
+                            distance: d,
+                            node: neighbor,
+                        };
+                        improved = true;
+                    }
+                }
+                if !improved {
+                    break;
+                }
+            }
+        }
+        // Beam search in layer 0.
+        let base = &self.layers[0];
+        let mut results = with_visited(n_nodes, |visited| {
+            visited.insert(entry.node);
+            let mut candidates: BinaryHeap<std::cmp::Reverse<Candidate>> =
+                BinaryHeap::with_capacity(ef * 2);
+            let mut results: BinaryHeap<Candidate> = BinaryHeap::with_capacity(ef + 1);
+            candidates.push(std::cmp::Reverse(entry));
+            if is_live(entry.node) {
+                results.push(entry);
+            }
+            while let Some(std::cmp::Reverse(current)) = candidates.pop() {
+                let bound = results.peek().map_or(f32::INFINITY, |c| c.distance);
+                if current.distance > bound && results.len() >= ef {
+                    break;
+                }
+                for &neighbor in base.neighbors(current.node) {
+                    if !visited.insert(neighbor) {
+                        continue;
+                    }
+                    let d = distance(neighbor);
+                    let bound = results.peek().map_or(f32::INFINITY, |c| c.distance);
+                    if results.len() < ef || d < bound {
+                        let candidate = Candidate {
+                            distance: d,
+                            node: neighbor,
+                        };
+                        candidates.push(std::cmp::Reverse(candidate));
+                        if is_live(neighbor) {
+                            results.push(candidate);
+                            if results.len() > ef {
+                                results.pop();
+                            }
+                        }
+                    }
+                }
+            }
+            results.into_vec()
+        });
+        results.sort_unstable();
+        results.truncate(k);
+        results
+    }
+
+    /// Makes every node in `live` reachable from the entry point in layer 0. A graph built by
+    /// parallel hnsw_rs inserts can leave a node that no other node points to; such a node is
+    /// appended to the list of its nearest out-neighbour that is reachable (or of the entry
+    /// point). Returns how many nodes were reconnected.
+    pub(crate) fn connect_unreachable(
+        lists: &mut [Vec<u32>],
+        entry: u32,
+        is_node: impl Fn(u32) -> bool,
+    ) -> usize {
+        let mut reconnected = 0;
+        loop {
+            let reached = reachable(lists, entry);
+            let orphan = (0..lists.len() as u32).find(|&n| is_node(n) && !reached[n as usize]);
+            let Some(orphan) = orphan else {
+                return reconnected;
+            };
+            let parent = lists[orphan as usize]
+                .iter()
+                .copied()
+                .find(|&p| reached[p as usize])
+                .unwrap_or(entry);
+            lists[parent as usize].push(orphan);
+            reconnected += 1;
+        }
+    }
+
+    pub(crate) fn write(&self, out: &mut ByteWriter) {
+        out.u32(self.entry);
+        out.u32(self.layers.len() as u32);
+        for layer in &self.layers {
+            out.u32(layer.neighbors.len() as u32);
+            out.u32s(&layer.offsets);
+            out.u32s(&layer.neighbors);
+        }
+    }
+
+    pub(crate) fn read(input: &mut ByteReader<'_>, n_nodes: usize) -> Result<FlatGraph> {
+        let entry = input.u32("graph entry")?;
+        let n_layers = input.u32("graph layer count")? as usize;
+        if n_layers == 0 || n_layers > 64 || entry as usize >= n_nodes {
+            return Err(IndexError::Format(format!(
+                "graph with {n_layers} layers and entry {entry} over {n_nodes} nodes"
+            )));
+        }
+        let mut layers = Vec::with_capacity(n_layers);
+        for _ in 0..n_layers {
+            let n_edges = input.u32("graph edge count")? as usize;
+            let offsets = input.u32s(n_nodes + 1, "graph offsets")?;
+            let neighbors = input.u32s(n_edges, "graph neighbours")?;
+            let offsets_ok = offsets.first() == Some(&0)
+                && offsets.windows(2).all(|w| w[0] <= w[1])
+                && offsets.last().copied() == Some(n_edges as u32);
+            if !offsets_ok || neighbors.iter().any(|&n| n as usize >= n_nodes) {
+                return Err(IndexError::Format(
+                    "graph offsets or neighbours out of range".into(),
+                ));
+            }
+            layers.push(CsrLayer { offsets, neighbors });
+        }
+        Ok(FlatGraph { entry, layers })
+    }
+}
+
+/// Nodes reachable from `entry` following `lists`.
+fn reachable(lists: &[Vec<u32>], entry: u32) -> Vec<bool> {
+    let mut reached = vec![false; lists.len()];
+    let mut stack = vec![entry];
+    reached[entry as usize] = true;
+    while let Some(node) = stack.pop() {
+        for &next in &lists[node as usize] {
+            if !reached[next as usize] {
+                reached[next as usize] = true;
+                stack.push(next);
+            }
+        }
+    }
+    reached
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orphans_are_reconnected() {
+        // 0 -> 1, 2 -> 1 (2 has no incoming edge), 3 isolated.
+        let mut lists = vec![vec![1], vec![], vec![1], vec![]];
+        let n = FlatGraph::connect_unreachable(&mut lists, 0, |_| true);
+        assert_eq!(n, 2);
+        assert!(lists[1].contains(&2));
+        assert!(lists[0].contains(&3));
+        assert!(reachable(&lists, 0).iter().all(|&r| r));
+    }
+
+    #[test]
+    fn serialisation_round_trip_and_rejects_bad_offsets() {
+        let graph = FlatGraph {
+            entry: 1,
+            layers: vec![
+                CsrLayer::from_lists(&[vec![1, 2], vec![0], vec![0, 1]]),
+                CsrLayer::from_lists(&[vec![], vec![2], vec![1]]),
+            ],
+        };
+        let mut out = ByteWriter::default();
+        graph.write(&mut out);
+        let back = FlatGraph::read(&mut ByteReader::new(&out.bytes), 3).unwrap();
+        assert_eq!(back, graph);
+        assert!(FlatGraph::read(&mut ByteReader::new(&out.bytes), 2).is_err());
+        assert!(FlatGraph::read(&mut ByteReader::new(&out.bytes[..20]), 3).is_err());
+    }
+}

@@ -1,0 +1,28 @@
+//! `tarn-index`: the vector segments of a collection.
+//!
+//! - [`MutableSegment`]: takes ingested upserts and removes; per-tenant partitions, searched
+//!   exactly while small and through an hnsw_rs graph past a threshold.
+//! - [`SealedSegment`]: immutable, in tarn's own checksummed file format, searched by tarn's own
+//!   HNSW loop over flat `u32` neighbour lists; only tombstones change.
+//!
+//! The crate knows nothing of the WAL or protobuf, and hnsw_rs types never leave it.
+
+mod bitset;
+mod bytes;
+mod config;
+mod error;
+mod flat_graph;
+pub mod fsutil;
+mod hnsw_graph;
+mod metric;
+mod mutable;
+mod sealed;
+mod search;
+mod visited;
+
+pub use config::{HnswParams, IndexConfig};
+pub use error::{IndexError, Result};
+pub use metric::{dot, l2_squared, Metric};
+pub use mutable::MutableSegment;
+pub use sealed::{SealedSegment, SegmentFigures};
+pub use search::Hit;

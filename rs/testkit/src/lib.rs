@@ -1,0 +1,106 @@
+//! Test and benchmark helpers (never a dependency of the product): seeded clustered vectors, a
+//! brute-force kNN oracle, and readers for the TEXMEX fvecs/ivecs files of `../shared/data`.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use rand::{Rng, SeedableRng};
+use tarn_index::Metric;
+
+/// `n` vectors of `dim` floats around `n_clusters` random centres (so that graphs have real
+/// neighbourhoods to find), reproducible from `seed`. Row-major.
+pub fn clustered_vectors(n: usize, dim: usize, n_clusters: usize, seed: u64) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let centres: Vec<f32> = (0..n_clusters * dim)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+    let mut out = Vec::with_capacity(n * dim);
+    for _ in 0..n {
+        let c = rng.random_range(0..n_clusters);
+        for d in 0..dim {
+            out.push(centres[c * dim + d] + rng.random_range(-0.3..0.3));
+        }
+    }
+    out
+}
+
+/// Exact k nearest rows of `base` to `query` under `metric` (vectors prepared as the index
+/// prepares them), nearest first.
+pub fn brute_force_top_k(
+    base: &[f32],
+    dim: usize,
+    query: &[f32],
+    k: usize,
+    metric: Metric,
+) -> Vec<usize> {
+    let mut q = query.to_vec();
+    metric.prepare(&mut q);
+    let mut scored: Vec<(f32, usize)> = base
+        .chunks_exact(dim)
+        .enumerate()
+        .map(|(i, row)| {
+            let mut v = row.to_vec();
+            metric.prepare(&mut v);
+            (metric.distance(&q, &v), i)
+        })
+        .collect();
+    scored.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    scored.into_iter().take(k).map(|(_, i)| i).collect()
+}
+
+/// Fraction of `truth`'s first `k` found in `found`.
+pub fn recall(found: &[usize], truth: &[usize], k: usize) -> f64 {
+    let truth = &truth[..k.min(truth.len())];
+    let hits = found.iter().take(k).filter(|f| truth.contains(f)).count();
+    hits as f64 / truth.len().max(1) as f64
+}
+
+/// Reads an fvecs file: returns (dimension, row-major values).
+pub fn read_fvecs(path: &Path) -> io::Result<(usize, Vec<f32>)> {
+    let bytes = std::fs::read(path)?;
+    let (dim, words) = read_vecs(&bytes, path)?;
+    Ok((dim, words.into_iter().map(f32::from_bits).collect()))
+}
+
+/// Reads an ivecs file: returns (dimension, row-major values).
+pub fn read_ivecs(path: &Path) -> io::Result<(usize, Vec<i32>)> {
+    let bytes = std::fs::read(path)?;
+    let (dim, words) = read_vecs(&bytes, path)?;
+    Ok((dim, words.into_iter().map(|w| w as i32).collect()))
+}
+
+fn read_vecs(bytes: &[u8], path: &Path) -> io::Result<(usize, Vec<u32>)> {
+    let bad = |why: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {why}", path.display()),
+        )
+    };
+    if bytes.len() < 4 {
+        return Err(bad("empty"));
+    }
+    let dim = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")) as usize;
+    let row = 4 + dim * 4;
+    if dim == 0 || bytes.len() % row != 0 {
+        return Err(bad("not a whole number of rows"));
+    }
+    let mut out = Vec::with_capacity(bytes.len() / row * dim);
+    for chunk in bytes.chunks_exact(row) {
+        if u32::from_le_bytes(chunk[0..4].try_into().expect("4 bytes")) as usize != dim {
+            return Err(bad("rows of different dimensions"));
+        }
+        out.extend(
+            chunk[4..]
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))),
+        );
+    }
+    Ok((dim, out))
+}
+
+/// `../shared/data/minilm-debian` beside the repository, if present (tests that need it skip
+/// themselves, saying so, when it is not).
+pub fn minilm_dir() -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/minilm-debian");
+    dir.join("base.fvecs").exists().then_some(dir)
+}
