@@ -46,6 +46,15 @@ impl Request {
     }
 }
 
+/// Sees every entry once it is acknowledged, in sequence order, on the log-writer thread, before
+/// the entry's ticket resolves: the hook that lets a consumer (tarn's ingestion) apply entries in
+/// exactly the log's order. `Fsync` entries are passed after their group's fdatasync, `Written`
+/// ones after the write. Blocking here holds up the writer thread, which pushes back on every
+/// writer: that is how a bounded consumer queue applies back-pressure.
+pub trait AppendObserver: Send + 'static {
+    fn on_appended(&mut self, seq: u64, payload: &Arc<[u8]>);
+}
+
 /// Counters for metrics and benchmarks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WalStats {
@@ -128,7 +137,24 @@ impl Wal {
     /// Opens the log in `dir` (created if missing), recovering from whatever a crash left, and
     /// starts its writer thread. Blocking: from async code call it inside `spawn_blocking`.
     pub fn open(dir: impl AsRef<Path>, config: WalConfig) -> Result<(Wal, RecoveryReport)> {
-        let (log, report) = SegmentedLog::open(dir.as_ref(), config.clone())?;
+        Self::open_inner(dir.as_ref(), config, None)
+    }
+
+    /// [`Wal::open`] with an observer that sees every acknowledged entry in order.
+    pub fn open_with_observer(
+        dir: impl AsRef<Path>,
+        config: WalConfig,
+        observer: Box<dyn AppendObserver>,
+    ) -> Result<(Wal, RecoveryReport)> {
+        Self::open_inner(dir.as_ref(), config, Some(observer))
+    }
+
+    fn open_inner(
+        dir: &Path,
+        config: WalConfig,
+        observer: Option<Box<dyn AppendObserver>>,
+    ) -> Result<(Wal, RecoveryReport)> {
+        let (log, report) = SegmentedLog::open(dir, config.clone())?;
         let shared = Arc::new(Shared {
             queue: GroupQueue::new(),
             config,
@@ -142,8 +168,8 @@ impl Wal {
         let thread_shared = Arc::clone(&shared);
         let writer_thread = std::thread::Builder::new()
             .name("tarn-wal-writer".to_owned())
-            .spawn(move || run_writer(&thread_shared, log))
-            .map_err(|e| WalError::io("spawn writer thread", dir.as_ref(), e))?;
+            .spawn(move || run_writer(&thread_shared, log, observer))
+            .map_err(|e| WalError::io("spawn writer thread", dir, e))?;
         let wal = Wal {
             handle: Arc::new(Handle {
                 shared,
@@ -254,7 +280,11 @@ impl Wal {
 }
 
 /// The log-writer thread: leads one write group after another until the queue closes.
-fn run_writer(shared: &Shared, mut log: SegmentedLog) {
+fn run_writer(
+    shared: &Shared,
+    mut log: SegmentedLog,
+    mut observer: Option<Box<dyn AppendObserver>>,
+) {
     let bounds = GroupBounds {
         max_members: shared.config.max_group_entries,
         max_weight: shared.config.max_group_bytes,
@@ -265,7 +295,7 @@ fn run_writer(shared: &Shared, mut log: SegmentedLog) {
         let deadline = unsynced_since.map(|since| since + shared.config.background_sync_interval);
         match shared.queue.take_group(bounds, Request::weight, deadline) {
             Taken::Group(group) => {
-                lead_group(shared, &mut log, group);
+                lead_group(shared, &mut log, group, observer.as_deref_mut());
                 unsynced_since = match unsynced_since {
                     _ if !log.has_unsynced() => None,
                     None => Some(Instant::now()),
@@ -314,7 +344,12 @@ fn publish(shared: &Shared, log: &SegmentedLog) {
 }
 
 /// Writes, syncs and answers one group.
-fn lead_group(shared: &Shared, log: &mut SegmentedLog, group: Vec<Member<Request, Result<u64>>>) {
+fn lead_group(
+    shared: &Shared,
+    log: &mut SegmentedLog,
+    group: Vec<Member<Request, Result<u64>>>,
+    observer: Option<&mut dyn AppendObserver>,
+) {
     let payloads: Vec<&[u8]> = group
         .iter()
         .filter_map(|member| match &member.request {
@@ -368,6 +403,15 @@ fn lead_group(shared: &Shared, log: &mut SegmentedLog, group: Vec<Member<Request
             return;
         }
     };
+    if let Some(observer) = observer {
+        let mut seq = next_seq;
+        for member in &group {
+            if let Request::Append { payload, .. } = &member.request {
+                observer.on_appended(seq, payload);
+                seq += 1;
+            }
+        }
+    }
     for member in group {
         let result = match member.request {
             Request::Append { .. } => {

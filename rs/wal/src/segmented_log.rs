@@ -311,6 +311,9 @@ impl SegmentedLog {
         if removed_any {
             sync_dir(&self.dir)?;
         }
+        if let Err(error) = &result {
+            tracing::warn!(%error, "WAL truncation stopped early; it is retried at the next one");
+        }
         result?;
         Ok(self.first_seq())
     }

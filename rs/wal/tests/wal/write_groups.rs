@@ -219,3 +219,54 @@ fn oversized_entries_are_refused_and_large_ones_get_their_own_segment() {
     assert_eq!(entries[3].1, big.to_vec());
     assert_eq!(entries[2].1, small.to_vec());
 }
+
+#[test]
+fn the_observer_sees_every_acknowledged_entry_in_order_before_its_ticket_resolves() {
+    use std::sync::Mutex;
+    type Seen = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
+    struct Recorder(Seen);
+    impl tarn_wal::AppendObserver for Recorder {
+        fn on_appended(&mut self, seq: u64, payload: &Arc<[u8]>) {
+            self.0.lock().unwrap().push((seq, payload.to_vec()));
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (wal, _) = tarn_wal::Wal::open_with_observer(
+        dir.path(),
+        WalConfig::default(),
+        Box::new(Recorder(Arc::clone(&seen))),
+    )
+    .unwrap();
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (wal, seen) = (wal.clone(), Arc::clone(&seen));
+            std::thread::spawn(move || {
+                for i in 0..100 {
+                    let durability = if i % 2 == 0 {
+                        Durability::Fsync
+                    } else {
+                        Durability::Written
+                    };
+                    let seq = wal
+                        .append(payload(t * 1000 + i, 40), durability)
+                        .wait()
+                        .unwrap();
+                    // Already observed when the ticket resolves.
+                    assert!(seen.lock().unwrap().iter().any(|(s, _)| *s == seq));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 400);
+    assert!(seen
+        .iter()
+        .enumerate()
+        .all(|(i, (seq, _))| *seq == i as u64 + 1));
+    let replayed = replay_all(&wal, 1);
+    assert_eq!(seen, replayed);
+}

@@ -1,0 +1,560 @@
+//! [`Collection`]: the public face of the engine. Writes are validated, encoded as one WAL entry
+//! and acknowledged once durable; the ingestion worker applies them in order; searches read a
+//! snapshot of the segments.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use tarn_index::{Metric, MutableSegment, SealedSegment};
+use tarn_wal::{Durability, Wal, WalConfig};
+
+use crate::config::{CollectionConfig, MAX_TOP_K};
+use crate::error::{CollectionError, Result};
+use crate::ingest::{CheckpointState, IngestFeeder, IngestSignal, IngestWorker};
+use crate::manifest::{self, Manifest, CONFIG_FILE};
+use crate::op;
+use crate::segments::SegmentSet;
+
+/// Largest number of (tenant, document) pairs one insert or remove may touch.
+pub const MAX_PAIRS_PER_REQUEST: usize = 1_000_000;
+
+/// State shared by the API and the ingestion worker.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) dir: PathBuf,
+    pub(crate) config: CollectionConfig,
+    pub(crate) segments: RwLock<Arc<SegmentSet>>,
+    /// Last applied sequence number; waiters subscribe for read-your-writes.
+    pub(crate) applied: tokio::sync::watch::Sender<u64>,
+    pub(crate) checkpoint_seq: AtomicU64,
+    /// Live documents per tenant.
+    pub(crate) counts: Mutex<HashMap<u128, u64>>,
+    pub(crate) n_ingest_errors: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn segments(&self) -> Arc<SegmentSet> {
+        Arc::clone(&self.segments.read())
+    }
+}
+
+/// One search result as users see it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SearchHit {
+    pub doc_id: u128,
+    pub user_id: u128,
+    /// Cosine similarity or dot product (higher is better), or Euclidean distance (lower).
+    pub score: f32,
+}
+
+/// A search request. `ef` 0 means the collection's default; `min_seq` 0 means no wait.
+#[derive(Debug, Clone, Default)]
+pub struct SearchRequest {
+    pub user_ids: Vec<u128>,
+    pub vector: Vec<f32>,
+    pub top_k: usize,
+    pub ef: usize,
+    pub exact: bool,
+    pub min_seq: u64,
+}
+
+/// Figures for `GetCollection` and metrics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CollectionStats {
+    pub n_documents: u64,
+    pub documents_per_tenant: HashMap<u128, u64>,
+    /// Tombstoned slots in sealed segments, waiting for a rebuild.
+    pub n_removed_not_compacted: u64,
+    pub n_sealed_segments: usize,
+    pub last_appended_seq: u64,
+    pub durable_seq: u64,
+    pub applied_seq: u64,
+    pub checkpoint_seq: u64,
+    pub bytes_on_disk: u64,
+    /// Approximate memory of the segments.
+    pub memory_bytes: u64,
+    pub n_ingest_errors: u64,
+}
+
+#[derive(Debug)]
+struct Handle {
+    shared: Arc<Shared>,
+    wal: Wal,
+    signals: SyncSender<IngestSignal>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Handle {
+    fn shut_down(&self) {
+        // The WAL first: it drains its queue and hands the last entries to ingestion.
+        if let Err(error) = self.wal.close() {
+            tracing::warn!(%error, "WAL closed with an error");
+        }
+        let _ = self.signals.send(IngestSignal::Shutdown);
+        if let Some(worker) = self.worker.lock().take() {
+            if worker.join().is_err() {
+                tracing::error!("the ingestion thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
+/// A collection of vectors in one directory. Cloning gives another handle to the same one.
+#[derive(Debug, Clone)]
+pub struct Collection {
+    handle: Arc<Handle>,
+}
+
+impl Collection {
+    /// Creates a collection in `dir` (which must not hold one) and opens it. Blocking.
+    pub fn create(dir: &Path, config: CollectionConfig) -> Result<Collection> {
+        config.validate()?;
+        let config_path = dir.join(CONFIG_FILE);
+        if config_path.exists() {
+            return Err(CollectionError::AlreadyExists {
+                path: dir.to_owned(),
+            });
+        }
+        std::fs::create_dir_all(dir)
+            .map_err(|e| CollectionError::io("create directory", dir, e))?;
+        manifest::write_checked(&config_path, &config)?;
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            tarn_index::fsutil::sync_dir(parent)
+                .map_err(|e| CollectionError::io("fsync directory", parent, e))?;
+        }
+        Self::open(dir)
+    }
+
+    /// Opens the collection in `dir`: loads the newest valid checkpoint (falling back to the
+    /// previous one if it is damaged), replays the WAL after it, and only then returns, so no
+    /// acknowledged write is ever invisible. Blocking.
+    pub fn open(dir: &Path) -> Result<Collection> {
+        let config_path = dir.join(CONFIG_FILE);
+        if !config_path.exists() {
+            return Err(CollectionError::NotFound {
+                path: dir.to_owned(),
+            });
+        }
+        let config: CollectionConfig = manifest::read_checked(&config_path)?;
+        config.validate()?;
+        let index_config = config.index_config();
+        let (state, sealed) = load_checkpoint(dir, &config)?;
+        let checkpoint_seq = state.current.checkpoint_seq;
+        let set = SegmentSet {
+            mutable: Arc::new(MutableSegment::new(index_config)),
+            sealed,
+        };
+
+        let (signals, receiver) = sync_channel(config.ingest_queue);
+        let wal_config = WalConfig::default();
+        let (wal, report) = Wal::open_with_observer(
+            dir.join("wal"),
+            wal_config,
+            Box::new(IngestFeeder(signals.clone())),
+        )?;
+        if let Some(repair) = &report.torn_tail {
+            tracing::warn!(?repair, "the WAL had a torn tail, cut off");
+        }
+        let last_seq = wal.last_appended_seq();
+        if last_seq < checkpoint_seq {
+            return Err(CollectionError::Corrupt(format!(
+                "the WAL ends at {last_seq}, before the checkpoint at {checkpoint_seq}"
+            )));
+        }
+        // Replay what the checkpoint does not hold, before anyone can search.
+        let mut counts = set.live_counts();
+        let started = Instant::now();
+        let mut n_replayed = 0u64;
+        let mut replay_bytes = 0u64;
+        for entry in wal.replay(checkpoint_seq + 1)? {
+            let (seq, payload) = entry?;
+            let operation = op::decode(&payload)
+                .map_err(|e| CollectionError::Corrupt(format!("WAL entry {seq}: {e}")))?;
+            set.apply(&operation, &mut counts);
+            n_replayed += 1;
+            replay_bytes += payload.len() as u64;
+        }
+        tracing::info!(dir = %dir.display(), checkpoint_seq, n_replayed, elapsed_ms = started.elapsed().as_millis() as u64, "opened collection");
+
+        let shared = Arc::new(Shared {
+            dir: dir.to_owned(),
+            config,
+            segments: RwLock::new(Arc::new(set)),
+            applied: tokio::sync::watch::Sender::new(last_seq),
+            checkpoint_seq: AtomicU64::new(checkpoint_seq),
+            counts: Mutex::new(counts),
+            n_ingest_errors: AtomicU64::new(0),
+        });
+        let worker = IngestWorker {
+            shared: Arc::clone(&shared),
+            wal: wal.clone(),
+            state,
+            applied_seq: last_seq,
+            wal_bytes_since_checkpoint: replay_bytes,
+            first_unsaved_at: (n_replayed > 0).then(Instant::now),
+        };
+        let worker = std::thread::Builder::new()
+            .name("tarn-ingest".to_owned())
+            .spawn(move || worker.run(receiver))
+            .map_err(|e| CollectionError::io("spawn ingestion thread", dir, e))?;
+        Ok(Collection {
+            handle: Arc::new(Handle {
+                shared,
+                wal,
+                signals,
+                worker: Mutex::new(Some(worker)),
+            }),
+        })
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.handle.shared
+    }
+
+    pub fn config(&self) -> &CollectionConfig {
+        &self.shared().config
+    }
+
+    /// Stores every listed document for every listed tenant (tenant 0 when none), replacing
+    /// existing versions. Resolves to the operation's sequence number once it is durable (or
+    /// written, under `Durability::Written`). A rejected request changes nothing.
+    pub async fn insert(
+        &self,
+        doc_ids: &[u128],
+        user_ids: &[u128],
+        vectors: &[f32],
+        durability: Option<Durability>,
+    ) -> Result<u64> {
+        let payload = self.encode_insert(doc_ids, user_ids, vectors)?;
+        let durability = durability.unwrap_or_else(|| self.config().durability());
+        Ok(self.handle.wal.append(payload.into(), durability).await?)
+    }
+
+    /// Validates and encodes an insert (exposed for callers that batch their own appends).
+    fn encode_insert(
+        &self,
+        doc_ids: &[u128],
+        user_ids: &[u128],
+        vectors: &[f32],
+    ) -> Result<Vec<u8>> {
+        let dim = self.config().dimension;
+        validate_ids(doc_ids, user_ids)?;
+        if vectors.len() != doc_ids.len() * dim {
+            return Err(CollectionError::invalid(
+                "vectors",
+                format!(
+                    "expected {} values ({} documents x dimension {dim}), got {}",
+                    doc_ids.len() * dim,
+                    doc_ids.len(),
+                    vectors.len()
+                ),
+            ));
+        }
+        if let Some(idx) = vectors.iter().position(|v| !v.is_finite()) {
+            return Err(CollectionError::invalid(
+                "vectors",
+                format!(
+                    "value {idx} (document {}) is not a finite number",
+                    idx / dim
+                ),
+            ));
+        }
+        let metric = self.config().metric();
+        let mut prepared = vectors.to_vec();
+        for (doc_idx, vector) in prepared.chunks_exact_mut(dim).enumerate() {
+            if !metric.prepare(vector) {
+                return Err(CollectionError::invalid(
+                    "vectors",
+                    format!("document {doc_idx} is a zero vector, which has no cosine direction"),
+                ));
+            }
+        }
+        Ok(op::encode_insert(user_ids, doc_ids, dim, &prepared))
+    }
+
+    /// Removes the listed documents of the listed tenants (tenant 0 when none). Removing a
+    /// document that does not exist is not an error.
+    pub async fn remove(
+        &self,
+        doc_ids: &[u128],
+        user_ids: &[u128],
+        durability: Option<Durability>,
+    ) -> Result<u64> {
+        validate_ids(doc_ids, user_ids)?;
+        let payload = op::encode_remove(user_ids, doc_ids);
+        let durability = durability.unwrap_or_else(|| self.config().durability());
+        Ok(self.handle.wal.append(payload.into(), durability).await?)
+    }
+
+    /// The stored vectors (unit length under cosine) of the listed documents of one tenant that
+    /// exist, in request order.
+    pub fn get(&self, user_id: u128, doc_ids: &[u128]) -> Vec<(u128, Vec<f32>)> {
+        let set = self.shared().segments();
+        doc_ids
+            .iter()
+            .filter_map(|&doc_id| set.get(user_id, doc_id).map(|v| (doc_id, v)))
+            .collect()
+    }
+
+    /// Waits until operation `seq` is applied (searchable), up to `timeout`.
+    pub async fn wait_applied(&self, seq: u64, timeout: Duration) -> Result<()> {
+        let mut applied = self.shared().applied.subscribe();
+        let reached = tokio::time::timeout(timeout, async {
+            applied.wait_for(|a| *a >= seq).await.is_ok()
+        })
+        .await;
+        match reached {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(CollectionError::Closed),
+            Err(_) => Err(CollectionError::DeadlineExceeded {
+                seq,
+                applied: *self.shared().applied.borrow(),
+            }),
+        }
+    }
+
+    /// Checks a search request. Call before `wait_applied` so a bad request fails at once.
+    pub fn validate_search(&self, request: &SearchRequest) -> Result<()> {
+        let dim = self.config().dimension;
+        if request.vector.len() != dim {
+            return Err(CollectionError::invalid(
+                "vector",
+                format!("expected dimension {dim}, got {}", request.vector.len()),
+            ));
+        }
+        if request.vector.iter().any(|v| !v.is_finite()) {
+            return Err(CollectionError::invalid(
+                "vector",
+                "contains a value that is not a finite number",
+            ));
+        }
+        if !(1..=MAX_TOP_K).contains(&request.top_k) {
+            return Err(CollectionError::invalid(
+                "top_k",
+                format!("must be from 1 to {MAX_TOP_K}, got {}", request.top_k),
+            ));
+        }
+        if request.ef > MAX_TOP_K {
+            return Err(CollectionError::invalid(
+                "ef",
+                format!("must be at most {MAX_TOP_K}"),
+            ));
+        }
+        if request.user_ids.len() > 10_000 {
+            return Err(CollectionError::invalid(
+                "user_ids",
+                "at most 10000 tenants per search",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Nearest documents among the given tenants, best first. CPU-bound: async callers run it
+    /// off their runtime's workers (`spawn_blocking`). Does not wait for `min_seq`: call
+    /// `wait_applied` first.
+    pub fn search(&self, request: &SearchRequest) -> Result<Vec<SearchHit>> {
+        self.validate_search(request)?;
+        let metric = self.config().metric();
+        let mut query = request.vector.clone();
+        if !metric.prepare(&mut query) {
+            return Err(CollectionError::invalid(
+                "vector",
+                "a zero vector has no cosine direction",
+            ));
+        }
+        let ef = if request.ef == 0 {
+            self.config().hnsw.ef_search
+        } else {
+            request.ef
+        };
+        let hits = self.shared().segments().search(
+            &request.user_ids,
+            &query,
+            request.top_k,
+            ef.max(request.top_k),
+            request.exact,
+        );
+        Ok(hits
+            .into_iter()
+            .map(|hit| SearchHit {
+                doc_id: hit.doc_id,
+                user_id: hit.user_id,
+                score: metric.score(hit.distance),
+            })
+            .collect())
+    }
+
+    /// Makes everything acknowledged so far durable and checkpointed; returns the checkpoint's
+    /// sequence number.
+    pub async fn flush(&self) -> Result<u64> {
+        let synced = self.handle.wal.sync().await?;
+        // Every entry up to `synced` was handed to ingestion before the barrier resolved, so a
+        // checkpoint queued now covers them.
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let signals = self.handle.signals.clone();
+        // The queue may be full: block a helper thread, not the caller's runtime.
+        std::thread::spawn(move || signals.send(IngestSignal::Checkpoint(reply)));
+        let checkpoint_seq = answer.await.map_err(|_| CollectionError::Closed)??;
+        debug_assert!(checkpoint_seq >= synced);
+        Ok(checkpoint_seq)
+    }
+
+    pub fn stats(&self) -> CollectionStats {
+        let shared = self.shared();
+        let set = shared.segments();
+        let documents_per_tenant = shared.counts.lock().clone();
+        let mut stats = CollectionStats {
+            n_documents: documents_per_tenant.values().sum(),
+            documents_per_tenant,
+            n_sealed_segments: set.sealed.len(),
+            last_appended_seq: self.handle.wal.last_appended_seq(),
+            durable_seq: self.handle.wal.last_durable_seq(),
+            applied_seq: *shared.applied.borrow(),
+            checkpoint_seq: shared.checkpoint_seq.load(Ordering::Acquire),
+            bytes_on_disk: dir_size(&shared.dir),
+            memory_bytes: set.mutable.memory_bytes() as u64,
+            n_ingest_errors: shared.n_ingest_errors.load(Ordering::Relaxed),
+            ..CollectionStats::default()
+        };
+        for segment in &set.sealed {
+            let figures = segment.figures();
+            stats.n_removed_not_compacted += figures.n_tombstoned as u64;
+            stats.memory_bytes += figures.memory_bytes as u64;
+        }
+        stats
+    }
+
+    /// The WAL's first poisoning error, if writes are refused.
+    pub fn write_error(&self) -> Option<String> {
+        self.handle.wal.poisoned().map(|e| e.to_string())
+    }
+
+    /// Stops ingestion after applying everything acknowledged; the WAL is synced. Later writes
+    /// fail with `Unavailable`.
+    pub fn close(&self) {
+        self.handle.shut_down();
+    }
+
+    pub fn metric(&self) -> Metric {
+        self.config().metric()
+    }
+}
+
+fn validate_ids(doc_ids: &[u128], user_ids: &[u128]) -> Result<()> {
+    if doc_ids.is_empty() {
+        return Err(CollectionError::invalid("doc_ids", "must not be empty"));
+    }
+    let n_pairs = doc_ids.len().saturating_mul(user_ids.len().max(1));
+    if n_pairs > MAX_PAIRS_PER_REQUEST {
+        return Err(CollectionError::invalid(
+            "user_ids",
+            format!(
+                "{} documents x {} tenants exceeds {MAX_PAIRS_PER_REQUEST} pairs",
+                doc_ids.len(),
+                user_ids.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(meta) if meta.is_dir() => dir_size(&entry.path()),
+            Ok(meta) => meta.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Loads the newest manifest whose files all check out, falling back to older ones.
+fn load_checkpoint(
+    dir: &Path,
+    config: &CollectionConfig,
+) -> Result<(CheckpointState, Vec<Arc<SealedSegment>>)> {
+    let generations = manifest::list_manifests(dir)?;
+    let next_generation = generations.first().map_or(1, |g| g + 1);
+    if generations.is_empty() {
+        let state = CheckpointState {
+            current: Manifest::empty(),
+            previous: None,
+            next_generation,
+            persisted_tombstones: HashMap::new(),
+        };
+        return Ok((state, Vec::new()));
+    }
+    let mut failures = Vec::new();
+    for (idx, &generation) in generations.iter().enumerate() {
+        let path = manifest::manifest_path(dir, generation);
+        match load_manifest(dir, &path, config) {
+            Ok((current, sealed)) => {
+                if !failures.is_empty() {
+                    tracing::error!(?failures, fallback = %path.display(), "newer checkpoints are damaged; fell back to an older one");
+                }
+                // The manifest before it stays the fallback if it is readable.
+                let previous = generations[idx + 1..].iter().find_map(|&g| {
+                    manifest::read_checked::<Manifest>(&manifest::manifest_path(dir, g)).ok()
+                });
+                let persisted_tombstones = sealed
+                    .iter()
+                    .map(|s| (s.id(), s.figures().n_tombstoned))
+                    .collect();
+                let state = CheckpointState {
+                    current,
+                    previous,
+                    next_generation,
+                    persisted_tombstones,
+                };
+                return Ok((state, sealed));
+            }
+            Err(error) => failures.push(format!("{}: {error}", path.display())),
+        }
+    }
+    Err(CollectionError::Corrupt(format!(
+        "no valid checkpoint remains; refusing to serve possibly wrong data: {}",
+        failures.join("; ")
+    )))
+}
+
+fn load_manifest(
+    dir: &Path,
+    path: &Path,
+    config: &CollectionConfig,
+) -> Result<(Manifest, Vec<Arc<SealedSegment>>)> {
+    let manifest: Manifest = manifest::read_checked(path)?;
+    let mut sealed = Vec::with_capacity(manifest.segments.len());
+    for entry in &manifest.segments {
+        let segment = SealedSegment::open(&dir.join(&entry.file), config.index_config())?;
+        if segment.id() != entry.id {
+            return Err(CollectionError::Corrupt(format!(
+                "{} holds segment {}, not {}",
+                entry.file,
+                segment.id(),
+                entry.id
+            )));
+        }
+        if let Some(tombstones) = &entry.tombstones {
+            segment.apply_tombstones(&dir.join(tombstones))?;
+        }
+        sealed.push(Arc::new(segment));
+    }
+    SegmentSet::sort_sealed(&mut sealed);
+    Ok((manifest, sealed))
+}

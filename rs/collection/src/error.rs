@@ -1,0 +1,85 @@
+//! The one error type of the collection crate. The server maps each variant to one gRPC status.
+
+use std::path::PathBuf;
+
+use tarn_index::IndexError;
+use tarn_wal::WalError;
+
+pub type Result<T, E = CollectionError> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CollectionError {
+    /// The request is malformed; `field` names the offending request field.
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument { field: &'static str, reason: String },
+    /// A collection already exists in the directory given to `create`.
+    #[error("a collection already exists at {}", path.display())]
+    AlreadyExists { path: PathBuf },
+    /// No collection in the directory given to `open`.
+    #[error("no collection at {}", path.display())]
+    NotFound { path: PathBuf },
+    /// The write-ahead log refuses writes (poisoned by an I/O error, or closed). Retriable after a
+    /// restart; nothing acknowledged is lost.
+    #[error("collection unavailable for writes: {0}")]
+    Unavailable(WalError),
+    /// The disk is full: the write was not acknowledged.
+    #[error("out of disk space: {0}")]
+    OutOfSpace(WalError),
+    /// A `min_seq` wait ran past its deadline.
+    #[error("operation {seq} not applied within the deadline (applied so far: {applied})")]
+    DeadlineExceeded { seq: u64, applied: u64 },
+    /// Stored data is damaged and no valid checkpoint remains.
+    #[error("collection data damaged: {0}")]
+    Corrupt(String),
+    #[error(transparent)]
+    Wal(WalError),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    /// A file operation on the collection's own files (config, manifests) failed.
+    #[error("{op} failed on {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The collection was closed.
+    #[error("collection is closed")]
+    Closed,
+}
+
+impl CollectionError {
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        CollectionError::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        CollectionError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+impl From<WalError> for CollectionError {
+    fn from(error: WalError) -> Self {
+        if error.is_out_of_space() {
+            return CollectionError::OutOfSpace(error);
+        }
+        match error {
+            WalError::Poisoned { .. } | WalError::Closed => CollectionError::Unavailable(error),
+            WalError::EntryTooLarge { len, max } => CollectionError::invalid(
+                "vectors",
+                format!("the request encodes to {len} bytes, over the limit of {max}"),
+            ),
+            // An I/O error poisons the log: later writes see `Poisoned`; report this one alike.
+            WalError::Io { .. } => CollectionError::Unavailable(error),
+            other => CollectionError::Wal(other),
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The segments of a collection at one moment: one mutable segment and the sealed ones, newest
+//! first. Searches take a snapshot (`Arc<SegmentSet>`); checkpoints publish a new set.
+//!
+//! Invariant: a live `(user, doc)` is live in exactly one segment. An upsert stores the new
+//! version in the mutable segment first and then tombstones the old one wherever it is, so a
+//! concurrent search may briefly see both; the merge keeps the newest (the earlier segment in
+//! search order: mutable, then sealed newest first).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use tarn_index::{Hit, MutableSegment, SealedSegment};
+
+use crate::op::Operation;
+
+#[derive(Debug)]
+pub(crate) struct SegmentSet {
+    pub(crate) mutable: Arc<MutableSegment>,
+    /// Newest first (by the last sequence number they include, then id).
+    pub(crate) sealed: Vec<Arc<SealedSegment>>,
+}
+
+impl SegmentSet {
+    /// Applies one logged operation; keeps `counts` (live documents per tenant) current.
+    pub(crate) fn apply(&self, op: &Operation, counts: &mut HashMap<u128, u64>) {
+        match op {
+            Operation::Insert {
+                user_ids,
+                doc_ids,
+                dimension,
+                vectors,
+            } => {
+                for &user_id in Operation::tenants(user_ids) {
+                    for (doc_id, vector) in doc_ids.iter().zip(vectors.chunks_exact(*dimension)) {
+                        let replaced_here = self.mutable.upsert(user_id, *doc_id, vector);
+                        let replaced = replaced_here
+                            || self.sealed.iter().any(|s| s.tombstone(user_id, *doc_id));
+                        if !replaced {
+                            *counts.entry(user_id).or_default() += 1;
+                        }
+                    }
+                }
+            }
+            Operation::Remove { user_ids, doc_ids } => {
+                for &user_id in Operation::tenants(user_ids) {
+                    for doc_id in doc_ids {
+                        let removed = self.mutable.remove(user_id, *doc_id)
+                            || self.sealed.iter().any(|s| s.tombstone(user_id, *doc_id));
+                        if removed {
+                            if let Some(n) = counts.get_mut(&user_id) {
+                                *n = n.saturating_sub(1);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn get(&self, user_id: u128, doc_id: u128) -> Option<Vec<f32>> {
+        self.mutable
+            .get(user_id, doc_id)
+            .or_else(|| self.sealed.iter().find_map(|s| s.get(user_id, doc_id)))
+    }
+
+    /// The `k` nearest documents over the given tenants, nearest first, each `(user, doc)` once.
+    pub(crate) fn search(
+        &self,
+        user_ids: &[u128],
+        query: &[f32],
+        k: usize,
+        ef: usize,
+        exact: bool,
+    ) -> Vec<Hit> {
+        let mut seen: HashSet<(u128, u128)> = HashSet::new();
+        let mut hits = Vec::new();
+        let mut tenants: Vec<u128> = Operation::tenants(user_ids).to_vec();
+        tenants.sort_unstable();
+        tenants.dedup();
+        for user_id in tenants {
+            let from_mutable = self.mutable.search(user_id, query, k, ef, exact);
+            let from_sealed = self
+                .sealed
+                .iter()
+                .flat_map(|s| s.search(user_id, query, k, ef, exact));
+            for hit in from_mutable.into_iter().chain(from_sealed) {
+                if seen.insert((hit.user_id, hit.doc_id)) {
+                    hits.push(hit);
+                }
+            }
+        }
+        hits.sort_by(|a, b| {
+            a.distance
+                .total_cmp(&b.distance)
+                .then(a.user_id.cmp(&b.user_id))
+                .then(a.doc_id.cmp(&b.doc_id))
+        });
+        hits.truncate(k);
+        hits
+    }
+
+    /// Live documents per tenant, counted from the segments.
+    pub(crate) fn live_counts(&self) -> HashMap<u128, u64> {
+        let mut counts = self.mutable.live_counts();
+        for segment in &self.sealed {
+            for (user, n) in segment.live_counts() {
+                *counts.entry(user).or_default() += n;
+            }
+        }
+        counts
+    }
+
+    pub(crate) fn sort_sealed(sealed: &mut [Arc<SealedSegment>]) {
+        sealed.sort_by(|a, b| b.max_seq().cmp(&a.max_seq()).then(b.id().cmp(&a.id())));
+    }
+}

@@ -1,0 +1,428 @@
+//! Integration tests of `tarn-collection` through its public API: writes, validation, tenants,
+//! read-your-writes, checkpoints, recovery (with fallback), merges and rebuilds.
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use tarn_collection::{
+    Collection, CollectionConfig, CollectionError, Durability, MetricName, SearchHit, SearchRequest,
+};
+use tarn_index::Metric;
+use tarn_testkit::{brute_force_top_k, clustered_vectors, recall};
+
+const DIM: usize = 16;
+
+fn config() -> CollectionConfig {
+    let mut config = CollectionConfig::new(DIM, MetricName::L2);
+    config.graph_threshold = 200;
+    config
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn request(user_ids: &[u128], vector: &[f32], top_k: usize, exact: bool) -> SearchRequest {
+    SearchRequest {
+        user_ids: user_ids.to_vec(),
+        vector: vector.to_vec(),
+        top_k,
+        exact,
+        ..SearchRequest::default()
+    }
+}
+
+fn row(base: &[f32], i: usize) -> &[f32] {
+    &base[i * DIM..(i + 1) * DIM]
+}
+
+/// Inserts rows `range` of `base` as doc ids = row index for `user`, one request per 50 rows.
+async fn insert_rows(
+    c: &Collection,
+    base: &[f32],
+    range: std::ops::Range<usize>,
+    user: u128,
+) -> u64 {
+    let mut last = 0;
+    let rows: Vec<usize> = range.collect();
+    for chunk in rows.chunks(50) {
+        let ids: Vec<u128> = chunk.iter().map(|&i| i as u128).collect();
+        let vectors: Vec<f32> = chunk.iter().flat_map(|&i| row(base, i).to_vec()).collect();
+        last = c.insert(&ids, &[user], &vectors, None).await.unwrap();
+    }
+    last
+}
+
+fn exact_ids(c: &Collection, users: &[u128], q: &[f32], k: usize) -> Vec<u128> {
+    c.search(&request(users, q, k, true))
+        .unwrap()
+        .iter()
+        .map(|h| h.doc_id)
+        .collect()
+}
+
+#[test]
+fn writes_are_searchable_after_their_sequence_number_is_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let c = Collection::create(&dir.path().join("c"), config()).unwrap();
+    let base = clustered_vectors(300, DIM, 5, 1);
+    rt.block_on(async {
+        let seq = insert_rows(&c, &base, 0..300, 7).await;
+        c.wait_applied(seq, Duration::from_secs(10)).await.unwrap();
+        let hits = c.search(&request(&[7], row(&base, 42), 1, false)).unwrap();
+        assert_eq!(hits[0].doc_id, 42);
+        assert!(hits[0].score < 1e-3, "L2 distance to itself");
+        // Read-your-writes on a single insert.
+        let seq = c.insert(&[1000], &[7], &[9.0; DIM], None).await.unwrap();
+        c.wait_applied(seq, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(exact_ids(&c, &[7], &[9.0; DIM], 1), vec![1000]);
+        // A sequence number that will not come: the deadline is respected.
+        let err = c
+            .wait_applied(seq + 100, Duration::from_millis(50))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CollectionError::DeadlineExceeded { .. }));
+    });
+    let stats = c.stats();
+    assert_eq!(stats.n_documents, 301);
+    assert_eq!(stats.documents_per_tenant[&7], 301);
+    assert_eq!(stats.applied_seq, stats.last_appended_seq);
+}
+
+#[test]
+fn bad_requests_name_the_field_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let mut cosine = config();
+    cosine.metric = MetricName::Cosine;
+    let c = Collection::create(&dir.path().join("c"), cosine).unwrap();
+    let before = c.stats();
+    rt.block_on(async {
+        let cases: Vec<(&str, tarn_collection::Result<u64>)> = vec![
+            ("vectors", c.insert(&[1], &[], &[1.0; DIM - 1], None).await),
+            ("vectors", c.insert(&[1, 2], &[], &[1.0; DIM], None).await),
+            ("doc_ids", c.insert(&[], &[], &[], None).await),
+            ("vectors", c.insert(&[1], &[], &[f32::NAN; DIM], None).await),
+            (
+                "vectors",
+                c.insert(&[1], &[], &[f32::INFINITY; DIM], None).await,
+            ),
+            ("vectors", c.insert(&[1], &[], &[0.0; DIM], None).await),
+            ("doc_ids", c.remove(&[], &[1], None).await),
+        ];
+        for (field, result) in cases {
+            match result {
+                Err(CollectionError::InvalidArgument { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("expected InvalidArgument({field}), got {other:?}"),
+            }
+        }
+    });
+    for (field, req) in [
+        ("vector", request(&[], &[1.0; DIM + 1], 10, false)),
+        ("vector", request(&[], &[f32::NAN; DIM], 10, false)),
+        ("top_k", request(&[], &[1.0; DIM], 0, false)),
+        ("top_k", request(&[], &[1.0; DIM], 10_001, false)),
+    ] {
+        match c.search(&req) {
+            Err(CollectionError::InvalidArgument { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("expected InvalidArgument({field}), got {other:?}"),
+        }
+    }
+    assert_eq!(c.stats().last_appended_seq, before.last_appended_seq);
+    assert_eq!(c.stats().n_documents, 0);
+    // Bad configs.
+    let mut bad = config();
+    bad.dimension = 0;
+    assert!(Collection::create(&dir.path().join("d"), bad.clone()).is_err());
+    bad.dimension = 4097;
+    assert!(Collection::create(&dir.path().join("d"), bad).is_err());
+    assert!(matches!(
+        Collection::create(&dir.path().join("c"), config()),
+        Err(CollectionError::AlreadyExists { .. })
+    ));
+    assert!(matches!(
+        Collection::open(&dir.path().join("nothing")),
+        Err(CollectionError::NotFound { .. })
+    ));
+}
+
+#[test]
+fn tenants_upserts_and_removes_survive_recovery_and_sealing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c");
+    let rt = runtime();
+    let base = clustered_vectors(600, DIM, 8, 2);
+    let far = vec![50.0f32; DIM];
+    let expect = |c: &Collection| {
+        // Tenant 1 has rows 0..300, tenant 2 rows 300..600; doc 5 of tenant 1 moved far away,
+        // doc 6 of tenant 1 removed; doc 7 stored for tenants 1 and 3 (multi-tenant insert).
+        assert_eq!(c.get(1, &[5])[0].1, far);
+        assert!(c.get(1, &[6]).is_empty());
+        assert_eq!(c.get(3, &[7]).len(), 1);
+        assert!(c.get(2, &[5]).is_empty(), "tenant 2 never had doc 5");
+        for exact in [true, false] {
+            let hits = c.search(&request(&[1], row(&base, 6), 10, exact)).unwrap();
+            assert!(hits
+                .iter()
+                .all(|h| h.user_id == 1 && h.doc_id != 6 && h.doc_id < 300));
+            let hits = c.search(&request(&[2], &far, 5, exact)).unwrap();
+            assert!(hits.iter().all(|h| h.user_id == 2));
+        }
+        // Exact search over two tenants. (Approximate search may miss this extreme outlier in
+        // the mutable segment: hnsw_rs can leave a point that no other point links to; sealing
+        // reconnects such points, and exact search always finds them.)
+        let hits = c.search(&request(&[1, 2], &far, 1, true)).unwrap();
+        assert_eq!((hits[0].user_id, hits[0].doc_id), (1, 5));
+        let stats = c.stats();
+        assert_eq!(stats.documents_per_tenant[&1], 299);
+        assert_eq!(stats.documents_per_tenant[&2], 300);
+        assert_eq!(stats.documents_per_tenant[&3], 1);
+        assert_eq!(stats.n_documents, 600);
+    };
+    {
+        let c = Collection::create(&path, config()).unwrap();
+        rt.block_on(async {
+            insert_rows(&c, &base, 0..300, 1).await;
+            insert_rows(&c, &base, 300..600, 2).await;
+            c.insert(&[5], &[1], &far, None).await.unwrap();
+            c.remove(&[6], &[1], None).await.unwrap();
+            let seq = c
+                .insert(&[7], &[1, 3], row(&base, 7), Some(Durability::Written))
+                .await
+                .unwrap();
+            c.wait_applied(seq, Duration::from_secs(10)).await.unwrap();
+        });
+        expect(&c);
+    }
+    // Recovery from the WAL alone.
+    let c = Collection::open(&path).unwrap();
+    expect(&c);
+    // Sealed, then more changes on top of the sealed data.
+    let checkpoint = rt.block_on(c.flush()).unwrap();
+    assert_eq!(c.stats().checkpoint_seq, checkpoint);
+    assert_eq!(c.stats().n_sealed_segments, 1);
+    expect(&c);
+    rt.block_on(async {
+        c.insert(&[8], &[2], &far, None).await.unwrap(); // new doc in tenant 2 ...
+        c.remove(&[8], &[2], None).await.unwrap(); // ... and gone again
+        c.remove(&[300], &[2], None).await.unwrap();
+        c.insert(&[300], &[2], row(&base, 300), None).await.unwrap(); // back
+    });
+    drop(c);
+    let c = Collection::open(&path).unwrap();
+    expect(&c);
+    assert!(c.get(2, &[8]).is_empty());
+    rt.block_on(c.flush()).unwrap();
+    drop(c);
+    let c = Collection::open(&path).unwrap();
+    expect(&c);
+}
+
+#[test]
+fn recall_at_10_of_the_sealed_and_mutable_collection_is_at_least_0_95() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let c = Collection::create(&dir.path().join("c"), config()).unwrap();
+    let base = clustered_vectors(2000, DIM, 20, 3);
+    let queries = clustered_vectors(50, DIM, 20, 4);
+    let measure = |c: &Collection| {
+        queries
+            .chunks_exact(DIM)
+            .map(|q| {
+                let truth = brute_force_top_k(&base, DIM, q, 10, Metric::L2);
+                let found: Vec<usize> = c
+                    .search(&request(&[0], q, 10, false))
+                    .unwrap()
+                    .iter()
+                    .map(|h| h.doc_id as usize)
+                    .collect();
+                recall(&found, &truth, 10)
+            })
+            .sum::<f64>()
+            / 50.0
+    };
+    rt.block_on(async {
+        let seq = insert_rows(&c, &base, 0..1000, 0).await;
+        c.flush().await.unwrap();
+        let seq2 = insert_rows(&c, &base, 1000..2000, 0).await;
+        c.wait_applied(seq.max(seq2), Duration::from_secs(30))
+            .await
+            .unwrap();
+    });
+    // Half sealed, half mutable.
+    let mixed = measure(&c);
+    rt.block_on(c.flush()).unwrap();
+    let sealed = measure(&c);
+    assert!(mixed >= 0.95, "mixed recall {mixed}");
+    assert!(sealed >= 0.95, "sealed recall {sealed}");
+}
+
+#[test]
+fn a_damaged_newest_checkpoint_falls_back_to_the_previous_one_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c");
+    let rt = runtime();
+    let base = clustered_vectors(400, DIM, 5, 5);
+    {
+        let c = Collection::create(&path, config()).unwrap();
+        rt.block_on(async {
+            insert_rows(&c, &base, 0..200, 0).await;
+            c.flush().await.unwrap();
+            insert_rows(&c, &base, 200..400, 0).await;
+            c.remove(&[3], &[], None).await.unwrap();
+            c.flush().await.unwrap();
+        });
+    }
+    let mut manifests: Vec<_> = std::fs::read_dir(&path)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("MANIFEST-")
+        })
+        .collect();
+    manifests.sort();
+    assert_eq!(
+        manifests.len(),
+        2,
+        "the current and the previous manifest are kept"
+    );
+    let newest = manifests.pop().unwrap();
+    let mut bytes = std::fs::read(&newest).unwrap();
+    bytes[10] ^= 0xFF;
+    std::fs::write(&newest, &bytes).unwrap();
+    {
+        let c = Collection::open(&path).unwrap();
+        assert_eq!(c.stats().n_documents, 399);
+        assert!(c.get(0, &[3]).is_empty());
+        assert_eq!(c.get(0, &[399])[0].1, row(&base, 399).to_vec());
+        // Working normally: the next checkpoint supersedes the damaged one.
+        rt.block_on(c.flush()).unwrap();
+    }
+    let c = Collection::open(&path).unwrap();
+    assert_eq!(c.stats().n_documents, 399);
+    drop(c);
+
+    // Every segment file damaged: no checkpoint is valid, so refuse to start, naming the files.
+    let mut all_segments: Vec<_> = std::fs::read_dir(&path)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "tseg"))
+        .collect();
+    all_segments.sort();
+    for seg in &all_segments {
+        let mut bytes = std::fs::read(seg).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 1;
+        std::fs::write(seg, &bytes).unwrap();
+    }
+    match Collection::open(&path) {
+        Err(CollectionError::Corrupt(message)) => {
+            assert!(message.contains("no valid checkpoint"), "{message}");
+            assert!(message.contains(".tseg"), "{message}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn merges_and_rebuilds_keep_every_live_document_under_concurrent_searches() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c");
+    let rt = runtime();
+    let mut cfg = config();
+    cfg.max_sealed_segments = 2;
+    let base = clustered_vectors(1200, DIM, 10, 6);
+    let c = Collection::create(&path, cfg).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // A searcher that must never see a removed document (multiples of 3 below 600, removed
+    // before it starts) and always find a live one by its own vector (rows 600.. once written).
+    let removed: HashSet<u128> = (0..600).step_by(3).collect();
+    rt.block_on(async {
+        insert_rows(&c, &base, 0..600, 0).await;
+        let ids: Vec<u128> = removed.iter().copied().collect();
+        let seq = c.remove(&ids, &[], None).await.unwrap();
+        c.wait_applied(seq, Duration::from_secs(10)).await.unwrap();
+    });
+    let searcher = {
+        let (c, stop, base, removed) = (c.clone(), stop.clone(), base.clone(), removed.clone());
+        std::thread::spawn(move || {
+            let mut n = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let i = (n * 7) % 600;
+                let hits: Vec<SearchHit> =
+                    c.search(&request(&[0], row(&base, i), 10, false)).unwrap();
+                assert!(
+                    hits.iter().all(|h| !removed.contains(&h.doc_id)),
+                    "removed doc returned"
+                );
+                if !removed.contains(&(i as u128)) {
+                    assert_eq!(
+                        hits[0].doc_id, i as u128,
+                        "live doc {i} not found by itself"
+                    );
+                }
+                n += 1;
+            }
+            n
+        })
+    };
+    rt.block_on(async {
+        for batch in 0..4 {
+            c.flush().await.unwrap();
+            insert_rows(&c, &base, 600 + batch * 150..600 + (batch + 1) * 150, 0).await;
+        }
+        c.flush().await.unwrap();
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(searcher.join().unwrap() > 0);
+    let stats = c.stats();
+    assert!(stats.n_sealed_segments <= 2, "{stats:?}");
+    assert_eq!(stats.n_documents, 1000);
+    // The first segment had a third of its slots tombstoned: it was rebuilt or merged away.
+    assert_eq!(stats.n_removed_not_compacted, 0, "{stats:?}");
+    for i in (600..1200).step_by(37) {
+        assert_eq!(exact_ids(&c, &[0], row(&base, i), 1), vec![i as u128]);
+    }
+    drop(c);
+    let c = Collection::open(&path).unwrap();
+    assert_eq!(c.stats().n_documents, 1000);
+    let files: Vec<String> = std::fs::read_dir(&path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let n_segment_files = files.iter().filter(|f| f.ends_with(".tseg")).count();
+    assert!(
+        n_segment_files <= 4,
+        "unreferenced segment files are deleted: {files:?}"
+    );
+}
+
+#[test]
+fn automatic_checkpoints_by_wal_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let mut cfg = config();
+    cfg.checkpoint_wal_bytes = 20_000;
+    let c = Collection::create(&dir.path().join("c"), cfg).unwrap();
+    let base = clustered_vectors(500, DIM, 5, 7);
+    rt.block_on(async {
+        let seq = insert_rows(&c, &base, 0..500, 0).await;
+        c.wait_applied(seq, Duration::from_secs(10)).await.unwrap();
+    });
+    let stats = c.stats();
+    assert!(stats.checkpoint_seq > 0, "{stats:?}");
+    assert!(stats.n_sealed_segments >= 1);
+    drop(c);
+    let c = Collection::open(&dir.path().join("c")).unwrap();
+    assert_eq!(c.stats().n_documents, 500);
+}
