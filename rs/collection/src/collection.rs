@@ -16,7 +16,9 @@ use tarn_wal::{Durability, Wal, WalConfig};
 
 use crate::config::{CollectionConfig, MAX_TOP_K};
 use crate::error::{CollectionError, Result};
-use crate::ingest::{CheckpointState, IngestFeeder, IngestSignal, IngestWorker};
+use crate::ingest::{
+    run_indexer, CheckpointState, IndexerSignal, IngestFeeder, IngestSignal, IngestWorker,
+};
 use crate::manifest::{self, Manifest, CONFIG_FILE};
 use crate::op;
 use crate::segments::SegmentSet;
@@ -36,6 +38,7 @@ pub(crate) struct Shared {
     /// Live documents per tenant.
     pub(crate) counts: Mutex<HashMap<u128, u64>>,
     pub(crate) n_ingest_errors: AtomicU64,
+    pub(crate) indexer: IndexerSignal,
 }
 
 impl Shared {
@@ -88,6 +91,7 @@ struct Handle {
     wal: Wal,
     signals: SyncSender<IngestSignal>,
     worker: Mutex<Option<JoinHandle<()>>>,
+    indexer: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Handle {
@@ -100,6 +104,12 @@ impl Handle {
         if let Some(worker) = self.worker.lock().take() {
             if worker.join().is_err() {
                 tracing::error!("the ingestion thread panicked");
+            }
+        }
+        self.shared.indexer.stop();
+        if let Some(indexer) = self.indexer.lock().take() {
+            if indexer.join().is_err() {
+                tracing::error!("the indexing thread panicked");
             }
         }
     }
@@ -180,7 +190,7 @@ impl Collection {
         let mut replay_bytes = 0u64;
         for entry in wal.replay(checkpoint_seq + 1)? {
             let (seq, payload) = entry?;
-            let operation = op::decode(&payload)
+            let operation = op::decode(&payload, config.dimension)
                 .map_err(|e| CollectionError::Corrupt(format!("WAL entry {seq}: {e}")))?;
             set.apply(&operation, &mut counts);
             n_replayed += 1;
@@ -196,7 +206,15 @@ impl Collection {
             checkpoint_seq: AtomicU64::new(checkpoint_seq),
             counts: Mutex::new(counts),
             n_ingest_errors: AtomicU64::new(0),
+            indexer: IndexerSignal::default(),
         });
+        let indexer_shared = Arc::clone(&shared);
+        let indexer = std::thread::Builder::new()
+            .name("tarn-indexer".to_owned())
+            .spawn(move || run_indexer(indexer_shared))
+            .map_err(|e| CollectionError::io("spawn indexing thread", dir, e))?;
+        // The replayed tail gets indexed in the background; searches cover it exactly meanwhile.
+        shared.indexer.kick();
         let worker = IngestWorker {
             shared: Arc::clone(&shared),
             wal: wal.clone(),
@@ -204,6 +222,7 @@ impl Collection {
             applied_seq: last_seq,
             wal_bytes_since_checkpoint: replay_bytes,
             first_unsaved_at: (n_replayed > 0).then(Instant::now),
+            n_applied: 0,
         };
         let worker = std::thread::Builder::new()
             .name("tarn-ingest".to_owned())
@@ -215,6 +234,7 @@ impl Collection {
                 wal,
                 signals,
                 worker: Mutex::new(Some(worker)),
+                indexer: Mutex::new(Some(indexer)),
             }),
         })
     }
@@ -362,10 +382,17 @@ impl Collection {
     }
 
     /// Nearest documents among the given tenants, best first. CPU-bound: async callers run it
-    /// off their runtime's workers (`spawn_blocking`). Does not wait for `min_seq`: call
-    /// `wait_applied` first.
+    /// off their runtime's workers (`spawn_blocking`). It does not wait: if `min_seq` is not
+    /// applied yet it fails with `DeadlineExceeded` (use `search_after` or `wait_applied`).
     pub fn search(&self, request: &SearchRequest) -> Result<Vec<SearchHit>> {
         self.validate_search(request)?;
+        let applied = *self.shared().applied.borrow();
+        if request.min_seq > applied {
+            return Err(CollectionError::DeadlineExceeded {
+                seq: request.min_seq,
+                applied,
+            });
+        }
         let metric = self.config().metric();
         let mut query = request.vector.clone();
         if !metric.prepare(&mut query) {
@@ -394,6 +421,20 @@ impl Collection {
                 score: metric.score(hit.distance),
             })
             .collect())
+    }
+
+    /// Read-your-writes search: waits up to `timeout` for `min_seq` to be applied, then searches
+    /// (on the calling thread).
+    pub async fn search_after(
+        &self,
+        request: &SearchRequest,
+        timeout: Duration,
+    ) -> Result<Vec<SearchHit>> {
+        self.validate_search(request)?;
+        if request.min_seq > 0 {
+            self.wait_applied(request.min_seq, timeout).await?;
+        }
+        self.search(request)
     }
 
     /// Makes everything acknowledged so far durable and checkpointed; returns the checkpoint's

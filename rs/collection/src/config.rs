@@ -30,6 +30,9 @@ pub struct CollectionConfig {
     pub rebuild_tombstone_fraction: f64,
     /// Operations queued for ingestion before writers are held back.
     pub ingest_queue: usize,
+    /// Stored vectors not yet in a graph (searched exactly meanwhile) before ingestion stops to
+    /// help the indexer: bounds the exact-scan cost of searches under a burst of writes.
+    pub max_unindexed: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +81,7 @@ impl CollectionConfig {
             max_sealed_segments: 8,
             rebuild_tombstone_fraction: 0.2,
             ingest_queue: 4096,
+            max_unindexed: 20_000,
         }
     }
 
@@ -106,7 +110,11 @@ impl CollectionConfig {
                 format!("must be from 1 to {MAX_TOP_K}"),
             ));
         }
-        if self.ingest_queue == 0 || self.max_sealed_segments == 0 || self.graph_threshold == 0 {
+        if self.ingest_queue == 0
+            || self.max_sealed_segments == 0
+            || self.graph_threshold == 0
+            || self.max_unindexed == 0
+        {
             return Err(CollectionError::invalid(
                 "config",
                 "ingest_queue, max_sealed_segments and graph_threshold must be positive",

@@ -23,6 +23,56 @@ use crate::manifest::{self, Manifest, SegmentEntry};
 use crate::op;
 use crate::segments::SegmentSet;
 
+/// Wakes the indexing thread, which moves stored vectors into the mutable segment's graphs.
+#[derive(Debug, Default)]
+pub(crate) struct IndexerSignal {
+    pending: parking_lot::Mutex<bool>,
+    wake: parking_lot::Condvar,
+    stop: std::sync::atomic::AtomicBool,
+}
+
+impl IndexerSignal {
+    pub(crate) fn kick(&self) {
+        let mut pending = self.pending.lock();
+        if !*pending {
+            *pending = true;
+            self.wake.notify_one();
+        }
+    }
+
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _pending = self.pending.lock();
+        self.wake.notify_all();
+    }
+}
+
+/// The indexing thread: whenever kicked, indexes the current mutable segment's pending tail in
+/// batches (hnsw_rs inserts in parallel) until nothing is pending.
+pub(crate) fn run_indexer(shared: Arc<Shared>) {
+    loop {
+        {
+            let mut pending = shared.indexer.pending.lock();
+            while !*pending && !shared.indexer.stop.load(Ordering::Acquire) {
+                shared.indexer.wake.wait(&mut pending);
+            }
+            if shared.indexer.stop.load(Ordering::Acquire) {
+                return;
+            }
+            *pending = false;
+        }
+        while shared.segments().mutable.index_pending(INDEX_BATCH) > 0 {
+            if shared.indexer.stop.load(Ordering::Acquire) {
+                return;
+            }
+        }
+    }
+}
+
+/// Vectors per indexing batch: large enough for parallel inserts to pay, small enough that a
+/// checkpoint or shutdown does not wait long for the indexer.
+const INDEX_BATCH: usize = 256;
+
 pub(crate) enum IngestSignal {
     Apply { seq: u64, payload: Arc<[u8]> },
     Checkpoint(tokio::sync::oneshot::Sender<Result<u64>>),
@@ -65,6 +115,7 @@ pub(crate) struct IngestWorker {
     pub(crate) applied_seq: u64,
     pub(crate) wal_bytes_since_checkpoint: u64,
     pub(crate) first_unsaved_at: Option<Instant>,
+    pub(crate) n_applied: u64,
 }
 
 impl IngestWorker {
@@ -96,7 +147,7 @@ impl IngestWorker {
     }
 
     fn apply(&mut self, seq: u64, payload: &[u8]) {
-        match op::decode(payload) {
+        match op::decode(payload, self.shared.config.dimension) {
             Ok(operation) => {
                 let set = self.shared.segments();
                 let mut counts = self.shared.counts.lock();
@@ -113,6 +164,18 @@ impl IngestWorker {
         self.wal_bytes_since_checkpoint += payload.len() as u64;
         self.first_unsaved_at.get_or_insert_with(Instant::now);
         self.shared.applied.send_replace(seq);
+        self.shared.indexer.kick();
+        self.n_applied += 1;
+        if self.n_applied % 64 == 0 {
+            // Back-pressure: past the bound, ingestion helps the indexer instead of growing the
+            // exactly-searched tail (and a full ingestion queue then holds writers back).
+            let mutable = Arc::clone(&self.shared.segments().mutable);
+            while mutable.n_unindexed() > self.shared.config.max_unindexed {
+                if mutable.index_pending(INDEX_BATCH) == 0 {
+                    break;
+                }
+            }
+        }
     }
 
     fn checkpoint_logged(&mut self, reason: &str) {

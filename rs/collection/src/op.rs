@@ -83,8 +83,9 @@ pub(crate) fn encode_remove(user_ids: &[u128], doc_ids: &[u128]) -> Vec<u8> {
     bytes
 }
 
-/// Decodes a payload; never panics on malformed bytes.
-pub(crate) fn decode(bytes: &[u8]) -> Result<Operation> {
+/// Decodes a payload of a collection of dimension `expected_dimension`; never panics on
+/// malformed bytes.
+pub(crate) fn decode(bytes: &[u8], expected_dimension: usize) -> Result<Operation> {
     let bad = |why: &str| CollectionError::Corrupt(format!("undecodable WAL operation: {why}"));
     if bytes.len() < HEADER_BYTES {
         return Err(bad("shorter than its header"));
@@ -115,6 +116,9 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Operation> {
     let doc_ids = read_ids(HEADER_BYTES + n_users * 16, n_docs);
     match bytes[0] {
         OP_INSERT => {
+            if dimension != expected_dimension {
+                return Err(bad("vector dimension differs from the collection's"));
+            }
             let n_values = n_docs
                 .checked_mul(dimension)
                 .ok_or_else(|| bad("vector count overflows"))?;
@@ -145,8 +149,9 @@ mod tests {
     #[test]
     fn round_trips_and_malformed_bytes_are_errors() {
         let insert = encode_insert(&[1, 2], &[10, 11, 12], 2, &[0.5; 6]);
+        assert!(decode(&insert, 3).is_err(), "wrong dimension");
         assert_eq!(
-            decode(&insert).unwrap(),
+            decode(&insert, 2).unwrap(),
             Operation::Insert {
                 user_ids: vec![1, 2],
                 doc_ids: vec![10, 11, 12],
@@ -156,20 +161,20 @@ mod tests {
         );
         let remove = encode_remove(&[], &[5]);
         assert_eq!(
-            decode(&remove).unwrap(),
+            decode(&remove, 2).unwrap(),
             Operation::Remove {
                 user_ids: vec![],
                 doc_ids: vec![5]
             }
         );
         for cut in 0..insert.len() {
-            assert!(decode(&insert[..cut]).is_err(), "cut at {cut}");
+            assert!(decode(&insert[..cut], 2).is_err(), "cut at {cut}");
         }
         let mut huge = remove.clone();
         huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(decode(&huge).is_err());
+        assert!(decode(&huge, 2).is_err());
         let mut unknown = remove;
         unknown[0] = 9;
-        assert!(decode(&unknown).is_err());
+        assert!(decode(&unknown, 2).is_err());
     }
 }

@@ -78,10 +78,17 @@ fn writes_are_searchable_after_their_sequence_number_is_applied() {
         let hits = c.search(&request(&[7], row(&base, 42), 1, false)).unwrap();
         assert_eq!(hits[0].doc_id, 42);
         assert!(hits[0].score < 1e-3, "L2 distance to itself");
-        // Read-your-writes on a single insert.
+        // Read-your-writes on a single insert, through min_seq.
         let seq = c.insert(&[1000], &[7], &[9.0; DIM], None).await.unwrap();
-        c.wait_applied(seq, Duration::from_secs(10)).await.unwrap();
-        assert_eq!(exact_ids(&c, &[7], &[9.0; DIM], 1), vec![1000]);
+        let mut req = request(&[7], &[9.0; DIM], 1, true);
+        req.min_seq = seq;
+        let hits = c.search_after(&req, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(hits[0].doc_id, 1000);
+        req.min_seq = seq + 100;
+        assert!(matches!(
+            c.search(&req),
+            Err(CollectionError::DeadlineExceeded { .. })
+        ));
         // A sequence number that will not come: the deadline is respected.
         let err = c
             .wait_applied(seq + 100, Duration::from_millis(50))
@@ -405,6 +412,22 @@ fn merges_and_rebuilds_keep_every_live_document_under_concurrent_searches() {
         n_segment_files <= 4,
         "unreferenced segment files are deleted: {files:?}"
     );
+}
+
+#[test]
+fn automatic_checkpoints_by_age() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let mut cfg = config();
+    cfg.checkpoint_interval_ms = 100;
+    let c = Collection::create(&dir.path().join("c"), cfg).unwrap();
+    let seq = rt.block_on(c.insert(&[1], &[], &[1.0; DIM], None)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while c.stats().checkpoint_seq < seq {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint by age");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(c.stats().n_sealed_segments, 1);
 }
 
 #[test]

@@ -35,11 +35,6 @@ impl HnswGraph {
         HnswGraph { hnsw }
     }
 
-    /// Inserts one vector under `slot`.
-    pub(crate) fn insert(&self, vector: &[f32], slot: u32) {
-        self.hnsw.insert_slice((vector, slot as usize));
-    }
-
     /// Inserts many vectors using all cores (hnsw_rs's rayon-parallel insert).
     pub(crate) fn insert_parallel(&self, items: &[(&[f32], usize)]) {
         if items.len() < 64 {

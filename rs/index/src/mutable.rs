@@ -1,11 +1,19 @@
 //! The mutable segment: one partition per tenant, taking ingested operations. A partition is
 //! searched exactly while small and gets an hnsw_rs graph once it holds `graph_threshold` live
-//! vectors. One writer (the collection's ingestion thread), any number of concurrent searches.
+//! vectors.
+//!
+//! Storing a vector and indexing it are separate steps. `upsert` only appends to the partition
+//! (microseconds), so a write is searchable as soon as it is applied; `index_pending`, called by
+//! an indexing thread (and by sealing), inserts the not-yet-indexed tail into the graph in
+//! parallel batches. A search combines the graph with an exact scan of that tail, so it never
+//! misses a stored vector, and graph building (about 2 ms per 384-d vector at
+//! ef_construction 200) never delays visibility. One writer (the collection's ingestion
+//! thread), one indexer at a time per partition, any number of concurrent searches.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use crate::bitset::Bitset;
 use crate::config::IndexConfig;
@@ -21,13 +29,18 @@ pub(crate) struct MutableData {
     pub(crate) tombstones: Bitset,
     /// Live documents.
     pub(crate) by_doc: HashMap<u128, u32>,
-    /// Built once the partition reaches the graph threshold; holds every live slot after that.
+    /// Created once the partition reaches the graph threshold.
     pub(crate) graph: Option<Arc<HnswGraph>>,
+    /// Slots below this were handed to the graph (or were dead when their turn came); slots from
+    /// here on are the unindexed tail, searched exactly.
+    pub(crate) indexed: usize,
 }
 
 #[derive(Debug, Default)]
 pub(crate) struct MutablePartition {
     pub(crate) data: RwLock<MutableData>,
+    /// Held while inserting into the graph: one indexer per partition at a time.
+    indexing: Mutex<()>,
 }
 
 /// The segment that ingestion writes to.
@@ -62,58 +75,93 @@ impl MutableSegment {
     }
 
     /// Stores `vector` (already prepared for the metric) as `(user_id, doc_id)`, replacing a
-    /// version in this segment. Returns true if one was replaced.
+    /// version in this segment. Returns true if one was replaced. Searchable on return.
     pub fn upsert(&self, user_id: u128, doc_id: u128, vector: &[f32]) -> bool {
         debug_assert_eq!(vector.len(), self.config.dimension);
         let partition = {
             let mut partitions = self.partitions.write();
             Arc::clone(partitions.entry(user_id).or_default())
         };
-        let (slot, replaced, graph, build_graph) = {
-            let mut data = partition.data.write();
-            let slot = data.doc_ids.len() as u32;
-            let replaced = data.by_doc.insert(doc_id, slot);
-            if let Some(old) = replaced {
-                data.tombstones.set(old as usize);
-            }
-            data.vectors.extend_from_slice(vector);
-            data.doc_ids.push(doc_id);
-            let build = data.graph.is_none() && data.by_doc.len() >= self.config.graph_threshold;
-            (slot, replaced.is_some(), data.graph.clone(), build)
-        };
-        if let Some(graph) = graph {
-            graph.insert(vector, slot);
-        } else if build_graph {
-            self.build_graph(&partition);
+        let mut data = partition.data.write();
+        let slot = data.doc_ids.len() as u32;
+        let replaced = data.by_doc.insert(doc_id, slot);
+        if let Some(old) = replaced {
+            data.tombstones.set(old as usize);
         }
-        replaced
+        data.vectors.extend_from_slice(vector);
+        data.doc_ids.push(doc_id);
+        replaced.is_some()
     }
 
-    /// Builds the partition's graph from its live vectors (searches go on, exactly, meanwhile).
-    fn build_graph(&self, partition: &MutablePartition) {
-        let (live, vectors) = {
-            let data = partition.data.read();
-            let mut live: Vec<u32> = data.by_doc.values().copied().collect();
-            live.sort_unstable();
-            (live, data.vectors.clone())
-        };
+    /// Inserts up to `max_slots` not-yet-indexed slots into their partitions' graphs (creating a
+    /// graph for a partition that reached the threshold), using all cores. Returns how many
+    /// slots it handled; 0 means nothing is pending.
+    pub fn index_pending(&self, max_slots: usize) -> usize {
+        let threshold = self.config.graph_threshold;
         let dim = self.config.dimension;
-        let graph = HnswGraph::new(&self.config.hnsw, self.config.metric, live.len() * 2);
-        let items: Vec<(&[f32], usize)> = live
-            .iter()
-            .map(|&slot| {
-                (
-                    &vectors[slot as usize * dim..(slot as usize + 1) * dim],
-                    slot as usize,
-                )
+        let mut handled = 0;
+        for (_, partition) in self.partitions() {
+            if handled >= max_slots {
+                break;
+            }
+            let _indexer = partition.indexing.lock();
+            let (graph, start, end, items) = {
+                let data = partition.data.read();
+                if data.graph.is_none() && data.by_doc.len() < threshold {
+                    continue;
+                }
+                let start = data.indexed;
+                let end = data
+                    .doc_ids
+                    .len()
+                    .min(start.saturating_add(max_slots - handled));
+                if start >= end {
+                    continue;
+                }
+                let items: Vec<(Vec<f32>, usize)> = (start..end)
+                    .filter(|&slot| !data.tombstones.get(slot))
+                    .map(|slot| (data.vectors[slot * dim..(slot + 1) * dim].to_vec(), slot))
+                    .collect();
+                (data.graph.clone(), start, end, items)
+            };
+            let graph = match graph {
+                Some(graph) => graph,
+                None => {
+                    let graph = Arc::new(HnswGraph::new(
+                        &self.config.hnsw,
+                        self.config.metric,
+                        end * 2,
+                    ));
+                    partition.data.write().graph = Some(Arc::clone(&graph));
+                    graph
+                }
+            };
+            let refs: Vec<(&[f32], usize)> = items
+                .iter()
+                .map(|(v, slot)| (v.as_slice(), *slot))
+                .collect();
+            graph.insert_parallel(&refs);
+            partition.data.write().indexed = end;
+            handled += end - start;
+        }
+        handled
+    }
+
+    /// Slots stored but not yet in a graph, in partitions that have (or are due) one.
+    pub fn n_unindexed(&self) -> usize {
+        let threshold = self.config.graph_threshold;
+        self.partitions
+            .read()
+            .values()
+            .map(|p| {
+                let data = p.data.read();
+                if data.graph.is_some() || data.by_doc.len() >= threshold {
+                    data.doc_ids.len() - data.indexed
+                } else {
+                    0
+                }
             })
-            .collect();
-        graph.insert_parallel(&items);
-        tracing::debug!(
-            n_points = live.len(),
-            "built the graph of a mutable partition"
-        );
-        partition.data.write().graph = Some(Arc::new(graph));
+            .sum()
     }
 
     /// Removes `(user_id, doc_id)` from this segment; returns true if it was here.
@@ -159,23 +207,29 @@ impl MutableSegment {
         let data = partition.data.read();
         let dim = self.config.dimension;
         let metric = self.config.metric;
+        let distance = |slot: u32| {
+            metric.distance(
+                query,
+                &data.vectors[slot as usize * dim..(slot as usize + 1) * dim],
+            )
+        };
         let candidates = match (&data.graph, exact) {
             (Some(graph), false) => {
                 let is_live = |slot: u32| !data.tombstones.get(slot as usize);
                 let has_tombstones = data.by_doc.len() < data.doc_ids.len();
-                graph.search(
-                    query,
-                    k,
-                    ef,
-                    has_tombstones.then_some(&is_live as &dyn Fn(u32) -> bool),
-                )
+                let keep = has_tombstones.then_some(&is_live as &dyn Fn(u32) -> bool);
+                let mut candidates = graph.search(query, k, ef, keep);
+                // The tail not in the graph yet, exactly.
+                let tail =
+                    (data.indexed as u32..data.doc_ids.len() as u32).filter(|&slot| is_live(slot));
+                candidates.extend(exact_top_k(tail, k, distance));
+                candidates.sort_unstable();
+                // A slot being indexed right now can come from both.
+                candidates.dedup_by_key(|c| c.node);
+                candidates.truncate(k);
+                candidates
             }
-            _ => exact_top_k(data.by_doc.values().copied(), k, |slot| {
-                metric.distance(
-                    query,
-                    &data.vectors[slot as usize * dim..(slot as usize + 1) * dim],
-                )
-            }),
+            _ => exact_top_k(data.by_doc.values().copied(), k, distance),
         };
         candidates
             .into_iter()

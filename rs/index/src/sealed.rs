@@ -101,6 +101,8 @@ impl SealedSegment {
     /// Seals a mutable segment. Partitions with a graph keep all their slots (tombstoned ones
     /// stay in the graph, marked); partitions without one keep only their live vectors.
     pub fn seal(mutable: &MutableSegment, id: u64, max_seq: u64) -> SealedSegment {
+        // Every graph must hold its whole partition before it is exported.
+        mutable.index_pending(usize::MAX);
         let config = *mutable.config();
         let dim = config.dimension;
         let mut partitions = HashMap::new();

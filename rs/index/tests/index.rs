@@ -28,6 +28,8 @@ fn filled(metric: Metric, base: &[f32]) -> MutableSegment {
     for (i, row) in base.chunks_exact(DIM).enumerate() {
         segment.upsert(7, i as u128, &prepared(metric, row));
     }
+    while segment.index_pending(500) > 0 {}
+    assert_eq!(segment.n_unindexed(), 0);
     segment
 }
 
@@ -240,6 +242,38 @@ fn rebuild_merges_segments_and_drops_tombstones() {
 }
 
 #[test]
+fn an_unindexed_tail_is_searched_exactly_until_the_indexer_takes_it() {
+    let base = clustered_vectors(1000, DIM, 10, 12);
+    let segment = MutableSegment::new(config(Metric::L2));
+    for (i, row) in base.chunks_exact(DIM).enumerate() {
+        segment.upsert(7, i as u128, row);
+    }
+    assert_eq!(
+        segment.n_unindexed(),
+        1000,
+        "past the threshold, nothing indexed yet"
+    );
+    let find_all = |segment: &MutableSegment| {
+        for i in (0..1000).step_by(13) {
+            let hits = segment.search(7, &base[i * DIM..(i + 1) * DIM], 1, 64, false);
+            assert_eq!(
+                hits[0].doc_id,
+                i as u128,
+                "unindexed: {}",
+                segment.n_unindexed()
+            );
+        }
+    };
+    find_all(&segment);
+    assert_eq!(segment.index_pending(300), 300);
+    assert_eq!(segment.n_unindexed(), 700);
+    find_all(&segment); // part graph, part tail
+    while segment.index_pending(300) > 0 {}
+    assert_eq!(segment.n_unindexed(), 0);
+    find_all(&segment);
+}
+
+#[test]
 fn two_searchers_during_five_thousand_inserts() {
     let base = Arc::new(clustered_vectors(5000, DIM, 40, 10));
     let segment = Arc::new(MutableSegment::new(config(Metric::L2)));
@@ -260,12 +294,33 @@ fn two_searchers_during_five_thousand_inserts() {
             })
         })
         .collect();
+    // hnsw_rs inserts (the indexer) run concurrently with the searches.
+    let indexer = {
+        let (segment, done) = (Arc::clone(&segment), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                n += segment.index_pending(100);
+            }
+            n
+        })
+    };
     for (i, row) in base.chunks_exact(DIM).enumerate() {
         segment.upsert(7, i as u128, row);
+    }
+    while segment.n_unindexed() > 0 {
+        std::thread::yield_now();
     }
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     for s in searchers {
         assert!(s.join().unwrap() > 0);
     }
+    assert!(indexer.join().unwrap() >= 4000);
     assert_eq!(segment.live_counts()[&7], 5000);
+    for i in (0..5000).step_by(97) {
+        assert_eq!(
+            segment.search(7, &base[i * DIM..(i + 1) * DIM], 1, 64, false)[0].doc_id,
+            i as u128
+        );
+    }
 }
