@@ -273,12 +273,12 @@ fn write_group(c: &mut Criterion, runtime: &Runtime, dir: &std::path::Path) {
                     .sum()
             });
         });
-        report_syncs(&format!("write-group/{n}"), n, before, wal.stats());
+        report_syncs(&format!("write-group/{n}"), n, &before, &wal.stats());
     }
     group.finish();
 }
 
-fn report_syncs(label: &str, n: usize, before: tarn_wal::WalStats, after: tarn_wal::WalStats) {
+fn report_syncs(label: &str, n: usize, before: &tarn_wal::WalStats, after: &tarn_wal::WalStats) {
     let rounds = (after.n_entries - before.n_entries) as f64 / n as f64;
     eprintln!(
         "syncs: {label}: {:.2} fdatasyncs and {:.2} groups per {n} appends",
@@ -357,8 +357,8 @@ fn write_group_loaded(c: &mut Criterion, runtime: &Runtime, dir: &std::path::Pat
         report_syncs(
             &format!("write-group-loaded{suffix}/1000"),
             n,
-            before,
-            wal.stats(),
+            &before,
+            &wal.stats(),
         );
         drop(load);
     }

@@ -477,6 +477,11 @@ impl Collection {
         stats
     }
 
+    /// The WAL's counters and histograms (for metrics).
+    pub fn wal_stats(&self) -> tarn_wal::WalStats {
+        self.handle.wal.stats()
+    }
+
     /// The WAL's first poisoning error, if writes are refused.
     pub fn write_error(&self) -> Option<String> {
         self.handle.wal.poisoned().map(|e| e.to_string())

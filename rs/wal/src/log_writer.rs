@@ -55,8 +55,57 @@ pub trait AppendObserver: Send + 'static {
     fn on_appended(&mut self, seq: u64, payload: &Arc<[u8]>);
 }
 
+/// Upper bounds (seconds) of the fdatasync latency histogram's buckets.
+pub const SYNC_SECONDS_BOUNDS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+/// Upper bounds (entries) of the write-group size histogram's buckets.
+pub const GROUP_SIZE_BOUNDS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
+
+/// A fixed-bucket histogram snapshot: `counts[i]` observations fell at or below `bounds[i]` and
+/// above the previous bound; `counts[bounds.len()]` above the last one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Histogram {
+    pub bounds: &'static [f64],
+    pub counts: Vec<u64>,
+    pub sum: f64,
+}
+
+#[derive(Debug)]
+struct AtomicHistogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    /// Sum in millionths, to keep it in an integer atomic.
+    sum_micros: AtomicU64,
+}
+
+impl AtomicHistogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        AtomicHistogram {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, value: f64) {
+        let bucket = self.bounds.iter().position(|b| value <= *b).unwrap_or(self.bounds.len());
+        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add((value * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> Histogram {
+        Histogram {
+            bounds: self.bounds,
+            counts: self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect(),
+            sum: self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
+        }
+    }
+}
+
 /// Counters for metrics and benchmarks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct WalStats {
     /// Write groups the leader has processed.
     pub n_groups: u64,
@@ -66,14 +115,33 @@ pub struct WalStats {
     pub n_entries: u64,
     /// Entry bytes written (headers included).
     pub n_bytes: u64,
+    /// fdatasync latency, in seconds.
+    pub sync_seconds: Histogram,
+    /// Entries per write group.
+    pub group_size: Histogram,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Counters {
     n_groups: AtomicU64,
     n_syncs: AtomicU64,
     n_entries: AtomicU64,
     n_bytes: AtomicU64,
+    sync_seconds: AtomicHistogram,
+    group_size: AtomicHistogram,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            n_groups: AtomicU64::new(0),
+            n_syncs: AtomicU64::new(0),
+            n_entries: AtomicU64::new(0),
+            n_bytes: AtomicU64::new(0),
+            sync_seconds: AtomicHistogram::new(SYNC_SECONDS_BOUNDS),
+            group_size: AtomicHistogram::new(GROUP_SIZE_BOUNDS),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -265,6 +333,8 @@ impl Wal {
             n_syncs: c.n_syncs.load(Ordering::Relaxed),
             n_entries: c.n_entries.load(Ordering::Relaxed),
             n_bytes: c.n_bytes.load(Ordering::Relaxed),
+            sync_seconds: c.sync_seconds.snapshot(),
+            group_size: c.group_size.snapshot(),
         }
     }
 
@@ -320,8 +390,13 @@ fn background_sync(shared: &Shared, log: &mut SegmentedLog) {
     if log.poisoned().is_some() {
         return;
     }
+    let started = Instant::now();
     let result = log.sync();
     shared.counters.n_syncs.fetch_add(1, Ordering::Relaxed);
+    shared
+        .counters
+        .sync_seconds
+        .observe(started.elapsed().as_secs_f64());
     publish(shared, log);
     if let Err(error) = result {
         tracing::error!(%error, "background WAL sync failed");
@@ -376,10 +451,18 @@ fn lead_group(
     let outcome = written.and_then(|first_seq| {
         if needs_sync {
             shared.counters.n_syncs.fetch_add(1, Ordering::Relaxed);
+            let started = Instant::now();
             log.sync()?;
+            shared
+                .counters
+                .sync_seconds
+                .observe(started.elapsed().as_secs_f64());
         }
         Ok(first_seq)
     });
+    if !payloads.is_empty() {
+        shared.counters.group_size.observe(payloads.len() as f64);
+    }
     shared.counters.n_groups.fetch_add(1, Ordering::Relaxed);
     if outcome.is_ok() {
         shared

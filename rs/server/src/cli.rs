@@ -1,0 +1,199 @@
+//! Command-line interface (clap). Every `serve` flag can also come from a `TARN_*` environment
+//! variable or the TOML file given by `--config`; precedence: flag, environment, file, default.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "tarn", version, about = "tarn: a durable vector database")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server.
+    Serve(ServeArgs),
+    /// Exit 0 only if the server at --addr reports SERVING (for container healthchecks).
+    Healthcheck {
+        #[arg(long, env = "TARN_ADDR", default_value = "http://127.0.0.1:50051")]
+        addr: String,
+    },
+    /// Create, list, inspect or drop collections.
+    #[command(subcommand)]
+    Collection(CollectionCommand),
+    /// Insert the vectors of an fvecs file (doc id = first id + row number).
+    Insert(InsertArgs),
+    /// Search with the vectors of an fvecs file; with --ivecs, report recall@k.
+    Search(SearchArgs),
+    /// Print stored vectors.
+    Get {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[arg(long)]
+        collection: String,
+        #[arg(long, default_value_t = 0)]
+        user_id: u128,
+        #[arg(long = "doc-id", required = true)]
+        doc_ids: Vec<u128>,
+    },
+    /// Remove documents.
+    Remove {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[arg(long)]
+        collection: String,
+        #[arg(long = "user-id")]
+        user_ids: Vec<u128>,
+        #[arg(long = "doc-id", required = true)]
+        doc_ids: Vec<u128>,
+    },
+    /// Checkpoint a collection.
+    Flush {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[arg(long)]
+        collection: String,
+    },
+}
+
+#[derive(Debug, Args, Default)]
+pub struct ServeArgs {
+    /// TOML file with any of the settings below (keys as the flags, with underscores).
+    #[arg(long, env = "TARN_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Where collections live [default: ./tarn-data].
+    #[arg(long, env = "TARN_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// gRPC address [default: 127.0.0.1:50051].
+    #[arg(long, env = "TARN_LISTEN")]
+    pub listen: Option<String>,
+    /// Prometheus /metrics address; "off" disables it [default: 127.0.0.1:9100].
+    #[arg(long, env = "TARN_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    /// Largest gRPC message accepted or sent [default: 67108864].
+    #[arg(long, env = "TARN_MAX_MESSAGE_BYTES")]
+    pub max_message_bytes: Option<usize>,
+    /// Writes allowed to wait for the WAL at once; more get RESOURCE_EXHAUSTED [default: 10000].
+    #[arg(long, env = "TARN_MAX_INFLIGHT_WRITES")]
+    pub max_inflight_writes: Option<usize>,
+    /// Read-write API keys (comma-separated in the environment). None: auth off.
+    #[arg(long = "api-key", env = "TARN_API_KEYS", value_delimiter = ',')]
+    pub api_keys: Vec<String>,
+    /// Read-only API keys.
+    #[arg(long = "read-only-key", env = "TARN_READ_ONLY_KEYS", value_delimiter = ',')]
+    pub read_only_keys: Vec<String>,
+    /// TLS certificate chain (PEM); with --tls-key, serve TLS.
+    #[arg(long, env = "TARN_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long, env = "TARN_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Log as JSON lines (level from RUST_LOG).
+    #[arg(long, env = "TARN_LOG_JSON")]
+    pub log_json: Option<bool>,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ClientArgs {
+    /// Server address.
+    #[arg(long, env = "TARN_ADDR", default_value = "http://127.0.0.1:50051")]
+    pub addr: String,
+    /// API key (sent as `authorization: Bearer <key>`).
+    #[arg(long, env = "TARN_API_KEY")]
+    pub api_key: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CollectionCommand {
+    Create {
+        #[command(flatten)]
+        client: ClientArgs,
+        name: String,
+        #[arg(long)]
+        dimension: u32,
+        /// cosine, l2 or dot.
+        #[arg(long, default_value = "cosine")]
+        metric: String,
+        #[arg(long, default_value_t = 0)]
+        m: u32,
+        #[arg(long, default_value_t = 0)]
+        ef_construction: u32,
+        #[arg(long, default_value_t = 0)]
+        ef_search: u32,
+        /// fsync or written.
+        #[arg(long, default_value = "fsync")]
+        durability: String,
+    },
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    Info {
+        #[command(flatten)]
+        client: ClientArgs,
+        name: String,
+    },
+    Drop {
+        #[command(flatten)]
+        client: ClientArgs,
+        name: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct InsertArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[arg(long)]
+    pub collection: String,
+    /// fvecs file of vectors.
+    #[arg(long)]
+    pub fvecs: PathBuf,
+    /// Tenants to insert for (repeat the flag); none = tenant 0.
+    #[arg(long = "user-id")]
+    pub user_ids: Vec<u128>,
+    /// Doc id of the first row.
+    #[arg(long, default_value_t = 0)]
+    pub first_id: u128,
+    /// Vectors per request.
+    #[arg(long, default_value_t = 100)]
+    pub batch: usize,
+    /// Requests in flight.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Insert only the first N rows.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// fsync or written (default: the collection's).
+    #[arg(long)]
+    pub durability: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SearchArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[arg(long)]
+    pub collection: String,
+    /// fvecs file of queries.
+    #[arg(long)]
+    pub fvecs: PathBuf,
+    /// ivecs ground truth (row i: the true nearest doc ids of query i, best first).
+    #[arg(long)]
+    pub ivecs: Option<PathBuf>,
+    #[arg(long = "user-id")]
+    pub user_ids: Vec<u128>,
+    #[arg(long, default_value_t = 10)]
+    pub top_k: u32,
+    #[arg(long, default_value_t = 0)]
+    pub ef: u32,
+    #[arg(long)]
+    pub exact: bool,
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Print the hits of each query.
+    #[arg(long)]
+    pub verbose: bool,
+}

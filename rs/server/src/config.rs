@@ -1,0 +1,76 @@
+//! `tarn serve` settings: flags and environment (clap), then the TOML file, then defaults.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use serde::Deserialize;
+
+use crate::cli::ServeArgs;
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub data_dir: PathBuf,
+    pub listen: String,
+    pub metrics_listen: Option<String>,
+    pub max_message_bytes: usize,
+    pub max_inflight_writes: usize,
+    pub api_keys: Vec<String>,
+    pub read_only_keys: Vec<String>,
+    pub tls: Option<(PathBuf, PathBuf)>,
+    pub log_json: bool,
+}
+
+/// The TOML file: the same settings, all optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    data_dir: Option<PathBuf>,
+    listen: Option<String>,
+    metrics_listen: Option<String>,
+    max_message_bytes: Option<usize>,
+    max_inflight_writes: Option<usize>,
+    api_keys: Option<Vec<String>>,
+    read_only_keys: Option<Vec<String>>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    log_json: Option<bool>,
+}
+
+impl ServeConfig {
+    pub fn resolve(args: ServeArgs) -> anyhow::Result<ServeConfig> {
+        let file: FileConfig = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+                toml::from_str(&text).with_context(|| format!("parsing config file {}", path.display()))?
+            }
+            None => FileConfig::default(),
+        };
+        let list = |from_args: Vec<String>, from_file: Option<Vec<String>>| {
+            if from_args.is_empty() {
+                from_file.unwrap_or_default()
+            } else {
+                from_args
+            }
+        };
+        let metrics_listen = args
+            .metrics_listen
+            .or(file.metrics_listen)
+            .unwrap_or_else(|| "127.0.0.1:9100".to_owned());
+        let tls = match (args.tls_cert.or(file.tls_cert), args.tls_key.or(file.tls_key)) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => anyhow::bail!("TLS needs both --tls-cert and --tls-key"),
+        };
+        Ok(ServeConfig {
+            data_dir: args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("./tarn-data")),
+            listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:50051".to_owned()),
+            metrics_listen: (metrics_listen != "off").then_some(metrics_listen),
+            max_message_bytes: args.max_message_bytes.or(file.max_message_bytes).unwrap_or(64 << 20),
+            max_inflight_writes: args.max_inflight_writes.or(file.max_inflight_writes).unwrap_or(10_000).max(1),
+            api_keys: list(args.api_keys, file.api_keys),
+            read_only_keys: list(args.read_only_keys, file.read_only_keys),
+            tls,
+            log_json: args.log_json.or(file.log_json).unwrap_or(false),
+        })
+    }
+}

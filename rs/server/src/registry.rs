@@ -1,0 +1,145 @@
+//! The collections of a data directory: `<data_dir>/collections/<name>/`, opened at start.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use tarn_collection::{Collection, CollectionConfig};
+
+use crate::status::ApiError;
+
+/// Collection names: `[A-Za-z0-9_-]{1,64}`, so a name is never a path.
+pub fn validate_name(name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            "name",
+            format!("{name:?} must match [A-Za-z0-9_-]{{1,64}}"),
+        ))
+    }
+}
+
+#[derive(Debug)]
+pub struct Registry {
+    root: PathBuf,
+    collections: DashMap<String, Collection>,
+    /// Serialises create and drop (rare) so that a name is never half made.
+    admin: tokio::sync::Mutex<()>,
+}
+
+impl Registry {
+    /// Opens every collection under `data_dir/collections` (blocking).
+    pub fn open(data_dir: &Path) -> anyhow::Result<Registry> {
+        let root = data_dir.join("collections");
+        std::fs::create_dir_all(&root)?;
+        let collections = DashMap::new();
+        for entry in std::fs::read_dir(&root)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(".drop-") {
+                // A drop interrupted after its rename: finish it.
+                std::fs::remove_dir_all(entry.path())?;
+                continue;
+            }
+            if validate_name(&name).is_err() || !entry.path().join("collection.json").exists() {
+                tracing::warn!(path = %entry.path().display(), "ignoring a directory that is not a collection");
+                continue;
+            }
+            let collection = Collection::open(&entry.path())
+                .map_err(|e| anyhow::anyhow!("cannot open collection {name}: {e}"))?;
+            tracing::info!(%name, "opened collection");
+            collections.insert(name, collection);
+        }
+        Ok(Registry {
+            root,
+            collections,
+            admin: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub fn get(&self, name: &str) -> Result<Collection, ApiError> {
+        validate_name(name)?;
+        self.collections
+            .get(name)
+            .map(|c| c.clone())
+            .ok_or_else(|| ApiError::NotFound(name.to_owned()))
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.collections.iter().map(|e| e.key().clone()).collect();
+        names.sort();
+        names
+    }
+
+    pub fn all(&self) -> Vec<(String, Collection)> {
+        self.collections
+            .iter()
+            .map(|e| (e.key().clone(), e.value().clone()))
+            .collect()
+    }
+
+    pub async fn create(self: &Arc<Self>, name: &str, config: CollectionConfig) -> Result<Collection, ApiError> {
+        validate_name(name)?;
+        let _admin = self.admin.lock().await;
+        if self.collections.contains_key(name) {
+            return Err(ApiError::AlreadyExists(name.to_owned()));
+        }
+        let path = self.root.join(name);
+        let collection = tokio::task::spawn_blocking(move || Collection::create(&path, config))
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))??;
+        self.collections.insert(name.to_owned(), collection.clone());
+        Ok(collection)
+    }
+
+    /// Closes the collection (in-flight writes fail with UNAVAILABLE) and deletes its files:
+    /// renamed aside first, so a crash mid-delete never leaves a half-deleted collection behind.
+    pub async fn drop_collection(&self, name: &str) -> Result<(), ApiError> {
+        validate_name(name)?;
+        let _admin = self.admin.lock().await;
+        let Some((_, collection)) = self.collections.remove(name) else {
+            return Err(ApiError::NotFound(name.to_owned()));
+        };
+        let (root, name) = (self.root.clone(), name.to_owned());
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            collection.close();
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            let aside = root.join(format!(".drop-{name}-{nanos}"));
+            std::fs::rename(root.join(&name), &aside)?;
+            std::fs::File::open(&root)?.sync_all()?;
+            std::fs::remove_dir_all(&aside)
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .map_err(|e| ApiError::Internal(format!("dropping {}: {e}", self.root.display())))
+    }
+
+    /// Closes every collection: ingestion finishes, WALs are synced.
+    pub fn close_all(&self) {
+        for (name, collection) in self.all() {
+            collection.close();
+            tracing::info!(%name, "closed collection");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_never_paths() {
+        for good in ["a", "docs_2024", "A-b_C", &"x".repeat(64)] {
+            assert!(validate_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", "../x", "a/b", ".", "..", "a b", "é", &"x".repeat(65), "a\0b"] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! `tarn serve`: lock the data directory, open the collections, serve gRPC (with health,
+//! reflection and compression) and metrics, and shut down gracefully on SIGTERM/SIGINT.
+
+use std::fs::{File, TryLockError};
+use std::io::Write as _;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use tarn_proto::v1::tarn_server::TarnServer;
+use tokio::sync::Semaphore;
+use tonic::codec::CompressionEncoding;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+
+use crate::auth::ApiKeys;
+use crate::config::ServeConfig;
+use crate::metrics::{self, Metrics};
+use crate::registry::Registry;
+use crate::service::TarnService;
+
+/// Holds an exclusive lock on `<data_dir>/LOCK` for the life of the server.
+fn lock_data_dir(config: &ServeConfig) -> anyhow::Result<File> {
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
+    let path = config.data_dir.join("LOCK");
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(TryLockError::WouldBlock) => bail!(
+            "another tarn server is using {} (it holds {}); stop it or choose another --data-dir",
+            config.data_dir.display(),
+            path.display()
+        ),
+        Err(TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
+    let _lock = lock_data_dir(&config)?;
+    let data_dir = config.data_dir.clone();
+    let registry = Arc::new(tokio::task::spawn_blocking(move || Registry::open(&data_dir)).await??);
+    let metrics = Arc::new(Metrics::new()?);
+    let keys = ApiKeys::new(&config.api_keys, &config.read_only_keys);
+    if !keys.enabled() {
+        tracing::warn!("no API keys configured: every client may read and write");
+    }
+
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .with_context(|| format!("binding gRPC address {}", config.listen))?;
+    let grpc_addr = listener.local_addr()?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let metrics_task = match &config.metrics_listen {
+        Some(addr) => {
+            let metrics_listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding metrics address {addr}"))?;
+            println!("tarn: metrics listening on {}", metrics_listener.local_addr()?);
+            let mut stop = stop_rx.clone();
+            let shutdown = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            Some(tokio::spawn(metrics::serve(metrics_listener, Arc::clone(&metrics), Arc::clone(&registry), shutdown)))
+        }
+        None => None,
+    };
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<TarnServer<TarnService>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tarn_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tarn_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+    let service = TarnService {
+        registry: Arc::clone(&registry),
+        keys,
+        metrics,
+        write_slots: Arc::new(Semaphore::new(config.max_inflight_writes)),
+        max_inflight_writes: config.max_inflight_writes,
+    };
+    let tarn = TarnServer::new(service)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Zstd)
+        .send_compressed(CompressionEncoding::Gzip)
+        .send_compressed(CompressionEncoding::Zstd)
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+
+    let mut builder = Server::builder();
+    if let Some((cert, key)) = &config.tls {
+        let cert = std::fs::read(cert).with_context(|| format!("reading TLS certificate {}", cert.display()))?;
+        let key = std::fs::read(key).with_context(|| format!("reading TLS key {}", key.display()))?;
+        builder = builder.tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))?;
+    }
+    println!("tarn: gRPC listening on {grpc_addr}{}", if config.tls.is_some() { " (TLS)" } else { "" });
+    let _ = std::io::stdout().flush();
+    tracing::info!(%grpc_addr, data_dir = %config.data_dir.display(), "serving");
+
+    let health = health_reporter.clone();
+    let shutdown = async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: no new requests; finishing the ones in flight");
+        health.set_not_serving::<TarnServer<TarnService>>().await;
+    };
+    builder
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
+        .add_service(tarn)
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .await?;
+
+    let _ = stop_tx.send(true);
+    if let Some(task) = metrics_task {
+        let _ = task.await;
+    }
+    // In-flight requests are done: let ingestion finish and sync every WAL.
+    let closing = Arc::clone(&registry);
+    tokio::task::spawn_blocking(move || closing.close_all()).await?;
+    tracing::info!("stopped");
+    println!("tarn: stopped");
+    Ok(())
+}

@@ -1,0 +1,356 @@
+//! Integration tests through a real tonic client against the real `tarn` binary on ephemeral
+//! ports: every RPC and error code, auth, health, reflection, compression, restart with data
+//! intact, the directory lock, and graceful shutdown under in-flight writes.
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tarn_proto::v1 as pb;
+use tarn_proto::v1::tarn_client::TarnClient;
+use tonic::transport::Channel;
+use tonic::{Code, Request};
+
+struct Server {
+    child: Child,
+    addr: String,
+    metrics_addr: String,
+}
+
+impl Server {
+    fn start(dir: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let (mut addr, mut metrics_addr) = (String::new(), String::new());
+        while addr.is_empty() {
+            let line = lines.next().expect("server exited before listening").unwrap();
+            if let Some(a) = line.strip_prefix("tarn: gRPC listening on ") {
+                addr = format!("http://{}", a.split_whitespace().next().unwrap());
+            } else if let Some(a) = line.strip_prefix("tarn: metrics listening on ") {
+                metrics_addr = a.to_owned();
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        Server { child, addr, metrics_addr }
+    }
+
+    async fn client(&self) -> TarnClient<Channel> {
+        TarnClient::connect(self.addr.clone()).await.unwrap()
+    }
+
+    /// SIGTERM, then the exit status.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        let status = self.child.wait().unwrap();
+        std::mem::forget(self);
+        status
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn id(v: u128) -> pb::Id {
+    pb::Id {
+        high: (v >> 64) as u64,
+        low: v as u64,
+    }
+}
+
+fn create(name: &str, dimension: u32, metric: pb::Metric) -> pb::CreateCollectionRequest {
+    pb::CreateCollectionRequest {
+        name: name.into(),
+        dimension,
+        metric: metric as i32,
+        hnsw: None,
+        default_durability: 0,
+    }
+}
+
+fn insert(collection: &str, docs: &[u128], users: &[u128], vectors: Vec<f32>) -> pb::InsertRequest {
+    pb::InsertRequest {
+        collection: collection.into(),
+        doc_ids: docs.iter().map(|d| id(*d)).collect(),
+        user_ids: users.iter().map(|u| id(*u)).collect(),
+        vectors,
+        durability: 0,
+    }
+}
+
+fn search(collection: &str, users: &[u128], vector: Vec<f32>, top_k: u32) -> pb::SearchRequest {
+    pb::SearchRequest {
+        collection: collection.into(),
+        user_ids: users.iter().map(|u| id(*u)).collect(),
+        vector,
+        top_k,
+        ef: 0,
+        exact: false,
+        min_seq_no: 0,
+    }
+}
+
+fn code<T: std::fmt::Debug>(result: Result<T, tonic::Status>) -> Code {
+    result.map(|_| ()).unwrap_err().code()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+#[test]
+fn every_rpc_and_every_error_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    runtime().block_on(async {
+        let mut c = server.client().await;
+        // CreateCollection
+        let info = c.create_collection(create("docs", 3, pb::Metric::L2)).await.unwrap().into_inner();
+        assert_eq!(info.collection.unwrap().dimension, 3);
+        assert_eq!(code(c.create_collection(create("docs", 3, pb::Metric::L2)).await), Code::AlreadyExists);
+        for bad in ["../x", "", "a/b", &"x".repeat(65), "ünï"] {
+            let status = c.create_collection(create(bad, 3, pb::Metric::L2)).await.unwrap_err();
+            assert_eq!(status.code(), Code::InvalidArgument, "{bad:?}");
+            assert!(status.message().contains("name"), "{}", status.message());
+        }
+        let status = c.create_collection(create("d0", 0, pb::Metric::L2)).await.unwrap_err();
+        assert!(status.code() == Code::InvalidArgument && status.message().contains("dimension"));
+        assert_eq!(code(c.create_collection(create("d5000", 5000, pb::Metric::L2)).await), Code::InvalidArgument);
+        let status = c.create_collection(create("nometric", 3, pb::Metric::Unspecified)).await.unwrap_err();
+        assert!(status.code() == Code::InvalidArgument && status.message().contains("metric"));
+        // ListCollections / GetCollection
+        assert_eq!(c.list_collections(pb::ListCollectionsRequest {}).await.unwrap().into_inner().names, vec!["docs"]);
+        assert_eq!(code(c.get_collection(pb::GetCollectionRequest { name: "nope".into() }).await), Code::NotFound);
+        // Insert, with every validation error naming its field.
+        let reply = c
+            .insert(insert("docs", &[1, 2, 3], &[7], vec![0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 5.0, 5.0, 5.0]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(reply.n_inserted, 3);
+        let last_seq = reply.seq_no;
+        for (request, field) in [
+            (insert("docs", &[1], &[], vec![1.0, 2.0]), "vectors"),
+            (insert("docs", &[1, 2], &[], vec![1.0, 2.0, 3.0]), "vectors"),
+            (insert("docs", &[1], &[], vec![f32::NAN, 0.0, 0.0]), "vectors"),
+            (insert("docs", &[1], &[], vec![f32::INFINITY, 0.0, 0.0]), "vectors"),
+            (insert("docs", &[], &[], vec![]), "doc_ids"),
+        ] {
+            let status = c.insert(request).await.unwrap_err();
+            assert_eq!(status.code(), Code::InvalidArgument);
+            assert!(status.message().contains(field), "{}", status.message());
+        }
+        let mut bad_durability = insert("docs", &[1], &[], vec![1.0, 2.0, 3.0]);
+        bad_durability.durability = 99;
+        assert_eq!(code(c.insert(bad_durability).await), Code::InvalidArgument);
+        assert_eq!(code(c.insert(insert("nope", &[1], &[], vec![1.0, 2.0, 3.0])).await), Code::NotFound);
+        assert_eq!(code(c.insert(insert("../x", &[1], &[], vec![1.0, 2.0, 3.0])).await), Code::InvalidArgument);
+        // Search: read-your-writes, best first, tenant scoped.
+        let mut request = search("docs", &[7], vec![0.9, 0.0, 0.0], 2);
+        request.min_seq_no = last_seq;
+        let hits = c.search(request).await.unwrap().into_inner().hits;
+        assert_eq!(hits.len(), 2);
+        assert_eq!(hits[0].doc_id, Some(id(2)));
+        assert!(hits[0].score <= hits[1].score, "L2: lower is better, best first");
+        assert!(c.search(search("docs", &[8], vec![0.9, 0.0, 0.0], 2)).await.unwrap().into_inner().hits.is_empty());
+        for (request, field) in [
+            (search("docs", &[7], vec![1.0], 2), "vector"),
+            (search("docs", &[7], vec![f32::NAN, 0.0, 0.0], 2), "vector"),
+            (search("docs", &[7], vec![1.0, 0.0, 0.0], 0), "top_k"),
+            (search("docs", &[7], vec![1.0, 0.0, 0.0], 10_001), "top_k"),
+        ] {
+            let status = c.search(request).await.unwrap_err();
+            assert_eq!(status.code(), Code::InvalidArgument);
+            assert!(status.message().contains(field), "{}", status.message());
+        }
+        assert_eq!(code(c.search(search("nope", &[], vec![1.0, 0.0, 0.0], 2)).await), Code::NotFound);
+        // A min_seq_no that never comes: the client's deadline is respected.
+        let mut request = Request::new(search("docs", &[7], vec![1.0, 0.0, 0.0], 2));
+        request.get_mut().min_seq_no = last_seq + 1000;
+        request.set_timeout(Duration::from_millis(300));
+        let started = std::time::Instant::now();
+        assert_eq!(code(c.search(request).await), Code::DeadlineExceeded);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // Get
+        let docs = c
+            .get(pb::GetRequest { collection: "docs".into(), user_id: Some(id(7)), doc_ids: vec![id(3), id(99)] })
+            .await
+            .unwrap()
+            .into_inner()
+            .docs;
+        assert_eq!(docs.len(), 1, "missing ids are absent");
+        assert_eq!(docs[0].vector, vec![5.0, 5.0, 5.0]);
+        // Remove, Flush, GetCollection
+        let seq = c
+            .remove(pb::RemoveRequest { collection: "docs".into(), doc_ids: vec![id(2)], user_ids: vec![id(7)], durability: 0 })
+            .await
+            .unwrap()
+            .into_inner()
+            .seq_no;
+        let flushed = c.flush(pb::FlushRequest { collection: "docs".into() }).await.unwrap().into_inner().flushed_seq_no;
+        assert!(flushed >= seq);
+        let info = c.get_collection(pb::GetCollectionRequest { name: "docs".into() }).await.unwrap().into_inner().collection.unwrap();
+        assert_eq!((info.n_documents, info.checkpoint_seq_no, info.n_sealed_segments), (2, flushed, 1));
+        assert_eq!(info.applied_seq_no, info.last_seq_no);
+        // DropCollection
+        c.drop_collection(pb::DropCollectionRequest { name: "docs".into() }).await.unwrap();
+        assert_eq!(code(c.drop_collection(pb::DropCollectionRequest { name: "docs".into() }).await), Code::NotFound);
+        assert_eq!(code(c.search(search("docs", &[], vec![1.0, 0.0, 0.0], 1)).await), Code::NotFound);
+        assert!(!dir.path().join("collections/docs").exists());
+        // Metrics endpoint.
+        let body = http_get(&server.metrics_addr, "/metrics");
+        assert!(body.contains("tarn_rpc_duration_seconds_count{code=\"Ok\",method=\"Insert\"}"), "{body}");
+    });
+    assert!(server.terminate().success());
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).unwrap();
+    body
+}
+
+#[test]
+fn auth_health_reflection_and_compression() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--api-key", "rw-secret", "--read-only-key", "ro-secret"]);
+    runtime().block_on(async {
+        let channel = Channel::from_shared(server.addr.clone()).unwrap().connect().await.unwrap();
+        let with_key = |key: Option<&'static str>| {
+            TarnClient::with_interceptor(channel.clone(), move |mut r: Request<()>| {
+                if let Some(key) = key {
+                    r.metadata_mut().insert("authorization", format!("Bearer {key}").parse().unwrap());
+                }
+                Ok(r)
+            })
+        };
+        assert_eq!(code(with_key(None).list_collections(pb::ListCollectionsRequest {}).await), Code::Unauthenticated);
+        assert_eq!(code(with_key(Some("wrong")).list_collections(pb::ListCollectionsRequest {}).await), Code::Unauthenticated);
+        assert_eq!(code(with_key(Some("ro-secret")).create_collection(create("a", 2, pb::Metric::Dot)).await), Code::PermissionDenied);
+        with_key(Some("rw-secret")).create_collection(create("a", 2, pb::Metric::Dot)).await.unwrap();
+        let ro = with_key(Some("ro-secret"));
+        assert_eq!(code(ro.clone().insert(insert("a", &[1], &[], vec![1.0, 1.0])).await), Code::PermissionDenied);
+        // gzip and zstd requests are accepted.
+        let mut gzip = with_key(Some("rw-secret")).send_compressed(tonic::codec::CompressionEncoding::Gzip).accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+        gzip.insert(insert("a", &[1], &[], vec![1.0, 1.0])).await.unwrap();
+        let mut zstd = with_key(Some("rw-secret")).send_compressed(tonic::codec::CompressionEncoding::Zstd).accept_compressed(tonic::codec::CompressionEncoding::Zstd);
+        let seq = zstd.insert(insert("a", &[2], &[], vec![3.0, 3.0])).await.unwrap().into_inner().seq_no;
+        let mut request = search("a", &[], vec![1.0, 1.0], 2);
+        request.min_seq_no = seq;
+        let hits = ro.clone().search(request).await.unwrap().into_inner().hits;
+        assert_eq!(hits[0].doc_id, Some(id(2)), "dot: higher is better");
+        assert!(hits[0].score > hits[1].score);
+        // Health needs no key (container healthchecks).
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+        let status = health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.unwrap().into_inner().status;
+        assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+        // Reflection lists the service, as grpcurl would ask.
+        use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1::{server_reflection_request::MessageRequest, server_reflection_response::MessageResponse, ServerReflectionRequest};
+        let mut reflection = ServerReflectionClient::new(channel.clone());
+        let request = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+        let mut replies = reflection.server_reflection_info(tokio_stream::iter(vec![request])).await.unwrap().into_inner();
+        let reply = replies.message().await.unwrap().unwrap();
+        let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else { panic!("{reply:?}") };
+        let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+        assert!(names.contains(&"tarn.v1.Tarn".to_owned()), "{names:?}");
+    });
+    // The healthcheck command.
+    let status = Command::new(env!("CARGO_BIN_EXE_tarn")).args(["healthcheck", "--addr", &server.addr]).output().unwrap();
+    assert!(status.status.success());
+    drop(server);
+    let status = Command::new(env!("CARGO_BIN_EXE_tarn")).args(["healthcheck", "--addr", "http://127.0.0.1:1"]).output().unwrap();
+    assert!(!status.status.success());
+}
+
+#[test]
+fn the_data_directory_is_locked_against_a_second_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let second = Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "off", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(stderr.contains("another tarn server") && stderr.contains("LOCK"), "{stderr}");
+    assert!(server.terminate().success());
+    // Released at exit: a new server starts.
+    let again = Server::start(dir.path(), &[]);
+    assert!(again.terminate().success());
+}
+
+#[test]
+fn graceful_shutdown_under_in_flight_writes_then_restart_with_everything_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let rt = runtime();
+    let acknowledged: Vec<u128> = rt.block_on(async {
+        let mut c = server.client().await;
+        c.create_collection(create("w", 4, pb::Metric::Cosine)).await.unwrap();
+        let mut tasks = Vec::new();
+        for t in 0..16u128 {
+            let mut c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut acked = Vec::new();
+                for i in 0..10_000u128 {
+                    let doc = t * 1_000_000 + i;
+                    let v = vec![1.0 + (doc % 97) as f32, 2.0, 3.0, (i % 13) as f32];
+                    match c.insert(insert("w", &[doc], &[t], v)).await {
+                        Ok(_) => acked.push(doc),
+                        Err(_) => break, // the server went away
+                    }
+                }
+                acked
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let pid = server.child.id();
+        Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+        let mut all = Vec::new();
+        for task in tasks {
+            all.extend(task.await.unwrap());
+        }
+        all
+    });
+    let mut server = server;
+    assert!(server.child.wait().unwrap().success(), "SIGTERM exits 0");
+    std::mem::forget(server);
+    assert!(acknowledged.len() > 100, "{}", acknowledged.len());
+
+    let server = Server::start(dir.path(), &[]);
+    rt.block_on(async {
+        let mut c = server.client().await;
+        let info = c.get_collection(pb::GetCollectionRequest { name: "w".into() }).await.unwrap().into_inner().collection.unwrap();
+        assert!(info.n_documents >= acknowledged.len() as u64, "{} < {}", info.n_documents, acknowledged.len());
+        for chunk in acknowledged.chunks(500) {
+            for tenant in 0..16u128 {
+                let ids: Vec<pb::Id> = chunk.iter().filter(|d| *d / 1_000_000 == tenant).map(|d| id(*d)).collect();
+                if ids.is_empty() {
+                    continue;
+                }
+                let n = ids.len();
+                let docs = c.get(pb::GetRequest { collection: "w".into(), user_id: Some(id(tenant)), doc_ids: ids }).await.unwrap().into_inner().docs;
+                assert_eq!(docs.len(), n, "acknowledged documents lost");
+            }
+        }
+    });
+    assert!(server.terminate().success());
+}
