@@ -10,7 +10,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed={}", proto.display());
     let descriptors = protox::compile([&proto], [&proto_root])?;
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(out_dir.join("tarn_descriptor.bin"), descriptors.encode_to_vec())?;
+    std::fs::write(
+        out_dir.join("tarn_descriptor.bin"),
+        descriptors.encode_to_vec(),
+    )?;
     tonic_prost_build::configure().compile_fds(descriptors)?;
     Ok(())
 }

@@ -166,7 +166,7 @@ impl IngestWorker {
         self.shared.applied.send_replace(seq);
         self.shared.indexer.kick();
         self.n_applied += 1;
-        if self.n_applied % 64 == 0 {
+        if self.n_applied.is_multiple_of(64) {
             // Back-pressure: past the bound, ingestion helps the indexer instead of growing the
             // exactly-searched tail (and a full ingestion queue then holds writers back).
             let mutable = Arc::clone(&self.shared.segments().mutable);

@@ -6,5 +6,6 @@ pub mod v1 {
     tonic::include_proto!("tarn.v1");
 
     /// The encoded `FileDescriptorSet` of tarn.proto, for the reflection service.
-    pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tarn_descriptor.bin"));
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/tarn_descriptor.bin"));
 }

@@ -22,8 +22,16 @@ pub struct ApiKeys {
 impl ApiKeys {
     pub fn new(read_write: &[String], read_only: &[String]) -> Self {
         ApiKeys {
-            read_write: read_write.iter().filter(|k| !k.is_empty()).cloned().collect(),
-            read_only: read_only.iter().filter(|k| !k.is_empty()).cloned().collect(),
+            read_write: read_write
+                .iter()
+                .filter(|k| !k.is_empty())
+                .cloned()
+                .collect(),
+            read_only: read_only
+                .iter()
+                .filter(|k| !k.is_empty())
+                .cloned()
+                .collect(),
         }
     }
 

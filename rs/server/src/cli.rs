@@ -83,7 +83,11 @@ pub struct ServeArgs {
     #[arg(long = "api-key", env = "TARN_API_KEYS", value_delimiter = ',')]
     pub api_keys: Vec<String>,
     /// Read-only API keys.
-    #[arg(long = "read-only-key", env = "TARN_READ_ONLY_KEYS", value_delimiter = ',')]
+    #[arg(
+        long = "read-only-key",
+        env = "TARN_READ_ONLY_KEYS",
+        value_delimiter = ','
+    )]
     pub read_only_keys: Vec<String>,
     /// TLS certificate chain (PEM); with --tls-key, serve TLS.
     #[arg(long, env = "TARN_TLS_CERT")]

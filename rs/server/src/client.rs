@@ -22,9 +22,14 @@ type Client = TarnClient<InterceptedService<Channel, Auth>>;
 struct Auth(Option<MetadataValue<tonic::metadata::Ascii>>);
 
 impl tonic::service::Interceptor for Auth {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(value) = &self.0 {
-            request.metadata_mut().insert("authorization", value.clone());
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
         }
         Ok(request)
     }
@@ -37,15 +42,23 @@ async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
         .await
         .with_context(|| format!("cannot connect to {}", args.addr))?;
     let auth = match &args.api_key {
-        Some(key) => Some(format!("Bearer {key}").parse().context("API key is not valid header text")?),
+        Some(key) => Some(
+            format!("Bearer {key}")
+                .parse()
+                .context("API key is not valid header text")?,
+        ),
         None => None,
     };
-    Ok(TarnClient::with_interceptor(channel, Auth(auth)).max_decoding_message_size(256 << 20).max_encoding_message_size(256 << 20))
+    Ok(TarnClient::with_interceptor(channel, Auth(auth))
+        .max_decoding_message_size(256 << 20)
+        .max_encoding_message_size(256 << 20))
 }
 
 /// Reads a TEXMEX fvecs/ivecs file row by row: (dimension, rows as raw little-endian words).
 fn read_vecs_rows(path: &Path, limit: Option<usize>) -> anyhow::Result<(usize, Vec<u32>)> {
-    let mut reader = BufReader::new(std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?);
+    let mut reader = BufReader::new(
+        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
+    );
     let mut words = Vec::new();
     let mut dim = 0usize;
     let mut rows = 0usize;
@@ -62,8 +75,13 @@ fn read_vecs_rows(path: &Path, limit: Option<usize>) -> anyhow::Result<(usize, V
         }
         dim = row_dim;
         let mut row = vec![0u8; dim * 4];
-        reader.read_exact(&mut row).with_context(|| format!("{}: row {rows} cut short", path.display()))?;
-        words.extend(row.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+        reader
+            .read_exact(&mut row)
+            .with_context(|| format!("{}: row {rows} cut short", path.display()))?;
+        words.extend(
+            row.chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
         rows += 1;
     }
     Ok((dim, words))
@@ -79,16 +97,29 @@ fn durability(name: Option<&str>) -> anyhow::Result<i32> {
 }
 
 fn print_info(info: &pb::CollectionInfo) {
-    let metric = pb::Metric::try_from(info.metric).map_or("?".to_owned(), |m| m.as_str_name().to_owned());
+    let metric =
+        pb::Metric::try_from(info.metric).map_or("?".to_owned(), |m| m.as_str_name().to_owned());
     println!("name:               {}", info.name);
     println!("dimension:          {}", info.dimension);
     println!("metric:             {metric}");
     if let Some(h) = &info.hnsw {
-        println!("hnsw:               m={} ef_construction={} ef_search={}", h.m, h.ef_construction, h.ef_search);
+        println!(
+            "hnsw:               m={} ef_construction={} ef_search={}",
+            h.m, h.ef_construction, h.ef_search
+        );
     }
-    println!("documents:          {} ({} tenants)", info.n_documents, info.n_tenants);
-    println!("seq no:             last {} / durable {} / applied {} / checkpoint {}", info.last_seq_no, info.durable_seq_no, info.applied_seq_no, info.checkpoint_seq_no);
-    println!("sealed segments:    {} ({} removed, not compacted)", info.n_sealed_segments, info.n_removed_not_compacted);
+    println!(
+        "documents:          {} ({} tenants)",
+        info.n_documents, info.n_tenants
+    );
+    println!(
+        "seq no:             last {} / durable {} / applied {} / checkpoint {}",
+        info.last_seq_no, info.durable_seq_no, info.applied_seq_no, info.checkpoint_seq_no
+    );
+    println!(
+        "sealed segments:    {} ({} removed, not compacted)",
+        info.n_sealed_segments, info.n_removed_not_compacted
+    );
     println!("bytes on disk:      {}", info.bytes_on_disk);
 }
 
@@ -108,16 +139,29 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot connect to {addr}"))?;
             let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
             let reply = health
-                .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                })
                 .await?
                 .into_inner();
-            if reply.status != tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
+            if reply.status
+                != tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+            {
                 bail!("server at {addr} is not serving");
             }
             println!("SERVING");
         }
         Command::Collection(command) => match command {
-            CollectionCommand::Create { client, name, dimension, metric, m, ef_construction, ef_search, durability: d } => {
+            CollectionCommand::Create {
+                client,
+                name,
+                dimension,
+                metric,
+                m,
+                ef_construction,
+                ef_search,
+                durability: d,
+            } => {
                 let metric = match metric.to_ascii_lowercase().as_str() {
                     "cosine" => pb::Metric::Cosine,
                     "l2" => pb::Metric::L2,
@@ -130,7 +174,11 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                         name,
                         dimension,
                         metric: metric as i32,
-                        hnsw: Some(pb::HnswParams { m, ef_construction, ef_search }),
+                        hnsw: Some(pb::HnswParams {
+                            m,
+                            ef_construction,
+                            ef_search,
+                        }),
                         default_durability: durability(Some(&d))?,
                     })
                     .await?
@@ -140,24 +188,42 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 }
             }
             CollectionCommand::List { client } => {
-                for name in connect(&client).await?.list_collections(pb::ListCollectionsRequest {}).await?.into_inner().names {
+                for name in connect(&client)
+                    .await?
+                    .list_collections(pb::ListCollectionsRequest {})
+                    .await?
+                    .into_inner()
+                    .names
+                {
                     println!("{name}");
                 }
             }
             CollectionCommand::Info { client, name } => {
-                let reply = connect(&client).await?.get_collection(pb::GetCollectionRequest { name }).await?.into_inner();
+                let reply = connect(&client)
+                    .await?
+                    .get_collection(pb::GetCollectionRequest { name })
+                    .await?
+                    .into_inner();
                 if let Some(info) = reply.collection {
                     print_info(&info);
                 }
             }
             CollectionCommand::Drop { client, name } => {
-                connect(&client).await?.drop_collection(pb::DropCollectionRequest { name: name.clone() }).await?;
+                connect(&client)
+                    .await?
+                    .drop_collection(pb::DropCollectionRequest { name: name.clone() })
+                    .await?;
                 println!("dropped {name}");
             }
         },
         Command::Insert(args) => insert(args).await?,
         Command::Search(args) => search(args).await?,
-        Command::Get { client, collection, user_id, doc_ids } => {
+        Command::Get {
+            client,
+            collection,
+            user_id,
+            doc_ids,
+        } => {
             let reply = connect(&client)
                 .await?
                 .get(pb::GetRequest {
@@ -172,7 +238,12 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 println!("{id}\t{:?}", doc.vector);
             }
         }
-        Command::Remove { client, collection, user_ids, doc_ids } => {
+        Command::Remove {
+            client,
+            collection,
+            user_ids,
+            doc_ids,
+        } => {
             let reply = connect(&client)
                 .await?
                 .remove(pb::RemoveRequest {
@@ -186,7 +257,11 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             println!("seq_no {}", reply.seq_no);
         }
         Command::Flush { client, collection } => {
-            let reply = connect(&client).await?.flush(pb::FlushRequest { collection }).await?.into_inner();
+            let reply = connect(&client)
+                .await?
+                .flush(pb::FlushRequest { collection })
+                .await?
+                .into_inner();
             println!("flushed_seq_no {}", reply.flushed_seq_no);
         }
     }
@@ -214,12 +289,19 @@ async fn insert(args: InsertArgs) -> anyhow::Result<()> {
     for start in (0..n_rows).step_by(batch) {
         let end = (start + batch).min(n_rows);
         let permit = Arc::clone(&limit).acquire_owned().await?;
-        let (mut client, vectors, user_ids, progress) = (client.clone(), Arc::clone(&vectors), user_ids.clone(), progress.clone());
+        let (mut client, vectors, user_ids, progress) = (
+            client.clone(),
+            Arc::clone(&vectors),
+            user_ids.clone(),
+            progress.clone(),
+        );
         let (collection, first_id) = (args.collection.clone(), args.first_id);
         tasks.spawn(async move {
             let request = pb::InsertRequest {
                 collection,
-                doc_ids: (start..end).map(|r| u128_to_id(first_id + r as u128)).collect(),
+                doc_ids: (start..end)
+                    .map(|r| u128_to_id(first_id + r as u128))
+                    .collect(),
                 user_ids,
                 vectors: vectors[start * dim..end * dim].to_vec(),
                 durability,
@@ -238,7 +320,10 @@ async fn insert(args: InsertArgs) -> anyhow::Result<()> {
     }
     progress.finish_and_clear();
     let elapsed = started.elapsed().as_secs_f64();
-    println!("inserted {n_rows} vectors in {elapsed:.2} s: {:.0} vectors/s (last seq_no {last_seq})", n_rows as f64 / elapsed);
+    println!(
+        "inserted {n_rows} vectors in {elapsed:.2} s: {:.0} vectors/s (last seq_no {last_seq})",
+        n_rows as f64 / elapsed
+    );
     Ok(())
 }
 
@@ -271,14 +356,26 @@ async fn search(args: SearchArgs) -> anyhow::Result<()> {
             .into_inner()
             .hits;
         latencies.push(t.elapsed().as_secs_f64() * 1e3);
-        let ids: Vec<u128> = hits.iter().map(|h| h.doc_id.as_ref().map_or(0, id_to_u128)).collect();
+        let ids: Vec<u128> = hits
+            .iter()
+            .map(|h| h.doc_id.as_ref().map_or(0, id_to_u128))
+            .collect();
         if args.verbose {
-            println!("query {q}: {:?}", hits.iter().map(|h| (h.doc_id.as_ref().map_or(0, id_to_u128), h.score)).collect::<Vec<_>>());
+            println!(
+                "query {q}: {:?}",
+                hits.iter()
+                    .map(|h| (h.doc_id.as_ref().map_or(0, id_to_u128), h.score))
+                    .collect::<Vec<_>>()
+            );
         }
         if let Some((width, rows)) = &truth {
             let row = &rows[q * width..q * width + k.min(*width)];
             expected += row.len();
-            found += ids.iter().take(k).filter(|id| row.iter().any(|t| u128::from(*t) == **id)).count();
+            found += ids
+                .iter()
+                .take(k)
+                .filter(|id| row.iter().any(|t| u128::from(*t) == **id))
+                .count();
         }
     }
     let elapsed = started.elapsed().as_secs_f64();

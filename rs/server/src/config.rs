@@ -40,8 +40,10 @@ impl ServeConfig {
     pub fn resolve(args: ServeArgs) -> anyhow::Result<ServeConfig> {
         let file: FileConfig = match &args.config {
             Some(path) => {
-                let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
-                toml::from_str(&text).with_context(|| format!("parsing config file {}", path.display()))?
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading config file {}", path.display()))?;
+                toml::from_str(&text)
+                    .with_context(|| format!("parsing config file {}", path.display()))?
             }
             None => FileConfig::default(),
         };
@@ -56,21 +58,79 @@ impl ServeConfig {
             .metrics_listen
             .or(file.metrics_listen)
             .unwrap_or_else(|| "127.0.0.1:9100".to_owned());
-        let tls = match (args.tls_cert.or(file.tls_cert), args.tls_key.or(file.tls_key)) {
+        let tls = match (
+            args.tls_cert.or(file.tls_cert),
+            args.tls_key.or(file.tls_key),
+        ) {
             (Some(cert), Some(key)) => Some((cert, key)),
             (None, None) => None,
             _ => anyhow::bail!("TLS needs both --tls-cert and --tls-key"),
         };
         Ok(ServeConfig {
-            data_dir: args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("./tarn-data")),
-            listen: args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:50051".to_owned()),
+            data_dir: args
+                .data_dir
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from("./tarn-data")),
+            listen: args
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| "127.0.0.1:50051".to_owned()),
             metrics_listen: (metrics_listen != "off").then_some(metrics_listen),
-            max_message_bytes: args.max_message_bytes.or(file.max_message_bytes).unwrap_or(64 << 20),
-            max_inflight_writes: args.max_inflight_writes.or(file.max_inflight_writes).unwrap_or(10_000).max(1),
+            max_message_bytes: args
+                .max_message_bytes
+                .or(file.max_message_bytes)
+                .unwrap_or(64 << 20),
+            max_inflight_writes: args
+                .max_inflight_writes
+                .or(file.max_inflight_writes)
+                .unwrap_or(10_000)
+                .max(1),
             api_keys: list(args.api_keys, file.api_keys),
             read_only_keys: list(args.read_only_keys, file.read_only_keys),
             tls,
             log_json: args.log_json.or(file.log_json).unwrap_or(false),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_beat_the_file_which_beats_the_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tarn.toml");
+        std::fs::write(
+            &path,
+            "data_dir = \"/from/file\"\nlisten = \"0.0.0.0:7000\"\nmetrics_listen = \"off\"\napi_keys = [\"k1\"]\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(path.clone()),
+            listen: Some("127.0.0.1:9999".into()),
+            ..ServeArgs::default()
+        };
+        let config = ServeConfig::resolve(args).unwrap();
+        assert_eq!(config.data_dir, PathBuf::from("/from/file"));
+        assert_eq!(config.listen, "127.0.0.1:9999");
+        assert_eq!(config.metrics_listen, None);
+        assert_eq!(config.api_keys, vec!["k1".to_owned()]);
+        assert_eq!(config.max_message_bytes, 64 << 20);
+
+        let defaults = ServeConfig::resolve(ServeArgs::default()).unwrap();
+        assert_eq!(defaults.data_dir, PathBuf::from("./tarn-data"));
+        assert_eq!(defaults.listen, "127.0.0.1:50051");
+        assert_eq!(defaults.metrics_listen.as_deref(), Some("127.0.0.1:9100"));
+
+        std::fs::write(&path, "lisen = \"typo\"\n").unwrap();
+        let args = ServeArgs {
+            config: Some(path),
+            ..ServeArgs::default()
+        };
+        assert!(
+            ServeConfig::resolve(args).is_err(),
+            "unknown keys are errors, not ignored"
+        );
     }
 }

@@ -26,17 +26,29 @@ pub fn durability(value: i32) -> Result<Option<Durability>, ApiError> {
         Ok(pb::Durability::Unspecified) => Ok(None),
         Ok(pb::Durability::Fsync) => Ok(Some(Durability::Fsync)),
         Ok(pb::Durability::Written) => Ok(Some(Durability::Written)),
-        Err(_) => Err(ApiError::invalid("durability", format!("unknown value {value}"))),
+        Err(_) => Err(ApiError::invalid(
+            "durability",
+            format!("unknown value {value}"),
+        )),
     }
 }
 
-pub fn collection_config(request: &pb::CreateCollectionRequest) -> Result<CollectionConfig, ApiError> {
+pub fn collection_config(
+    request: &pb::CreateCollectionRequest,
+) -> Result<CollectionConfig, ApiError> {
     let metric = match pb::Metric::try_from(request.metric) {
         Ok(pb::Metric::Cosine) => MetricName::Cosine,
         Ok(pb::Metric::L2) => MetricName::L2,
         Ok(pb::Metric::Dot) => MetricName::Dot,
-        Ok(pb::Metric::Unspecified) => return Err(ApiError::invalid("metric", "must be COSINE, L2 or DOT")),
-        Err(_) => return Err(ApiError::invalid("metric", format!("unknown value {}", request.metric))),
+        Ok(pb::Metric::Unspecified) => {
+            return Err(ApiError::invalid("metric", "must be COSINE, L2 or DOT"))
+        }
+        Err(_) => {
+            return Err(ApiError::invalid(
+                "metric",
+                format!("unknown value {}", request.metric),
+            ))
+        }
     };
     let mut config = CollectionConfig::new(request.dimension as usize, metric);
     if let Some(hnsw) = &request.hnsw {
@@ -55,7 +67,11 @@ pub fn collection_config(request: &pb::CreateCollectionRequest) -> Result<Collec
     Ok(config)
 }
 
-pub fn collection_info(name: &str, config: &CollectionConfig, stats: &CollectionStats) -> pb::CollectionInfo {
+pub fn collection_info(
+    name: &str,
+    config: &CollectionConfig,
+    stats: &CollectionStats,
+) -> pb::CollectionInfo {
     pb::CollectionInfo {
         name: name.to_owned(),
         dimension: config.dimension as u32,

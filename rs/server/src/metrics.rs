@@ -4,7 +4,9 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, Registry as PromRegistry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, Registry as PromRegistry, TextEncoder,
+};
 
 use crate::registry::Registry;
 
@@ -18,24 +20,34 @@ pub struct Metrics {
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    10.0,
 ];
 
 impl Metrics {
     pub fn new() -> anyhow::Result<Self> {
         let registry = PromRegistry::new();
         let rpc = HistogramVec::new(
-            HistogramOpts::new("tarn_rpc_duration_seconds", "gRPC request latency by method and status code")
-                .buckets(LATENCY_BUCKETS.to_vec()),
+            HistogramOpts::new(
+                "tarn_rpc_duration_seconds",
+                "gRPC request latency by method and status code",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
             &["method", "code"],
         )?;
         let append_ack = Histogram::with_opts(
-            HistogramOpts::new("tarn_append_ack_seconds", "insert/remove: WAL append to acknowledgement")
-                .buckets(LATENCY_BUCKETS.to_vec()),
+            HistogramOpts::new(
+                "tarn_append_ack_seconds",
+                "insert/remove: WAL append to acknowledgement",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
         )?;
         let search = Histogram::with_opts(
-            HistogramOpts::new("tarn_search_seconds", "search latency (including any min_seq_no wait)")
-                .buckets(LATENCY_BUCKETS.to_vec()),
+            HistogramOpts::new(
+                "tarn_search_seconds",
+                "search latency (including any min_seq_no wait)",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
         )?;
         registry.register(Box::new(rpc.clone()))?;
         registry.register(Box::new(append_ack.clone()))?;
@@ -62,32 +74,79 @@ impl Metrics {
         }
         let mut text = String::from_utf8_lossy(&out).into_owned();
         let all = collections.all();
-        let gauge = |text: &mut String, name: &str, help: &str, values: &mut dyn Iterator<Item = (String, f64)>| {
+        let gauge = |text: &mut String,
+                     name: &str,
+                     help: &str,
+                     values: &mut dyn Iterator<Item = (String, f64)>| {
             let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} gauge");
             for (collection, value) in values {
                 let _ = writeln!(text, "{name}{{collection=\"{collection}\"}} {value}");
             }
         };
-        let stats: Vec<_> = all.iter().map(|(n, c)| (n.clone(), c.stats(), c.wal_stats(), c.write_error())).collect();
-        gauge(&mut text, "tarn_collection_documents", "live (tenant, document) pairs", &mut stats.iter().map(|(n, s, _, _)| (n.clone(), s.n_documents as f64)));
-        gauge(&mut text, "tarn_ingestion_lag", "operations appended but not yet applied", &mut stats.iter().map(|(n, s, _, _)| (n.clone(), s.last_appended_seq.saturating_sub(s.applied_seq) as f64)));
-        gauge(&mut text, "tarn_wal_poisoned", "1 when the WAL refuses writes after an I/O error", &mut stats.iter().map(|(n, _, _, e)| (n.clone(), f64::from(u8::from(e.is_some())))));
+        let stats: Vec<_> = all
+            .iter()
+            .map(|(n, c)| (n.clone(), c.stats(), c.wal_stats(), c.write_error()))
+            .collect();
+        gauge(
+            &mut text,
+            "tarn_collection_documents",
+            "live (tenant, document) pairs",
+            &mut stats
+                .iter()
+                .map(|(n, s, _, _)| (n.clone(), s.n_documents as f64)),
+        );
+        gauge(
+            &mut text,
+            "tarn_ingestion_lag",
+            "operations appended but not yet applied",
+            &mut stats.iter().map(|(n, s, _, _)| {
+                (
+                    n.clone(),
+                    s.last_appended_seq.saturating_sub(s.applied_seq) as f64,
+                )
+            }),
+        );
+        gauge(
+            &mut text,
+            "tarn_wal_poisoned",
+            "1 when the WAL refuses writes after an I/O error",
+            &mut stats
+                .iter()
+                .map(|(n, _, _, e)| (n.clone(), f64::from(u8::from(e.is_some())))),
+        );
         for (name, help, pick) in [
             ("tarn_wal_sync_seconds", "WAL fdatasync latency", 0),
             ("tarn_wal_group_size", "entries per WAL write group", 1),
         ] {
             let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} histogram");
             for (collection, _, wal, _) in &stats {
-                let histogram = if pick == 0 { &wal.sync_seconds } else { &wal.group_size };
+                let histogram = if pick == 0 {
+                    &wal.sync_seconds
+                } else {
+                    &wal.group_size
+                };
                 let mut cumulative = 0;
                 for (bound, count) in histogram.bounds.iter().zip(&histogram.counts) {
                     cumulative += count;
-                    let _ = writeln!(text, "{name}_bucket{{collection=\"{collection}\",le=\"{bound}\"}} {cumulative}");
+                    let _ = writeln!(
+                        text,
+                        "{name}_bucket{{collection=\"{collection}\",le=\"{bound}\"}} {cumulative}"
+                    );
                 }
                 cumulative += histogram.counts.last().copied().unwrap_or(0);
-                let _ = writeln!(text, "{name}_bucket{{collection=\"{collection}\",le=\"+Inf\"}} {cumulative}");
-                let _ = writeln!(text, "{name}_sum{{collection=\"{collection}\"}} {}", histogram.sum);
-                let _ = writeln!(text, "{name}_count{{collection=\"{collection}\"}} {cumulative}");
+                let _ = writeln!(
+                    text,
+                    "{name}_bucket{{collection=\"{collection}\",le=\"+Inf\"}} {cumulative}"
+                );
+                let _ = writeln!(
+                    text,
+                    "{name}_sum{{collection=\"{collection}\"}} {}",
+                    histogram.sum
+                );
+                let _ = writeln!(
+                    text,
+                    "{name}_count{{collection=\"{collection}\"}} {cumulative}"
+                );
             }
         }
         text
@@ -108,6 +167,8 @@ pub async fn serve(
             async move { metrics.render(&collections) }
         }),
     );
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await?;
     Ok(())
 }

@@ -12,7 +12,9 @@ use crate::status::ApiError;
 pub fn validate_name(name: &str) -> Result<(), ApiError> {
     let ok = !name.is_empty()
         && name.len() <= 64
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     if ok {
         Ok(())
     } else {
@@ -82,7 +84,11 @@ impl Registry {
             .collect()
     }
 
-    pub async fn create(self: &Arc<Self>, name: &str, config: CollectionConfig) -> Result<Collection, ApiError> {
+    pub async fn create(
+        self: &Arc<Self>,
+        name: &str,
+        config: CollectionConfig,
+    ) -> Result<Collection, ApiError> {
         validate_name(name)?;
         let _admin = self.admin.lock().await;
         if self.collections.contains_key(name) {
@@ -138,7 +144,17 @@ mod tests {
         for good in ["a", "docs_2024", "A-b_C", &"x".repeat(64)] {
             assert!(validate_name(good).is_ok(), "{good}");
         }
-        for bad in ["", "../x", "a/b", ".", "..", "a b", "é", &"x".repeat(65), "a\0b"] {
+        for bad in [
+            "",
+            "../x",
+            "a/b",
+            ".",
+            "..",
+            "a b",
+            "é",
+            &"x".repeat(65),
+            "a\0b",
+        ] {
             assert!(validate_name(bad).is_err(), "{bad:?}");
         }
     }

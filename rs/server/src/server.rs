@@ -35,7 +35,9 @@ fn lock_data_dir(config: &ServeConfig) -> anyhow::Result<File> {
             config.data_dir.display(),
             path.display()
         ),
-        Err(TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+        Err(TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
     }
 }
 
@@ -43,14 +45,15 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(error) => {
-                tracing::error!(%error, "cannot listen for SIGTERM");
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(error) => {
+                    tracing::error!(%error, "cannot listen for SIGTERM");
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {},
             _ = term.recv() => {},
@@ -80,18 +83,28 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             let metrics_listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding metrics address {addr}"))?;
-            println!("tarn: metrics listening on {}", metrics_listener.local_addr()?);
+            println!(
+                "tarn: metrics listening on {}",
+                metrics_listener.local_addr()?
+            );
             let mut stop = stop_rx.clone();
             let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
-            Some(tokio::spawn(metrics::serve(metrics_listener, Arc::clone(&metrics), Arc::clone(&registry), shutdown)))
+            Some(tokio::spawn(metrics::serve(
+                metrics_listener,
+                Arc::clone(&metrics),
+                Arc::clone(&registry),
+                shutdown,
+            )))
         }
         None => None,
     };
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter.set_serving::<TarnServer<TarnService>>().await;
+    health_reporter
+        .set_serving::<TarnServer<TarnService>>()
+        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(tarn_proto::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -117,11 +130,17 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
 
     let mut builder = Server::builder();
     if let Some((cert, key)) = &config.tls {
-        let cert = std::fs::read(cert).with_context(|| format!("reading TLS certificate {}", cert.display()))?;
-        let key = std::fs::read(key).with_context(|| format!("reading TLS key {}", key.display()))?;
-        builder = builder.tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))?;
+        let cert = std::fs::read(cert)
+            .with_context(|| format!("reading TLS certificate {}", cert.display()))?;
+        let key =
+            std::fs::read(key).with_context(|| format!("reading TLS key {}", key.display()))?;
+        builder =
+            builder.tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))?;
     }
-    println!("tarn: gRPC listening on {grpc_addr}{}", if config.tls.is_some() { " (TLS)" } else { "" });
+    println!(
+        "tarn: gRPC listening on {grpc_addr}{}",
+        if config.tls.is_some() { " (TLS)" } else { "" }
+    );
     let _ = std::io::stdout().flush();
     tracing::info!(%grpc_addr, data_dir = %config.data_dir.display(), "serving");
 
@@ -136,7 +155,10 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         .add_service(reflection)
         .add_service(reflection_alpha)
         .add_service(tarn)
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
         .await?;
 
     let _ = stop_tx.send(true);

@@ -31,7 +31,12 @@ pub struct TarnService {
 type RpcResult<T> = Result<Response<T>, Status>;
 
 impl TarnService {
-    fn observe<T>(&self, method: &'static str, started: Instant, result: Result<T, ApiError>) -> RpcResult<T> {
+    fn observe<T>(
+        &self,
+        method: &'static str,
+        started: Instant,
+        result: Result<T, ApiError>,
+    ) -> RpcResult<T> {
         let result = result.map_err(Status::from);
         let code = match &result {
             Ok(_) => tonic::Code::Ok,
@@ -69,7 +74,10 @@ fn client_deadline<T>(request: &Request<T>) -> Option<Duration> {
 
 #[tonic::async_trait]
 impl Tarn for TarnService {
-    async fn create_collection(&self, request: Request<pb::CreateCollectionRequest>) -> RpcResult<pb::CreateCollectionResponse> {
+    async fn create_collection(
+        &self,
+        request: Request<pb::CreateCollectionRequest>,
+    ) -> RpcResult<pb::CreateCollectionResponse> {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Write)?;
@@ -77,40 +85,62 @@ impl Tarn for TarnService {
             let config = convert::collection_config(&request)?;
             let collection = self.registry.create(&request.name, config).await?;
             Ok(pb::CreateCollectionResponse {
-                collection: Some(convert::collection_info(&request.name, collection.config(), &collection.stats())),
+                collection: Some(convert::collection_info(
+                    &request.name,
+                    collection.config(),
+                    &collection.stats(),
+                )),
             })
         }
         .await;
         self.observe("CreateCollection", started, result)
     }
 
-    async fn drop_collection(&self, request: Request<pb::DropCollectionRequest>) -> RpcResult<pb::DropCollectionResponse> {
+    async fn drop_collection(
+        &self,
+        request: Request<pb::DropCollectionRequest>,
+    ) -> RpcResult<pb::DropCollectionResponse> {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Write)?;
-            self.registry.drop_collection(&request.get_ref().name).await?;
+            self.registry
+                .drop_collection(&request.get_ref().name)
+                .await?;
             Ok(pb::DropCollectionResponse {})
         }
         .await;
         self.observe("DropCollection", started, result)
     }
 
-    async fn list_collections(&self, request: Request<pb::ListCollectionsRequest>) -> RpcResult<pb::ListCollectionsResponse> {
+    async fn list_collections(
+        &self,
+        request: Request<pb::ListCollectionsRequest>,
+    ) -> RpcResult<pb::ListCollectionsResponse> {
         let started = Instant::now();
-        let result = self.keys.check(&request, Access::Read).map(|()| pb::ListCollectionsResponse {
-            names: self.registry.names(),
-        });
+        let result =
+            self.keys
+                .check(&request, Access::Read)
+                .map(|()| pb::ListCollectionsResponse {
+                    names: self.registry.names(),
+                });
         self.observe("ListCollections", started, result)
     }
 
-    async fn get_collection(&self, request: Request<pb::GetCollectionRequest>) -> RpcResult<pb::GetCollectionResponse> {
+    async fn get_collection(
+        &self,
+        request: Request<pb::GetCollectionRequest>,
+    ) -> RpcResult<pb::GetCollectionResponse> {
         let started = Instant::now();
         let result = (|| {
             self.keys.check(&request, Access::Read)?;
             let name = &request.get_ref().name;
             let collection = self.registry.get(name)?;
             Ok(pb::GetCollectionResponse {
-                collection: Some(convert::collection_info(name, collection.config(), &collection.stats())),
+                collection: Some(convert::collection_info(
+                    name,
+                    collection.config(),
+                    &collection.stats(),
+                )),
             })
         })();
         self.observe("GetCollection", started, result)
@@ -127,8 +157,12 @@ impl Tarn for TarnService {
             let user_ids = convert::ids(&request.user_ids);
             let _permit = self.write_permit()?;
             let append_started = Instant::now();
-            let seq_no = collection.insert(&doc_ids, &user_ids, &request.vectors, durability).await?;
-            self.metrics.append_ack.observe(append_started.elapsed().as_secs_f64());
+            let seq_no = collection
+                .insert(&doc_ids, &user_ids, &request.vectors, durability)
+                .await?;
+            self.metrics
+                .append_ack
+                .observe(append_started.elapsed().as_secs_f64());
             Ok(pb::InsertResponse {
                 seq_no,
                 n_inserted: (doc_ids.len() * user_ids.len().max(1)) as u64,
@@ -148,9 +182,15 @@ impl Tarn for TarnService {
             let _permit = self.write_permit()?;
             let append_started = Instant::now();
             let seq_no = collection
-                .remove(&convert::ids(&request.doc_ids), &convert::ids(&request.user_ids), durability)
+                .remove(
+                    &convert::ids(&request.doc_ids),
+                    &convert::ids(&request.user_ids),
+                    durability,
+                )
                 .await?;
-            self.metrics.append_ack.observe(append_started.elapsed().as_secs_f64());
+            self.metrics
+                .append_ack
+                .observe(append_started.elapsed().as_secs_f64());
             Ok(pb::RemoveResponse { seq_no })
         }
         .await;
@@ -163,7 +203,9 @@ impl Tarn for TarnService {
             self.keys.check(&request, Access::Read)?;
             // Answer DEADLINE_EXCEEDED a little before the client's deadline, so that the
             // status is ours and not the transport's cancellation.
-            let wait = client_deadline(&request).map_or(DEFAULT_MIN_SEQ_WAIT, |d| d.saturating_sub((d / 10).min(Duration::from_millis(50))));
+            let wait = client_deadline(&request).map_or(DEFAULT_MIN_SEQ_WAIT, |d| {
+                d.saturating_sub((d / 10).min(Duration::from_millis(50)))
+            });
             let request = request.into_inner();
             let collection = self.registry.get(&request.collection)?;
             let search = SearchRequest {

@@ -22,7 +22,14 @@ struct Server {
 impl Server {
     fn start(dir: &Path, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--data-dir"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--data-dir",
+            ])
             .arg(dir)
             .args(extra)
             .env("RUST_LOG", "warn")
@@ -33,7 +40,10 @@ impl Server {
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let (mut addr, mut metrics_addr) = (String::new(), String::new());
         while addr.is_empty() {
-            let line = lines.next().expect("server exited before listening").unwrap();
+            let line = lines
+                .next()
+                .expect("server exited before listening")
+                .unwrap();
             if let Some(a) = line.strip_prefix("tarn: gRPC listening on ") {
                 addr = format!("http://{}", a.split_whitespace().next().unwrap());
             } else if let Some(a) = line.strip_prefix("tarn: metrics listening on ") {
@@ -41,7 +51,11 @@ impl Server {
             }
         }
         std::thread::spawn(move || for _ in lines {});
-        Server { child, addr, metrics_addr }
+        Server {
+            child,
+            addr,
+            metrics_addr,
+        }
     }
 
     async fn client(&self) -> TarnClient<Channel> {
@@ -50,7 +64,10 @@ impl Server {
 
     /// SIGTERM, then the exit status.
     fn terminate(mut self) -> std::process::ExitStatus {
-        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
         let status = self.child.wait().unwrap();
         std::mem::forget(self);
         status
@@ -108,7 +125,11 @@ fn code<T: std::fmt::Debug>(result: Result<T, tonic::Status>) -> Code {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 #[test]
@@ -118,25 +139,67 @@ fn every_rpc_and_every_error_code() {
     runtime().block_on(async {
         let mut c = server.client().await;
         // CreateCollection
-        let info = c.create_collection(create("docs", 3, pb::Metric::L2)).await.unwrap().into_inner();
+        let info = c
+            .create_collection(create("docs", 3, pb::Metric::L2))
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(info.collection.unwrap().dimension, 3);
-        assert_eq!(code(c.create_collection(create("docs", 3, pb::Metric::L2)).await), Code::AlreadyExists);
+        assert_eq!(
+            code(c.create_collection(create("docs", 3, pb::Metric::L2)).await),
+            Code::AlreadyExists
+        );
         for bad in ["../x", "", "a/b", &"x".repeat(65), "ünï"] {
-            let status = c.create_collection(create(bad, 3, pb::Metric::L2)).await.unwrap_err();
+            let status = c
+                .create_collection(create(bad, 3, pb::Metric::L2))
+                .await
+                .unwrap_err();
             assert_eq!(status.code(), Code::InvalidArgument, "{bad:?}");
             assert!(status.message().contains("name"), "{}", status.message());
         }
-        let status = c.create_collection(create("d0", 0, pb::Metric::L2)).await.unwrap_err();
+        let status = c
+            .create_collection(create("d0", 0, pb::Metric::L2))
+            .await
+            .unwrap_err();
         assert!(status.code() == Code::InvalidArgument && status.message().contains("dimension"));
-        assert_eq!(code(c.create_collection(create("d5000", 5000, pb::Metric::L2)).await), Code::InvalidArgument);
-        let status = c.create_collection(create("nometric", 3, pb::Metric::Unspecified)).await.unwrap_err();
+        assert_eq!(
+            code(
+                c.create_collection(create("d5000", 5000, pb::Metric::L2))
+                    .await
+            ),
+            Code::InvalidArgument
+        );
+        let status = c
+            .create_collection(create("nometric", 3, pb::Metric::Unspecified))
+            .await
+            .unwrap_err();
         assert!(status.code() == Code::InvalidArgument && status.message().contains("metric"));
         // ListCollections / GetCollection
-        assert_eq!(c.list_collections(pb::ListCollectionsRequest {}).await.unwrap().into_inner().names, vec!["docs"]);
-        assert_eq!(code(c.get_collection(pb::GetCollectionRequest { name: "nope".into() }).await), Code::NotFound);
+        assert_eq!(
+            c.list_collections(pb::ListCollectionsRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .names,
+            vec!["docs"]
+        );
+        assert_eq!(
+            code(
+                c.get_collection(pb::GetCollectionRequest {
+                    name: "nope".into()
+                })
+                .await
+            ),
+            Code::NotFound
+        );
         // Insert, with every validation error naming its field.
         let reply = c
-            .insert(insert("docs", &[1, 2, 3], &[7], vec![0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 5.0, 5.0, 5.0]))
+            .insert(insert(
+                "docs",
+                &[1, 2, 3],
+                &[7],
+                vec![0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 5.0, 5.0, 5.0],
+            ))
             .await
             .unwrap()
             .into_inner();
@@ -145,8 +208,14 @@ fn every_rpc_and_every_error_code() {
         for (request, field) in [
             (insert("docs", &[1], &[], vec![1.0, 2.0]), "vectors"),
             (insert("docs", &[1, 2], &[], vec![1.0, 2.0, 3.0]), "vectors"),
-            (insert("docs", &[1], &[], vec![f32::NAN, 0.0, 0.0]), "vectors"),
-            (insert("docs", &[1], &[], vec![f32::INFINITY, 0.0, 0.0]), "vectors"),
+            (
+                insert("docs", &[1], &[], vec![f32::NAN, 0.0, 0.0]),
+                "vectors",
+            ),
+            (
+                insert("docs", &[1], &[], vec![f32::INFINITY, 0.0, 0.0]),
+                "vectors",
+            ),
             (insert("docs", &[], &[], vec![]), "doc_ids"),
         ] {
             let status = c.insert(request).await.unwrap_err();
@@ -156,16 +225,37 @@ fn every_rpc_and_every_error_code() {
         let mut bad_durability = insert("docs", &[1], &[], vec![1.0, 2.0, 3.0]);
         bad_durability.durability = 99;
         assert_eq!(code(c.insert(bad_durability).await), Code::InvalidArgument);
-        assert_eq!(code(c.insert(insert("nope", &[1], &[], vec![1.0, 2.0, 3.0])).await), Code::NotFound);
-        assert_eq!(code(c.insert(insert("../x", &[1], &[], vec![1.0, 2.0, 3.0])).await), Code::InvalidArgument);
+        assert_eq!(
+            code(
+                c.insert(insert("nope", &[1], &[], vec![1.0, 2.0, 3.0]))
+                    .await
+            ),
+            Code::NotFound
+        );
+        assert_eq!(
+            code(
+                c.insert(insert("../x", &[1], &[], vec![1.0, 2.0, 3.0]))
+                    .await
+            ),
+            Code::InvalidArgument
+        );
         // Search: read-your-writes, best first, tenant scoped.
         let mut request = search("docs", &[7], vec![0.9, 0.0, 0.0], 2);
         request.min_seq_no = last_seq;
         let hits = c.search(request).await.unwrap().into_inner().hits;
         assert_eq!(hits.len(), 2);
         assert_eq!(hits[0].doc_id, Some(id(2)));
-        assert!(hits[0].score <= hits[1].score, "L2: lower is better, best first");
-        assert!(c.search(search("docs", &[8], vec![0.9, 0.0, 0.0], 2)).await.unwrap().into_inner().hits.is_empty());
+        assert!(
+            hits[0].score <= hits[1].score,
+            "L2: lower is better, best first"
+        );
+        assert!(c
+            .search(search("docs", &[8], vec![0.9, 0.0, 0.0], 2))
+            .await
+            .unwrap()
+            .into_inner()
+            .hits
+            .is_empty());
         for (request, field) in [
             (search("docs", &[7], vec![1.0], 2), "vector"),
             (search("docs", &[7], vec![f32::NAN, 0.0, 0.0], 2), "vector"),
@@ -176,7 +266,10 @@ fn every_rpc_and_every_error_code() {
             assert_eq!(status.code(), Code::InvalidArgument);
             assert!(status.message().contains(field), "{}", status.message());
         }
-        assert_eq!(code(c.search(search("nope", &[], vec![1.0, 0.0, 0.0], 2)).await), Code::NotFound);
+        assert_eq!(
+            code(c.search(search("nope", &[], vec![1.0, 0.0, 0.0], 2)).await),
+            Code::NotFound
+        );
         // A min_seq_no that never comes: the client's deadline is respected.
         let mut request = Request::new(search("docs", &[7], vec![1.0, 0.0, 0.0], 2));
         request.get_mut().min_seq_no = last_seq + 1000;
@@ -186,7 +279,11 @@ fn every_rpc_and_every_error_code() {
         assert!(started.elapsed() < Duration::from_secs(5));
         // Get
         let docs = c
-            .get(pb::GetRequest { collection: "docs".into(), user_id: Some(id(7)), doc_ids: vec![id(3), id(99)] })
+            .get(pb::GetRequest {
+                collection: "docs".into(),
+                user_id: Some(id(7)),
+                doc_ids: vec![id(3), id(99)],
+            })
             .await
             .unwrap()
             .into_inner()
@@ -195,24 +292,69 @@ fn every_rpc_and_every_error_code() {
         assert_eq!(docs[0].vector, vec![5.0, 5.0, 5.0]);
         // Remove, Flush, GetCollection
         let seq = c
-            .remove(pb::RemoveRequest { collection: "docs".into(), doc_ids: vec![id(2)], user_ids: vec![id(7)], durability: 0 })
+            .remove(pb::RemoveRequest {
+                collection: "docs".into(),
+                doc_ids: vec![id(2)],
+                user_ids: vec![id(7)],
+                durability: 0,
+            })
             .await
             .unwrap()
             .into_inner()
             .seq_no;
-        let flushed = c.flush(pb::FlushRequest { collection: "docs".into() }).await.unwrap().into_inner().flushed_seq_no;
+        let flushed = c
+            .flush(pb::FlushRequest {
+                collection: "docs".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .flushed_seq_no;
         assert!(flushed >= seq);
-        let info = c.get_collection(pb::GetCollectionRequest { name: "docs".into() }).await.unwrap().into_inner().collection.unwrap();
-        assert_eq!((info.n_documents, info.checkpoint_seq_no, info.n_sealed_segments), (2, flushed, 1));
+        let info = c
+            .get_collection(pb::GetCollectionRequest {
+                name: "docs".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .collection
+            .unwrap();
+        assert_eq!(
+            (
+                info.n_documents,
+                info.checkpoint_seq_no,
+                info.n_sealed_segments
+            ),
+            (2, flushed, 1)
+        );
         assert_eq!(info.applied_seq_no, info.last_seq_no);
         // DropCollection
-        c.drop_collection(pb::DropCollectionRequest { name: "docs".into() }).await.unwrap();
-        assert_eq!(code(c.drop_collection(pb::DropCollectionRequest { name: "docs".into() }).await), Code::NotFound);
-        assert_eq!(code(c.search(search("docs", &[], vec![1.0, 0.0, 0.0], 1)).await), Code::NotFound);
+        c.drop_collection(pb::DropCollectionRequest {
+            name: "docs".into(),
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            code(
+                c.drop_collection(pb::DropCollectionRequest {
+                    name: "docs".into()
+                })
+                .await
+            ),
+            Code::NotFound
+        );
+        assert_eq!(
+            code(c.search(search("docs", &[], vec![1.0, 0.0, 0.0], 1)).await),
+            Code::NotFound
+        );
         assert!(!dir.path().join("collections/docs").exists());
         // Metrics endpoint.
         let body = http_get(&server.metrics_addr, "/metrics");
-        assert!(body.contains("tarn_rpc_duration_seconds_count{code=\"Ok\",method=\"Insert\"}"), "{body}");
+        assert!(
+            body.contains("tarn_rpc_duration_seconds_count{code=\"Ok\",method=\"Insert\"}"),
+            "{body}"
+        );
     });
     assert!(server.terminate().success());
 }
@@ -220,7 +362,11 @@ fn every_rpc_and_every_error_code() {
 fn http_get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut body = String::new();
     stream.read_to_string(&mut body).unwrap();
     body
@@ -229,28 +375,78 @@ fn http_get(addr: &str, path: &str) -> String {
 #[test]
 fn auth_health_reflection_and_compression() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &["--api-key", "rw-secret", "--read-only-key", "ro-secret"]);
+    let server = Server::start(
+        dir.path(),
+        &["--api-key", "rw-secret", "--read-only-key", "ro-secret"],
+    );
     runtime().block_on(async {
-        let channel = Channel::from_shared(server.addr.clone()).unwrap().connect().await.unwrap();
+        let channel = Channel::from_shared(server.addr.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
         let with_key = |key: Option<&'static str>| {
             TarnClient::with_interceptor(channel.clone(), move |mut r: Request<()>| {
                 if let Some(key) = key {
-                    r.metadata_mut().insert("authorization", format!("Bearer {key}").parse().unwrap());
+                    r.metadata_mut()
+                        .insert("authorization", format!("Bearer {key}").parse().unwrap());
                 }
                 Ok(r)
             })
         };
-        assert_eq!(code(with_key(None).list_collections(pb::ListCollectionsRequest {}).await), Code::Unauthenticated);
-        assert_eq!(code(with_key(Some("wrong")).list_collections(pb::ListCollectionsRequest {}).await), Code::Unauthenticated);
-        assert_eq!(code(with_key(Some("ro-secret")).create_collection(create("a", 2, pb::Metric::Dot)).await), Code::PermissionDenied);
-        with_key(Some("rw-secret")).create_collection(create("a", 2, pb::Metric::Dot)).await.unwrap();
+        assert_eq!(
+            code(
+                with_key(None)
+                    .list_collections(pb::ListCollectionsRequest {})
+                    .await
+            ),
+            Code::Unauthenticated
+        );
+        assert_eq!(
+            code(
+                with_key(Some("wrong"))
+                    .list_collections(pb::ListCollectionsRequest {})
+                    .await
+            ),
+            Code::Unauthenticated
+        );
+        assert_eq!(
+            code(
+                with_key(Some("ro-secret"))
+                    .create_collection(create("a", 2, pb::Metric::Dot))
+                    .await
+            ),
+            Code::PermissionDenied
+        );
+        with_key(Some("rw-secret"))
+            .create_collection(create("a", 2, pb::Metric::Dot))
+            .await
+            .unwrap();
         let ro = with_key(Some("ro-secret"));
-        assert_eq!(code(ro.clone().insert(insert("a", &[1], &[], vec![1.0, 1.0])).await), Code::PermissionDenied);
+        assert_eq!(
+            code(
+                ro.clone()
+                    .insert(insert("a", &[1], &[], vec![1.0, 1.0]))
+                    .await
+            ),
+            Code::PermissionDenied
+        );
         // gzip and zstd requests are accepted.
-        let mut gzip = with_key(Some("rw-secret")).send_compressed(tonic::codec::CompressionEncoding::Gzip).accept_compressed(tonic::codec::CompressionEncoding::Gzip);
-        gzip.insert(insert("a", &[1], &[], vec![1.0, 1.0])).await.unwrap();
-        let mut zstd = with_key(Some("rw-secret")).send_compressed(tonic::codec::CompressionEncoding::Zstd).accept_compressed(tonic::codec::CompressionEncoding::Zstd);
-        let seq = zstd.insert(insert("a", &[2], &[], vec![3.0, 3.0])).await.unwrap().into_inner().seq_no;
+        let mut gzip = with_key(Some("rw-secret"))
+            .send_compressed(tonic::codec::CompressionEncoding::Gzip)
+            .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+        gzip.insert(insert("a", &[1], &[], vec![1.0, 1.0]))
+            .await
+            .unwrap();
+        let mut zstd = with_key(Some("rw-secret"))
+            .send_compressed(tonic::codec::CompressionEncoding::Zstd)
+            .accept_compressed(tonic::codec::CompressionEncoding::Zstd);
+        let seq = zstd
+            .insert(insert("a", &[2], &[], vec![3.0, 3.0]))
+            .await
+            .unwrap()
+            .into_inner()
+            .seq_no;
         let mut request = search("a", &[], vec![1.0, 1.0], 2);
         request.min_seq_no = seq;
         let hits = ro.clone().search(request).await.unwrap().into_inner().hits;
@@ -258,24 +454,52 @@ fn auth_health_reflection_and_compression() {
         assert!(hits[0].score > hits[1].score);
         // Health needs no key (container healthchecks).
         let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
-        let status = health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.unwrap().into_inner().status;
-        assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+        let status = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(
+            status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
         // Reflection lists the service, as grpcurl would ask.
         use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-        use tonic_reflection::pb::v1::{server_reflection_request::MessageRequest, server_reflection_response::MessageResponse, ServerReflectionRequest};
+        use tonic_reflection::pb::v1::{
+            server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+            ServerReflectionRequest,
+        };
         let mut reflection = ServerReflectionClient::new(channel.clone());
-        let request = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
-        let mut replies = reflection.server_reflection_info(tokio_stream::iter(vec![request])).await.unwrap().into_inner();
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut replies = reflection
+            .server_reflection_info(tokio_stream::iter(vec![request]))
+            .await
+            .unwrap()
+            .into_inner();
         let reply = replies.message().await.unwrap().unwrap();
-        let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else { panic!("{reply:?}") };
+        let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else {
+            panic!("{reply:?}")
+        };
         let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
         assert!(names.contains(&"tarn.v1.Tarn".to_owned()), "{names:?}");
     });
     // The healthcheck command.
-    let status = Command::new(env!("CARGO_BIN_EXE_tarn")).args(["healthcheck", "--addr", &server.addr]).output().unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .args(["healthcheck", "--addr", &server.addr])
+        .output()
+        .unwrap();
     assert!(status.status.success());
     drop(server);
-    let status = Command::new(env!("CARGO_BIN_EXE_tarn")).args(["healthcheck", "--addr", "http://127.0.0.1:1"]).output().unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .args(["healthcheck", "--addr", "http://127.0.0.1:1"])
+        .output()
+        .unwrap();
     assert!(!status.status.success());
 }
 
@@ -284,13 +508,23 @@ fn the_data_directory_is_locked_against_a_second_server() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &[]);
     let second = Command::new(env!("CARGO_BIN_EXE_tarn"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "off", "--data-dir"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "off",
+            "--data-dir",
+        ])
         .arg(dir.path())
         .output()
         .unwrap();
     assert!(!second.status.success());
     let stderr = String::from_utf8_lossy(&second.stderr);
-    assert!(stderr.contains("another tarn server") && stderr.contains("LOCK"), "{stderr}");
+    assert!(
+        stderr.contains("another tarn server") && stderr.contains("LOCK"),
+        "{stderr}"
+    );
     assert!(server.terminate().success());
     // Released at exit: a new server starts.
     let again = Server::start(dir.path(), &[]);
@@ -304,7 +538,9 @@ fn graceful_shutdown_under_in_flight_writes_then_restart_with_everything_acknowl
     let rt = runtime();
     let acknowledged: Vec<u128> = rt.block_on(async {
         let mut c = server.client().await;
-        c.create_collection(create("w", 4, pb::Metric::Cosine)).await.unwrap();
+        c.create_collection(create("w", 4, pb::Metric::Cosine))
+            .await
+            .unwrap();
         let mut tasks = Vec::new();
         for t in 0..16u128 {
             let mut c = c.clone();
@@ -323,7 +559,10 @@ fn graceful_shutdown_under_in_flight_writes_then_restart_with_everything_acknowl
         }
         tokio::time::sleep(Duration::from_millis(700)).await;
         let pid = server.child.id();
-        Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+        Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
         let mut all = Vec::new();
         for task in tasks {
             all.extend(task.await.unwrap());
@@ -338,19 +577,126 @@ fn graceful_shutdown_under_in_flight_writes_then_restart_with_everything_acknowl
     let server = Server::start(dir.path(), &[]);
     rt.block_on(async {
         let mut c = server.client().await;
-        let info = c.get_collection(pb::GetCollectionRequest { name: "w".into() }).await.unwrap().into_inner().collection.unwrap();
-        assert!(info.n_documents >= acknowledged.len() as u64, "{} < {}", info.n_documents, acknowledged.len());
+        let info = c
+            .get_collection(pb::GetCollectionRequest { name: "w".into() })
+            .await
+            .unwrap()
+            .into_inner()
+            .collection
+            .unwrap();
+        assert!(
+            info.n_documents >= acknowledged.len() as u64,
+            "{} < {}",
+            info.n_documents,
+            acknowledged.len()
+        );
         for chunk in acknowledged.chunks(500) {
             for tenant in 0..16u128 {
-                let ids: Vec<pb::Id> = chunk.iter().filter(|d| *d / 1_000_000 == tenant).map(|d| id(*d)).collect();
+                let ids: Vec<pb::Id> = chunk
+                    .iter()
+                    .filter(|d| *d / 1_000_000 == tenant)
+                    .map(|d| id(*d))
+                    .collect();
                 if ids.is_empty() {
                     continue;
                 }
                 let n = ids.len();
-                let docs = c.get(pb::GetRequest { collection: "w".into(), user_id: Some(id(tenant)), doc_ids: ids }).await.unwrap().into_inner().docs;
+                let docs = c
+                    .get(pb::GetRequest {
+                        collection: "w".into(),
+                        user_id: Some(id(tenant)),
+                        doc_ids: ids,
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .docs;
                 assert_eq!(docs.len(), n, "acknowledged documents lost");
             }
         }
     });
     assert!(server.terminate().success());
+}
+
+#[test]
+fn overload_is_resource_exhausted() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--max-inflight-writes", "1"]);
+    runtime().block_on(async {
+        let mut c = server.client().await;
+        c.create_collection(create("o", 2, pb::Metric::L2))
+            .await
+            .unwrap();
+        let tasks: Vec<_> = (0..64u128)
+            .map(|i| {
+                let mut c = c.clone();
+                tokio::spawn(async move {
+                    c.insert(insert("o", &[i], &[], vec![1.0, 2.0]))
+                        .await
+                        .map(|_| ())
+                })
+            })
+            .collect();
+        let mut codes = Vec::new();
+        for t in tasks {
+            codes.push(t.await.unwrap().err().map(|s| s.code()));
+        }
+        assert!(codes.contains(&None), "some writes get through");
+        assert!(codes.contains(&Some(Code::ResourceExhausted)), "{codes:?}");
+        assert!(codes
+            .iter()
+            .all(|c| matches!(c, None | Some(Code::ResourceExhausted))));
+    });
+}
+
+#[test]
+fn tls_from_certificate_and_key_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert_pem, key_pem) = (certified.cert.pem(), certified.signing_key.serialize_pem());
+    let cert_path = dir.path().join("cert.pem");
+    let key_path = dir.path().join("key.pem");
+    std::fs::write(&cert_path, &cert_pem).unwrap();
+    std::fs::write(&key_path, &key_pem).unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(
+        &data,
+        &[
+            "--tls-cert",
+            cert_path.to_str().unwrap(),
+            "--tls-key",
+            key_path.to_str().unwrap(),
+        ],
+    );
+    let https = server.addr.replace("http://", "https://");
+    runtime().block_on(async {
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&cert_pem))
+            .domain_name("localhost");
+        let channel = Channel::from_shared(https)
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut c = TarnClient::new(channel);
+        assert!(c
+            .list_collections(pb::ListCollectionsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .names
+            .is_empty());
+        // Plain text against the TLS port fails.
+        let plain = TarnClient::connect(server.addr.clone()).await;
+        let failed = match plain {
+            Err(_) => true,
+            Ok(mut c) => c
+                .list_collections(pb::ListCollectionsRequest {})
+                .await
+                .is_err(),
+        };
+        assert!(failed);
+    });
 }

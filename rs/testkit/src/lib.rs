@@ -81,7 +81,7 @@ fn read_vecs(bytes: &[u8], path: &Path) -> io::Result<(usize, Vec<u32>)> {
     }
     let dim = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")) as usize;
     let row = 4 + dim * 4;
-    if dim == 0 || bytes.len() % row != 0 {
+    if dim == 0 || !bytes.len().is_multiple_of(row) {
         return Err(bad("not a whole number of rows"));
     }
     let mut out = Vec::with_capacity(bytes.len() / row * dim);

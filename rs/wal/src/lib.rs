@@ -19,7 +19,9 @@ mod write_group;
 
 pub use config::{Durability, RecoveryMode, RecoveryReport, Salvage, TailRepair, WalConfig};
 pub use error::{Result, WalError};
-pub use log_writer::{AppendObserver, Histogram, Wal, WalStats, GROUP_SIZE_BOUNDS, SYNC_SECONDS_BOUNDS};
+pub use log_writer::{
+    AppendObserver, Histogram, Wal, WalStats, GROUP_SIZE_BOUNDS, SYNC_SECONDS_BOUNDS,
+};
 pub use replay::Replay;
 pub use write_group::{Abandoned, Ticket};
 

@@ -60,7 +60,9 @@ pub const SYNC_SECONDS_BOUNDS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 /// Upper bounds (entries) of the write-group size histogram's buckets.
-pub const GROUP_SIZE_BOUNDS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
+pub const GROUP_SIZE_BOUNDS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
 
 /// A fixed-bucket histogram snapshot: `counts[i]` observations fell at or below `bounds[i]` and
 /// above the previous bound; `counts[bounds.len()]` above the last one.
@@ -89,7 +91,11 @@ impl AtomicHistogram {
     }
 
     fn observe(&self, value: f64) {
-        let bucket = self.bounds.iter().position(|b| value <= *b).unwrap_or(self.bounds.len());
+        let bucket = self
+            .bounds
+            .iter()
+            .position(|b| value <= *b)
+            .unwrap_or(self.bounds.len());
         self.counts[bucket].fetch_add(1, Ordering::Relaxed);
         self.sum_micros
             .fetch_add((value * 1e6) as u64, Ordering::Relaxed);
@@ -98,7 +104,11 @@ impl AtomicHistogram {
     fn snapshot(&self) -> Histogram {
         Histogram {
             bounds: self.bounds,
-            counts: self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect(),
+            counts: self
+                .counts
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .collect(),
             sum: self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
         }
     }
