@@ -27,6 +27,9 @@ fn init_logging(json: bool) {
 }
 
 fn main() -> std::process::ExitCode {
+    // Test builds only: fail points named in the FAILPOINTS environment variable.
+    #[cfg(feature = "failpoints")]
+    let _fail_points = fail::FailScenario::setup();
     let cli = cli::Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -700,3 +700,100 @@ fn tls_from_certificate_and_key_files() {
         assert!(failed);
     });
 }
+
+/// A failing fdatasync in a running server (fail points, `--features failpoints`): writes fail
+/// with UNAVAILABLE from then on, health and metrics say so, searches keep working, and a
+/// restart brings back everything acknowledged.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_failing_fdatasync_makes_writes_unavailable_until_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    {
+        let server = Server::start(dir.path(), &[]);
+        rt.block_on(async {
+            let mut c = server.client().await;
+            c.create_collection(create("f", 2, pb::Metric::L2))
+                .await
+                .unwrap();
+            c.insert(insert("f", &[1], &[], vec![1.0, 1.0]))
+                .await
+                .unwrap();
+        });
+        assert!(server.terminate().success());
+    }
+    // Every fdatasync fails in this run.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .env("FAILPOINTS", "wal::fdatasync=return")
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut addr, mut metrics_addr) = (String::new(), String::new());
+    while addr.is_empty() {
+        let line = lines.next().unwrap().unwrap();
+        if let Some(a) = line.strip_prefix("tarn: gRPC listening on ") {
+            addr = format!("http://{a}");
+        } else if let Some(a) = line.strip_prefix("tarn: metrics listening on ") {
+            metrics_addr = a.to_owned();
+        }
+    }
+    let server = Server {
+        child,
+        addr,
+        metrics_addr,
+    };
+    rt.block_on(async {
+        let mut c = server.client().await;
+        for doc in 2..5u128 {
+            let status = c
+                .insert(insert("f", &[doc], &[], vec![2.0, 2.0]))
+                .await
+                .unwrap_err();
+            assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        }
+        let hits = c
+            .search(search("f", &[], vec![1.0, 1.0], 5))
+            .await
+            .unwrap()
+            .into_inner()
+            .hits;
+        assert_eq!(hits[0].doc_id, Some(id(1)), "searches keep working");
+    });
+    let body = http_get(&server.metrics_addr, "/metrics");
+    assert!(
+        body.contains("tarn_wal_poisoned{collection=\"f\"} 1"),
+        "{body}"
+    );
+    drop(server);
+    // Restarted without the fault: the acknowledged write is there and writes work again.
+    let server = Server::start(dir.path(), &[]);
+    rt.block_on(async {
+        let mut c = server.client().await;
+        let docs = c
+            .get(pb::GetRequest {
+                collection: "f".into(),
+                user_id: None,
+                doc_ids: vec![id(1)],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .docs;
+        assert_eq!(docs.len(), 1);
+        c.insert(insert("f", &[9], &[], vec![3.0, 3.0]))
+            .await
+            .unwrap();
+    });
+}
