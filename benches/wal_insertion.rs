@@ -258,24 +258,27 @@ fn write_group(c: &mut Criterion, runtime: &Runtime, dir: &std::path::Path) {
     for n in CONCURRENCY {
         let before = wal.stats();
         group.bench_function(BenchmarkId::from_parameter(n), |b| {
-            b.iter_custom(|iters| {
-                (0..iters)
-                    .map(|_| {
-                        run_tasks(runtime, n, |idx| {
-                            let wal = wal.clone();
-                            async move {
-                                wal.append(entry_payload(idx), Durability::Fsync)
-                                    .await
-                                    .unwrap();
-                            }
-                        })
-                    })
-                    .sum()
-            });
+            b.iter_custom(|iters| append_rounds(runtime, &wal, n, iters));
         });
         report_syncs(&format!("write-group/{n}"), n, &before, &wal.stats());
     }
     group.finish();
+}
+
+/// `iters` rounds of `n` tasks each appending one entry through tarn's write group.
+fn append_rounds(runtime: &Runtime, wal: &Wal, n: usize, iters: u64) -> Duration {
+    (0..iters)
+        .map(|_| {
+            run_tasks(runtime, n, |idx| {
+                let wal = wal.clone();
+                async move {
+                    wal.append(entry_payload(idx), Durability::Fsync)
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .sum()
 }
 
 fn report_syncs(label: &str, n: usize, before: &tarn_wal::WalStats, after: &tarn_wal::WalStats) {
@@ -338,20 +341,7 @@ fn write_group_loaded(c: &mut Criterion, runtime: &Runtime, dir: &std::path::Pat
         group.sample_size(10);
         let before = wal.stats();
         group.bench_function(BenchmarkId::from_parameter(n), |b| {
-            b.iter_custom(|iters| {
-                (0..iters)
-                    .map(|_| {
-                        run_tasks(runtime, n, |idx| {
-                            let wal = wal.clone();
-                            async move {
-                                wal.append(entry_payload(idx), Durability::Fsync)
-                                    .await
-                                    .unwrap();
-                            }
-                        })
-                    })
-                    .sum()
-            });
+            b.iter_custom(|iters| append_rounds(runtime, &wal, n, iters));
         });
         group.finish();
         report_syncs(

@@ -21,6 +21,10 @@ struct Server {
 
 impl Server {
     fn start(dir: &Path, extra: &[&str]) -> Server {
+        Server::start_with_env(dir, extra, &[])
+    }
+
+    fn start_with_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
             .args([
                 "serve",
@@ -33,6 +37,7 @@ impl Server {
             .arg(dir)
             .args(extra)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -723,37 +728,8 @@ fn a_failing_fdatasync_makes_writes_unavailable_until_restart() {
         assert!(server.terminate().success());
     }
     // Every fdatasync fails in this run.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--data-dir",
-        ])
-        .arg(dir.path())
-        .env("FAILPOINTS", "wal::fdatasync=return")
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut addr, mut metrics_addr) = (String::new(), String::new());
-    while addr.is_empty() {
-        let line = lines.next().unwrap().unwrap();
-        if let Some(a) = line.strip_prefix("tarn: gRPC listening on ") {
-            addr = format!("http://{a}");
-        } else if let Some(a) = line.strip_prefix("tarn: metrics listening on ") {
-            metrics_addr = a.to_owned();
-        }
-    }
-    let server = Server {
-        child,
-        addr,
-        metrics_addr,
-    };
+    let server =
+        Server::start_with_env(dir.path(), &[], &[("FAILPOINTS", "wal::fdatasync=return")]);
     rt.block_on(async {
         let mut c = server.client().await;
         for doc in 2..5u128 {
