@@ -204,7 +204,9 @@ impl Tarn for TarnService {
             // Answer DEADLINE_EXCEEDED a little before the client's deadline, so that the
             // status is ours and not the transport's cancellation.
             let wait = client_deadline(&request).map_or(DEFAULT_MIN_SEQ_WAIT, |d| {
-                d.saturating_sub((d / 10).min(Duration::from_millis(50)))
+                d.saturating_sub(
+                    (d / 5).clamp(Duration::from_millis(20), Duration::from_millis(200)),
+                )
             });
             let request = request.into_inner();
             let collection = self.registry.get(&request.collection)?;
