@@ -69,10 +69,7 @@ impl Server {
 
     /// SIGTERM, then the exit status.
     fn terminate(mut self) -> std::process::ExitStatus {
-        Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
+        sigterm(self.child.id());
         let status = self.child.wait().unwrap();
         std::mem::forget(self);
         status
@@ -84,6 +81,12 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Sends SIGTERM (no outside `kill` program needed).
+fn sigterm(pid: u32) {
+    let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
 }
 
 fn id(v: u128) -> pb::Id {
@@ -564,10 +567,7 @@ fn graceful_shutdown_under_in_flight_writes_then_restart_with_everything_acknowl
         }
         tokio::time::sleep(Duration::from_millis(700)).await;
         let pid = server.child.id();
-        Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap();
+        sigterm(pid);
         let mut all = Vec::new();
         for task in tasks {
             all.extend(task.await.unwrap());
