@@ -18,7 +18,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::bitset::Bitset;
 use crate::config::IndexConfig;
 use crate::hnsw_graph::HnswGraph;
-use crate::search::{exact_top_k, Hit};
+use crate::search::{exact_top_k, to_hits, Hit};
 
 #[derive(Debug, Default)]
 pub(crate) struct MutableData {
@@ -231,14 +231,7 @@ impl MutableSegment {
             }
             _ => exact_top_k(data.by_doc.values().copied(), k, distance),
         };
-        candidates
-            .into_iter()
-            .map(|c| Hit {
-                user_id,
-                doc_id: data.doc_ids[c.node as usize],
-                distance: c.distance,
-            })
-            .collect()
+        to_hits(user_id, candidates, &data.doc_ids)
     }
 
     /// Live documents per tenant.

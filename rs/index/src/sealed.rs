@@ -14,7 +14,7 @@ use crate::flat_graph::FlatGraph;
 use crate::hnsw_graph::HnswGraph;
 use crate::metric::Metric;
 use crate::mutable::MutableSegment;
-use crate::search::{exact_top_k, Hit};
+use crate::search::{exact_top_k, to_hits, Hit};
 
 const SEGMENT_MAGIC: &[u8; 8] = b"TARNSEG1";
 const TOMBSTONE_MAGIC: &[u8; 8] = b"TARNTMB1";
@@ -90,6 +90,21 @@ pub struct SegmentFigures {
 }
 
 impl SealedSegment {
+    fn assemble(
+        id: u64,
+        max_seq: u64,
+        config: IndexConfig,
+        partitions: HashMap<u128, SealedPartition>,
+    ) -> Self {
+        SealedSegment {
+            id,
+            max_seq,
+            config,
+            partitions,
+            tombstones_dirty: AtomicBool::new(false),
+        }
+    }
+
     pub fn id(&self) -> u64 {
         self.id
     }
@@ -141,13 +156,7 @@ impl SealedSegment {
             };
             partitions.insert(user_id, sealed);
         }
-        SealedSegment {
-            id,
-            max_seq,
-            config,
-            partitions,
-            tombstones_dirty: AtomicBool::new(false),
-        }
+        SealedSegment::assemble(id, max_seq, config, partitions)
     }
 
     /// Builds a fresh segment from the live documents of `sources` (merging several, or
@@ -201,13 +210,7 @@ impl SealedSegment {
             };
             partitions.insert(user_id, partition);
         }
-        SealedSegment {
-            id,
-            max_seq,
-            config,
-            partitions,
-            tombstones_dirty: AtomicBool::new(false),
-        }
+        SealedSegment::assemble(id, max_seq, config, partitions)
     }
 
     /// Marks `(user_id, doc_id)` removed here; returns true if it was live here.
@@ -266,14 +269,7 @@ impl SealedSegment {
                 distance,
             ),
         };
-        candidates
-            .into_iter()
-            .map(|c| Hit {
-                user_id,
-                doc_id: partition.doc_ids[c.node as usize],
-                distance: c.distance,
-            })
-            .collect()
+        to_hits(user_id, candidates, &partition.doc_ids)
     }
 
     pub fn live_counts(&self) -> HashMap<u128, u64> {
@@ -446,13 +442,7 @@ impl SealedSegment {
                 "trailing bytes after the partitions".into(),
             ));
         }
-        Ok(SealedSegment {
-            id,
-            max_seq,
-            config,
-            partitions,
-            tombstones_dirty: AtomicBool::new(false),
-        })
+        Ok(SealedSegment::assemble(id, max_seq, config, partitions))
     }
 
     /// Encodes every partition's tombstones (with a CRC32 trailer) and clears the dirty flag.

@@ -33,3 +33,15 @@ pub(crate) fn exact_top_k(
     }
     heap.into_sorted_vec()
 }
+
+/// Turns a partition's `(distance, slot)` candidates into hits of `user_id`.
+pub(crate) fn to_hits(user_id: u128, candidates: Vec<Candidate>, doc_ids: &[u128]) -> Vec<Hit> {
+    candidates
+        .into_iter()
+        .map(|c| Hit {
+            user_id,
+            doc_id: doc_ids[c.node as usize],
+            distance: c.distance,
+        })
+        .collect()
+}

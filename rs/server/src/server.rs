@@ -41,29 +41,32 @@ fn lock_data_dir(config: &ServeConfig) -> anyhow::Result<File> {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(error) => {
-                    tracing::error!(%error, "cannot listen for SIGTERM");
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
+/// SIGTERM and SIGINT, registered before the server announces itself: a signal that arrives
+/// right after start must shut down gracefully, not kill the process with the default action.
+struct ShutdownSignals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn register() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(ShutdownSignals {
+            terminate: signal(SignalKind::terminate()).context("listening for SIGTERM")?,
+            interrupt: signal(SignalKind::interrupt()).context("listening for SIGINT")?,
+        })
+    }
+
+    async fn recv(mut self) {
         tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
+            _ = self.terminate.recv() => {},
+            _ = self.interrupt.recv() => {},
         }
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }
 
 pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
+    let signals = ShutdownSignals::register()?;
     let _lock = lock_data_dir(&config)?;
     let data_dir = config.data_dir.clone();
     let registry = Arc::new(tokio::task::spawn_blocking(move || Registry::open(&data_dir)).await??);
@@ -146,7 +149,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
 
     let health = health_reporter.clone();
     let shutdown = async move {
-        shutdown_signal().await;
+        signals.recv().await;
         tracing::info!("shutting down: no new requests; finishing the ones in flight");
         health.set_not_serving::<TarnServer<TarnService>>().await;
     };
