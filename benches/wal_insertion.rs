@@ -69,6 +69,15 @@ fn append_file(dir: &std::path::Path, name: &str) -> File {
         .unwrap()
 }
 
+/// `iters` rounds of [`run_tasks`]; the total wall time (what `iter_custom` wants).
+fn task_rounds<F, Fut>(runtime: &Runtime, n: usize, iters: u64, task: F) -> Duration
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    (0..iters).map(|_| run_tasks(runtime, n, &task)).sum()
+}
+
 /// Runs `n` tasks, each running `task(idx)`, and returns the wall time until all are done.
 fn run_tasks<F, Fut>(runtime: &Runtime, n: usize, task: F) -> Duration
 where
@@ -92,23 +101,19 @@ fn sync_on_write(c: &mut Criterion, runtime: &Runtime, dir: &std::path::Path) {
     for n in CONCURRENCY {
         group.bench_function(BenchmarkId::from_parameter(n), |b| {
             b.iter_custom(|iters| {
-                (0..iters)
-                    .map(|_| {
-                        run_tasks(runtime, n, |idx| {
-                            let file = Arc::clone(&file);
-                            async move {
-                                let bytes = framed(idx as u64, &entry_payload(idx));
-                                tokio::task::spawn_blocking(move || {
-                                    let mut file = file.lock().unwrap();
-                                    file.write_all(&bytes).unwrap();
-                                    file.sync_data().unwrap();
-                                })
-                                .await
-                                .unwrap();
-                            }
+                task_rounds(runtime, n, iters, |idx| {
+                    let file = Arc::clone(&file);
+                    async move {
+                        let bytes = framed(idx as u64, &entry_payload(idx));
+                        tokio::task::spawn_blocking(move || {
+                            let mut file = file.lock().unwrap();
+                            file.write_all(&bytes).unwrap();
+                            file.sync_data().unwrap();
                         })
-                    })
-                    .sum()
+                        .await
+                        .unwrap();
+                    }
+                })
             });
         });
     }
@@ -145,24 +150,20 @@ fn sync_background(c: &mut Criterion, runtime: &Runtime, dir: &std::path::Path) 
     for n in CONCURRENCY {
         group.bench_function(BenchmarkId::from_parameter(n), |b| {
             b.iter_custom(|iters| {
-                (0..iters)
-                    .map(|_| {
-                        run_tasks(runtime, n, |idx| {
-                            let state = Arc::clone(&state);
-                            async move {
-                                let bytes = framed(idx as u64, &entry_payload(idx));
-                                let position = {
-                                    let mut file = state.file.lock().unwrap();
-                                    file.0.write_all(&bytes).unwrap();
-                                    file.1 += 1;
-                                    file.1
-                                };
-                                let mut synced = state.synced.subscribe();
-                                synced.wait_for(|s| *s >= position).await.unwrap();
-                            }
-                        })
-                    })
-                    .sum()
+                task_rounds(runtime, n, iters, |idx| {
+                    let state = Arc::clone(&state);
+                    async move {
+                        let bytes = framed(idx as u64, &entry_payload(idx));
+                        let position = {
+                            let mut file = state.file.lock().unwrap();
+                            file.0.write_all(&bytes).unwrap();
+                            file.1 += 1;
+                            file.1
+                        };
+                        let mut synced = state.synced.subscribe();
+                        synced.wait_for(|s| *s >= position).await.unwrap();
+                    }
+                })
             });
         });
     }
@@ -209,42 +210,36 @@ fn sync_on_batch(c: &mut Criterion, runtime: &Runtime, dir: &std::path::Path) {
     for n in CONCURRENCY {
         group.bench_function(BenchmarkId::from_parameter(n), |b| {
             b.iter_custom(|iters| {
-                (0..iters)
-                    .map(|_| {
-                        run_tasks(runtime, n, |idx| {
+                task_rounds(runtime, n, iters, |idx| {
+                    let state = Arc::clone(&state);
+                    async move {
+                        let bytes = framed(idx as u64, &entry_payload(idx));
+                        let (position, fills_batch) = {
+                            let mut file = state.file.lock().unwrap();
+                            file.0.write_all(&bytes).unwrap();
+                            file.1 += 1;
+                            file.2 += 1;
+                            (file.1, file.2 >= BATCH_SIZE)
+                        };
+                        let mut synced = state.synced.subscribe();
+                        let waited = if fills_batch {
+                            false
+                        } else {
+                            tokio::time::timeout(
+                                FOLLOWER_TIMEOUT,
+                                synced.wait_for(|s| *s >= position),
+                            )
+                            .await
+                            .is_ok()
+                        };
+                        if !waited {
                             let state = Arc::clone(&state);
-                            async move {
-                                let bytes = framed(idx as u64, &entry_payload(idx));
-                                let (position, fills_batch) = {
-                                    let mut file = state.file.lock().unwrap();
-                                    file.0.write_all(&bytes).unwrap();
-                                    file.1 += 1;
-                                    file.2 += 1;
-                                    (file.1, file.2 >= BATCH_SIZE)
-                                };
-                                let mut synced = state.synced.subscribe();
-                                let waited = if fills_batch {
-                                    false
-                                } else {
-                                    tokio::time::timeout(
-                                        FOLLOWER_TIMEOUT,
-                                        synced.wait_for(|s| *s >= position),
-                                    )
-                                    .await
-                                    .is_ok()
-                                };
-                                if !waited {
-                                    let state = Arc::clone(&state);
-                                    tokio::task::spawn_blocking(move || {
-                                        state.sync_through(position)
-                                    })
-                                    .await
-                                    .unwrap();
-                                }
-                            }
-                        })
-                    })
-                    .sum()
+                            tokio::task::spawn_blocking(move || state.sync_through(position))
+                                .await
+                                .unwrap();
+                        }
+                    }
+                })
             });
         });
     }
@@ -267,18 +262,14 @@ fn write_group(c: &mut Criterion, runtime: &Runtime, dir: &std::path::Path) {
 
 /// `iters` rounds of `n` tasks each appending one entry through tarn's write group.
 fn append_rounds(runtime: &Runtime, wal: &Wal, n: usize, iters: u64) -> Duration {
-    (0..iters)
-        .map(|_| {
-            run_tasks(runtime, n, |idx| {
-                let wal = wal.clone();
-                async move {
-                    wal.append(entry_payload(idx), Durability::Fsync)
-                        .await
-                        .unwrap();
-                }
-            })
-        })
-        .sum()
+    task_rounds(runtime, n, iters, |idx| {
+        let wal = wal.clone();
+        async move {
+            wal.append(entry_payload(idx), Durability::Fsync)
+                .await
+                .unwrap();
+        }
+    })
 }
 
 fn report_syncs(label: &str, n: usize, before: &tarn_wal::WalStats, after: &tarn_wal::WalStats) {
@@ -377,18 +368,14 @@ fn handoff_floor(c: &mut Criterion, runtime: &Runtime) {
         let load = slice.map(|slice| Load::start(runtime, LOAD_TASKS, slice));
         group.bench_function(BenchmarkId::from_parameter(label), |b| {
             b.iter_custom(|iters| {
-                (0..iters)
-                    .map(|_| {
-                        run_tasks(runtime, n, |_| {
-                            let to_thread = Arc::clone(&to_thread);
-                            async move {
-                                let (reply, answer) = tokio::sync::oneshot::channel();
-                                to_thread.lock().unwrap().send(reply).unwrap();
-                                answer.await.unwrap();
-                            }
-                        })
-                    })
-                    .sum()
+                task_rounds(runtime, n, iters, |_| {
+                    let to_thread = Arc::clone(&to_thread);
+                    async move {
+                        let (reply, answer) = tokio::sync::oneshot::channel();
+                        to_thread.lock().unwrap().send(reply).unwrap();
+                        answer.await.unwrap();
+                    }
+                })
             });
         });
         drop(load);

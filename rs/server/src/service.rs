@@ -49,6 +49,29 @@ impl TarnService {
         result.map(Response::new)
     }
 
+    /// The shared part of Insert and Remove: find the collection, check the durability, take a
+    /// write slot, run the write and record its append-to-acknowledgement time.
+    async fn logged_write<F, Fut>(
+        &self,
+        collection: &str,
+        durability: i32,
+        write: F,
+    ) -> Result<u64, ApiError>
+    where
+        F: FnOnce(tarn_collection::Collection, Option<tarn_wal::Durability>) -> Fut,
+        Fut: std::future::Future<Output = tarn_collection::Result<u64>>,
+    {
+        let collection = self.registry.get(collection)?;
+        let durability = convert::durability(durability)?;
+        let _permit = self.write_permit()?;
+        let append_started = Instant::now();
+        let seq_no = write(collection, durability).await?;
+        self.metrics
+            .append_ack
+            .observe(append_started.elapsed().as_secs_f64());
+        Ok(seq_no)
+    }
+
     fn write_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
         Arc::clone(&self.write_slots)
             .try_acquire_owned()
@@ -151,21 +174,22 @@ impl Tarn for TarnService {
         let result = async {
             self.keys.check(&request, Access::Write)?;
             let request = request.into_inner();
-            let collection = self.registry.get(&request.collection)?;
-            let durability = convert::durability(request.durability)?;
             let doc_ids = convert::ids(&request.doc_ids);
             let user_ids = convert::ids(&request.user_ids);
-            let _permit = self.write_permit()?;
-            let append_started = Instant::now();
-            let seq_no = collection
-                .insert(&doc_ids, &user_ids, &request.vectors, durability)
+            let seq_no = self
+                .logged_write(
+                    &request.collection,
+                    request.durability,
+                    |collection, durability| async move {
+                        collection
+                            .insert(&doc_ids, &user_ids, &request.vectors, durability)
+                            .await
+                    },
+                )
                 .await?;
-            self.metrics
-                .append_ack
-                .observe(append_started.elapsed().as_secs_f64());
             Ok(pb::InsertResponse {
                 seq_no,
-                n_inserted: (doc_ids.len() * user_ids.len().max(1)) as u64,
+                n_inserted: (request.doc_ids.len() * request.user_ids.len().max(1)) as u64,
             })
         }
         .await;
@@ -177,20 +201,17 @@ impl Tarn for TarnService {
         let result = async {
             self.keys.check(&request, Access::Write)?;
             let request = request.into_inner();
-            let collection = self.registry.get(&request.collection)?;
-            let durability = convert::durability(request.durability)?;
-            let _permit = self.write_permit()?;
-            let append_started = Instant::now();
-            let seq_no = collection
-                .remove(
-                    &convert::ids(&request.doc_ids),
-                    &convert::ids(&request.user_ids),
-                    durability,
+            let doc_ids = convert::ids(&request.doc_ids);
+            let user_ids = convert::ids(&request.user_ids);
+            let seq_no = self
+                .logged_write(
+                    &request.collection,
+                    request.durability,
+                    |collection, durability| async move {
+                        collection.remove(&doc_ids, &user_ids, durability).await
+                    },
                 )
                 .await?;
-            self.metrics
-                .append_ack
-                .observe(append_started.elapsed().as_secs_f64());
             Ok(pb::RemoveResponse { seq_no })
         }
         .await;
