@@ -94,10 +94,12 @@ impl<'a> ByteReader<'a> {
     }
     pub(crate) fn f32s(&mut self, count: usize, what: &str) -> Result<Vec<f32>> {
         let raw = self.array(count, 4, what)?;
-        Ok(raw
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        let mut values = crate::simd::huge_page_vec(count);
+        values.extend(
+            raw.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
+        Ok(values)
     }
     pub(crate) fn u32s(&mut self, count: usize, what: &str) -> Result<Vec<u32>> {
         let raw = self.array(count, 4, what)?;

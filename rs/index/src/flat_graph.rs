@@ -9,6 +9,10 @@ use crate::bytes::{ByteReader, ByteWriter};
 use crate::error::{IndexError, Result};
 use crate::visited::with_visited;
 
+/// How many neighbours ahead of the distance computation their vectors are prefetched
+/// (measured: `benches/search_speed.rs`, docs/BENCHMARKS.md).
+const PREFETCH_AHEAD: usize = 1;
+
 /// One layer: node `i`'s neighbours are `neighbors[offsets[i]..offsets[i + 1]]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CsrLayer {
@@ -87,6 +91,7 @@ impl FlatGraph {
         k: usize,
         ef: usize,
         distance: impl Fn(u32) -> f32,
+        prefetch: impl Fn(u32),
         is_live: impl Fn(u32) -> bool,
     ) -> Vec<Candidate> {
         let n_nodes = self.n_nodes();
@@ -124,6 +129,7 @@ impl FlatGraph {
             let mut candidates: BinaryHeap<std::cmp::Reverse<Candidate>> =
                 BinaryHeap::with_capacity(ef * 2);
             let mut results: BinaryHeap<Candidate> = BinaryHeap::with_capacity(ef + 1);
+            let mut fresh: Vec<u32> = Vec::with_capacity(64);
             candidates.push(std::cmp::Reverse(entry));
             if is_live(entry.node) {
                 results.push(entry);
@@ -133,9 +139,19 @@ impl FlatGraph {
                 if current.distance > bound && results.len() >= ef {
                     break;
                 }
-                for &neighbor in base.neighbors(current.node) {
-                    if !visited.insert(neighbor) {
-                        continue;
+                // Mark the unvisited neighbours first and start loading their vectors, so
+                // that memory works while the distances are computed.
+                fresh.clear();
+                fresh.extend(
+                    base.neighbors(current.node)
+                        .iter()
+                        .copied()
+                        .filter(|&n| visited.insert(n)),
+                );
+                fresh.iter().take(PREFETCH_AHEAD).for_each(|&n| prefetch(n));
+                for (i, &neighbor) in fresh.iter().enumerate() {
+                    if let Some(&next) = fresh.get(i + PREFETCH_AHEAD) {
+                        prefetch(next);
                     }
                     let d = distance(neighbor);
                     let bound = results.peek().map_or(f32::INFINITY, |c| c.distance);

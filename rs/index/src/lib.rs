@@ -18,6 +18,7 @@ mod metric;
 mod mutable;
 mod sealed;
 mod search;
+pub mod simd;
 mod visited;
 
 pub use config::{HnswParams, IndexConfig};

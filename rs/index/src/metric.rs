@@ -93,46 +93,16 @@ fn distance_to_dot(distance: f32) -> f32 {
     }
 }
 
-/// Dot product with eight independent accumulators, which the compiler vectorises.
+/// Dot product, with the fastest kernel this CPU supports (`simd.rs`).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0.0f32; 8];
-    let chunks = n / 8;
-    for i in 0..chunks {
-        let (x, y) = (&a[i * 8..i * 8 + 8], &b[i * 8..i * 8 + 8]);
-        for j in 0..8 {
-            acc[j] += x[j] * y[j];
-        }
-    }
-    let mut sum: f32 = acc.iter().sum();
-    for i in chunks * 8..n {
-        sum += a[i] * b[i];
-    }
-    sum
+    (crate::simd::kernels().dot)(a, b)
 }
 
-/// Squared Euclidean distance with eight independent accumulators.
+/// Squared Euclidean distance, with the fastest kernel this CPU supports (`simd.rs`).
 #[inline]
 pub fn l2_squared(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0.0f32; 8];
-    let chunks = n / 8;
-    for i in 0..chunks {
-        let (x, y) = (&a[i * 8..i * 8 + 8], &b[i * 8..i * 8 + 8]);
-        for j in 0..8 {
-            let d = x[j] - y[j];
-            acc[j] += d * d;
-        }
-    }
-    let mut sum: f32 = acc.iter().sum();
-    for i in chunks * 8..n {
-        let d = a[i] - b[i];
-        sum += d * d;
-    }
-    sum
+    (crate::simd::kernels().l2_squared)(a, b)
 }
 
 /// hnsw_rs's distance trait, evaluated with tarn's kernels and clamping.

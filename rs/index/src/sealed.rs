@@ -15,10 +15,14 @@ use crate::hnsw_graph::HnswGraph;
 use crate::metric::Metric;
 use crate::mutable::MutableSegment;
 use crate::search::{exact_top_k, to_hits, Hit};
+use crate::simd::prefetch;
 
 const SEGMENT_MAGIC: &[u8; 8] = b"TARNSEG1";
 const TOMBSTONE_MAGIC: &[u8; 8] = b"TARNTMB1";
 const FORMAT_VERSION: u32 = 1;
+/// Cache lines of a vector prefetched before its distance is computed: all of it, up to 2 KiB
+/// (measured: docs/BENCHMARKS.md, "Sealed search").
+const PREFETCH_MAX_LINES: usize = 32;
 
 /// One tenant's part of a sealed segment.
 #[derive(Debug)]
@@ -141,7 +145,10 @@ impl SealedSegment {
                     doc_index.sort_unstable();
                     let n_slots = data.doc_ids.len();
                     SealedPartition {
-                        vectors: data.vectors.clone(),
+                        vectors: graph_vectors(
+                            std::iter::once(&data.vectors[..]),
+                            data.vectors.len(),
+                        ),
                         doc_ids: data.doc_ids.clone(),
                         doc_index,
                         tombstones: AtomicBitset::from_words(
@@ -197,7 +204,7 @@ impl SealedSegment {
                 let n = live.len();
                 match graph.export(n, |_| true) {
                     Some((flat, _)) => SealedPartition {
-                        vectors: live.iter().flat_map(|(_, v)| v.iter().copied()).collect(),
+                        vectors: graph_vectors(live.iter().map(|(_, v)| *v), n * dim),
                         doc_ids: live.iter().map(|(d, _)| *d).collect(),
                         doc_index,
                         tombstones: AtomicBitset::from_words(vec![0; AtomicBitset::words_for(n)]),
@@ -256,9 +263,13 @@ impl SealedSegment {
         let metric = self.config.metric;
         let distance = |slot: u32| metric.distance(query, partition.vector(slot, dim));
         let candidates = match (&partition.graph, exact) {
-            (Some(graph), false) => graph.search(k, ef, distance, |slot| {
-                !partition.tombstones.get(slot as usize)
-            }),
+            (Some(graph), false) => graph.search(
+                k,
+                ef,
+                distance,
+                |slot| prefetch(partition.vector(slot, dim), PREFETCH_MAX_LINES),
+                |slot| !partition.tombstones.get(slot as usize),
+            ),
             _ => exact_top_k(
                 partition
                     .doc_index
@@ -511,6 +522,14 @@ impl SealedSegment {
         }
         Ok(())
     }
+}
+
+/// A copy of a graph partition's vectors in memory backed by huge pages where the kernel allows
+/// (`simd::huge_page_vec`; what `open` gives them too).
+fn graph_vectors<'a>(parts: impl Iterator<Item = &'a [f32]>, len: usize) -> Vec<f32> {
+    let mut copy = crate::simd::huge_page_vec(len);
+    parts.for_each(|part| copy.extend_from_slice(part));
+    copy
 }
 
 /// A partition without a graph: live documents only, renumbered in doc id order.

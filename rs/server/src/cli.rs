@@ -200,4 +200,7 @@ pub struct SearchArgs {
     /// Print the hits of each query.
     #[arg(long)]
     pub verbose: bool,
+    /// Queries sent first and not timed (connection set-up, first touches of memory).
+    #[arg(long, default_value_t = 10)]
+    pub warmup: usize,
 }

@@ -337,24 +337,24 @@ async fn search(args: SearchArgs) -> anyhow::Result<()> {
     let mut client = connect(&args.client).await?;
     let user_ids: Vec<pb::Id> = args.user_ids.iter().map(|u| u128_to_id(*u)).collect();
     let k = args.top_k as usize;
+    let request = |vector: &[f32]| pb::SearchRequest {
+        collection: args.collection.clone(),
+        user_ids: user_ids.clone(),
+        vector: vector.to_vec(),
+        top_k: args.top_k,
+        ef: args.ef,
+        exact: args.exact,
+        min_seq_no: 0,
+    };
+    for vector in queries.chunks_exact(dim).take(args.warmup) {
+        client.search(request(vector)).await?;
+    }
     let mut latencies = Vec::new();
     let (mut found, mut expected) = (0usize, 0usize);
     let started = Instant::now();
     for (q, vector) in queries.chunks_exact(dim).enumerate() {
         let t = Instant::now();
-        let hits = client
-            .search(pb::SearchRequest {
-                collection: args.collection.clone(),
-                user_ids: user_ids.clone(),
-                vector: vector.to_vec(),
-                top_k: args.top_k,
-                ef: args.ef,
-                exact: args.exact,
-                min_seq_no: 0,
-            })
-            .await?
-            .into_inner()
-            .hits;
+        let hits = client.search(request(vector)).await?.into_inner().hits;
         latencies.push(t.elapsed().as_secs_f64() * 1e3);
         let ids: Vec<u128> = hits
             .iter()

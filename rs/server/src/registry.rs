@@ -42,6 +42,10 @@ impl Registry {
         for entry in std::fs::read_dir(&root)? {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().into_owned();
+            if !entry.file_type()?.is_dir() {
+                // The LOCK file, a volume's placeholder: collections are directories.
+                continue;
+            }
             if name.starts_with(".drop-") {
                 // A drop interrupted after its rename: finish it.
                 std::fs::remove_dir_all(entry.path())?;

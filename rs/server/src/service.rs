@@ -243,10 +243,17 @@ impl Tarn for TarnService {
             if search.min_seq > 0 {
                 collection.wait_applied(search.min_seq, wait).await?;
             }
-            // CPU-bound: off the runtime's workers.
-            let hits = tokio::task::spawn_blocking(move || collection.search(&search))
-                .await
-                .map_err(|e| ApiError::Internal(e.to_string()))??;
+            // A graph search takes a fraction of a millisecond: it runs on this worker, since
+            // handing it to another thread and back costs two thread wake-ups, more than the
+            // search itself here (measured: docs/BENCHMARKS.md, "through gRPC"). An exact
+            // search scans every vector of the tenants (milliseconds): off the workers.
+            let hits = if search.exact {
+                tokio::task::spawn_blocking(move || collection.search(&search))
+                    .await
+                    .map_err(|e| ApiError::Internal(e.to_string()))??
+            } else {
+                collection.search(&search)?
+            };
             Ok(pb::SearchResponse {
                 hits: hits
                     .into_iter()

@@ -101,6 +101,9 @@ fn read_vecs(bytes: &[u8], path: &Path) -> io::Result<(usize, Vec<u32>)> {
 /// `../shared/data/minilm-debian` beside the repository, if present (tests that need it skip
 /// themselves, saying so, when it is not).
 pub fn minilm_dir() -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/minilm-debian");
+    let dir = match std::env::var_os("TARN_MINILM_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/minilm-debian"),
+    };
     dir.join("base.fvecs").exists().then_some(dir)
 }

@@ -1,0 +1,252 @@
+"""A small Python client for tarn.
+
+    from tarn_client import Client
+    client = Client("localhost:50051")
+    client.create_collection("docs", dimension=384, metric="cosine")
+    seq = client.insert("docs", doc_ids=[1, 2], vectors=np.random.rand(2, 384), user_ids=7)
+    hits = client.search("docs", query, top_k=10, user_ids=7, min_seq_no=seq)
+
+Ids are Python ints up to 2**128 - 1 (tarn's u128, sent as two u64 halves); vectors are numpy
+arrays (or anything numpy can turn into float32). Errors are `grpc.RpcError` with tarn's status
+codes (INVALID_ARGUMENT naming the field, NOT_FOUND, ALREADY_EXISTS, UNAVAILABLE, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence, Union
+
+import grpc
+import numpy as np
+
+from tarn_client._gen import tarn_pb2, tarn_pb2_grpc
+
+__all__ = ["Client", "Hit", "Document", "CollectionInfo", "to_id", "from_id"]
+
+U128_MAX = (1 << 128) - 1
+U64_MASK = (1 << 64) - 1
+
+Ids = Union[int, Iterable[int], np.ndarray]
+
+_METRICS = {"cosine": tarn_pb2.COSINE, "l2": tarn_pb2.L2, "dot": tarn_pb2.DOT}
+_DURABILITY = {None: tarn_pb2.DURABILITY_UNSPECIFIED, "fsync": tarn_pb2.FSYNC, "written": tarn_pb2.WRITTEN}
+
+
+def to_id(value: int) -> tarn_pb2.Id:
+    """A u128 id as the protobuf `Id` (high and low 64-bit halves)."""
+    value = int(value)
+    if not 0 <= value <= U128_MAX:
+        raise ValueError(f"id {value} is outside 0..2**128-1")
+    return tarn_pb2.Id(high=value >> 64, low=value & U64_MASK)
+
+
+def from_id(message: tarn_pb2.Id) -> int:
+    return (message.high << 64) | message.low
+
+
+def _ids(values: Optional[Ids]) -> list:
+    if values is None:
+        return []
+    if isinstance(values, (int, np.integer)):
+        values = [values]
+    return [to_id(v) for v in values]
+
+
+def _matrix(vectors, dimension: Optional[int] = None) -> np.ndarray:
+    array = np.asarray(vectors, dtype=np.float32)
+    if array.ndim == 1:
+        array = array.reshape(1, -1)
+    if array.ndim != 2:
+        raise ValueError(f"vectors must be one vector or a 2-d array, got shape {array.shape}")
+    if dimension is not None and array.shape[1] != dimension:
+        raise ValueError(f"vectors have {array.shape[1]} values, the collection {dimension}")
+    return np.ascontiguousarray(array)
+
+
+@dataclass(frozen=True)
+class Hit:
+    doc_id: int
+    user_id: int
+    score: float
+
+
+@dataclass(frozen=True)
+class Document:
+    doc_id: int
+    user_id: int
+    vector: np.ndarray
+
+
+@dataclass(frozen=True)
+class CollectionInfo:
+    name: str
+    dimension: int
+    metric: str
+    n_documents: int
+    last_seq_no: int
+    applied_seq_no: int
+    durable_seq_no: int
+    checkpoint_seq_no: int
+    n_tenants: int
+
+    @staticmethod
+    def from_pb(info: tarn_pb2.CollectionInfo) -> "CollectionInfo":
+        return CollectionInfo(
+            name=info.name,
+            dimension=info.dimension,
+            metric=tarn_pb2.Metric.Name(info.metric).lower(),
+            n_documents=info.n_documents,
+            last_seq_no=info.last_seq_no,
+            applied_seq_no=info.applied_seq_no,
+            durable_seq_no=info.durable_seq_no,
+            checkpoint_seq_no=info.checkpoint_seq_no,
+            n_tenants=info.n_tenants,
+        )
+
+
+class Client:
+    """A connection to one tarn server. Thread-safe (one gRPC channel)."""
+
+    def __init__(
+        self,
+        address: str = "localhost:50051",
+        api_key: Optional[str] = None,
+        timeout: float = 30.0,
+        max_message_bytes: int = 64 << 20,
+    ):
+        options = [
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+        ]
+        self.channel = grpc.insecure_channel(address, options=options)
+        self.stub = tarn_pb2_grpc.TarnStub(self.channel)
+        self.timeout = timeout
+        self._metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, method, request):
+        return method(request, timeout=self.timeout, metadata=self._metadata)
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Blocks until the channel connects (raises grpc.FutureTimeoutError otherwise)."""
+        grpc.channel_ready_future(self.channel).result(timeout=timeout)
+
+    # Collections.
+
+    def create_collection(
+        self,
+        name: str,
+        dimension: int,
+        metric: str = "cosine",
+        m: int = 0,
+        ef_construction: int = 0,
+        ef_search: int = 0,
+        durability: Optional[str] = None,
+    ) -> CollectionInfo:
+        request = tarn_pb2.CreateCollectionRequest(
+            name=name,
+            dimension=dimension,
+            metric=_METRICS[metric.lower()],
+            hnsw=tarn_pb2.HnswParams(m=m, ef_construction=ef_construction, ef_search=ef_search),
+            default_durability=_DURABILITY[durability],
+        )
+        return CollectionInfo.from_pb(self._call(self.stub.CreateCollection, request).collection)
+
+    def collection(self, name: str) -> CollectionInfo:
+        request = tarn_pb2.GetCollectionRequest(name=name)
+        return CollectionInfo.from_pb(self._call(self.stub.GetCollection, request).collection)
+
+    def list_collections(self) -> list:
+        return list(self._call(self.stub.ListCollections, tarn_pb2.ListCollectionsRequest()).names)
+
+    def drop_collection(self, name: str) -> None:
+        self._call(self.stub.DropCollection, tarn_pb2.DropCollectionRequest(name=name))
+
+    # Writes: answered once durable (fsync, the default) or written (see the README).
+
+    def insert(
+        self,
+        collection: str,
+        doc_ids: Ids,
+        vectors,
+        user_ids: Optional[Ids] = None,
+        durability: Optional[str] = None,
+    ) -> int:
+        """Inserts (or replaces) documents for each of `user_ids` (tenant 0 when None).
+        Returns the operation's sequence number (pass it as `min_seq_no` to read the write)."""
+        ids = _ids(doc_ids)
+        matrix = _matrix(vectors)
+        if len(ids) != matrix.shape[0]:
+            raise ValueError(f"{len(ids)} doc_ids for {matrix.shape[0]} vectors")
+        request = tarn_pb2.InsertRequest(
+            collection=collection,
+            doc_ids=ids,
+            user_ids=_ids(user_ids),
+            vectors=matrix.ravel().tolist(),
+            durability=_DURABILITY[durability],
+        )
+        return self._call(self.stub.Insert, request).seq_no
+
+    def remove(
+        self,
+        collection: str,
+        doc_ids: Ids,
+        user_ids: Optional[Ids] = None,
+        durability: Optional[str] = None,
+    ) -> int:
+        request = tarn_pb2.RemoveRequest(
+            collection=collection,
+            doc_ids=_ids(doc_ids),
+            user_ids=_ids(user_ids),
+            durability=_DURABILITY[durability],
+        )
+        return self._call(self.stub.Remove, request).seq_no
+
+    def flush(self, collection: str) -> int:
+        """Checkpoints everything logged so far; returns the last sequence number included."""
+        return self._call(self.stub.Flush, tarn_pb2.FlushRequest(collection=collection)).flushed_seq_no
+
+    # Reads.
+
+    def search(
+        self,
+        collection: str,
+        vector,
+        top_k: int = 10,
+        user_ids: Optional[Ids] = None,
+        ef: int = 0,
+        exact: bool = False,
+        min_seq_no: int = 0,
+    ) -> list:
+        """The `top_k` nearest documents of the given tenants (tenant 0 when None), best first."""
+        query = _matrix(vector)
+        if query.shape[0] != 1:
+            raise ValueError("search takes one vector")
+        request = tarn_pb2.SearchRequest(
+            collection=collection,
+            user_ids=_ids(user_ids),
+            vector=query[0].tolist(),
+            top_k=top_k,
+            ef=ef,
+            exact=exact,
+            min_seq_no=min_seq_no,
+        )
+        response = self._call(self.stub.Search, request)
+        return [Hit(from_id(h.doc_id), from_id(h.user_id), h.score) for h in response.hits]
+
+    def get(self, collection: str, doc_ids: Ids, user_id: int = 0) -> list:
+        """The stored documents among `doc_ids` for one tenant (missing ids are absent)."""
+        request = tarn_pb2.GetRequest(collection=collection, user_id=to_id(user_id), doc_ids=_ids(doc_ids))
+        response = self._call(self.stub.Get, request)
+        return [
+            Document(from_id(d.doc_id), from_id(d.user_id), np.asarray(d.vector, dtype=np.float32))
+            for d in response.docs
+        ]

@@ -1,0 +1,100 @@
+"""The Python client against a real tarn server."""
+
+import grpc
+import numpy as np
+import pytest
+
+from tarn_client import Client, from_id, to_id
+
+
+def unit_rows(rng, n, dim):
+    v = rng.standard_normal((n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def test_ids_round_trip_the_whole_u128_range():
+    for value in (0, 1, (1 << 64) - 1, 1 << 64, (1 << 128) - 1, 0x0123456789ABCDEF_FEDCBA9876543210):
+        assert from_id(to_id(value)) == value
+    with pytest.raises(ValueError):
+        to_id(1 << 128)
+    with pytest.raises(ValueError):
+        to_id(-1)
+
+
+def test_insert_search_get_remove_with_two_tenants(client):
+    rng = np.random.default_rng(7)
+    name = "py_tenants"
+    info = client.create_collection(name, dimension=16, metric="cosine")
+    assert info.dimension == 16 and info.metric == "cosine"
+    assert name in client.list_collections()
+    a, b = 11, (1 << 100) + 5  # a u128 tenant id beyond 64 bits
+    va, vb = unit_rows(rng, 50, 16), unit_rows(rng, 50, 16)
+    client.insert(name, doc_ids=range(1000, 1050), vectors=va, user_ids=a)
+    seq = client.insert(name, doc_ids=range(2000, 2050), vectors=vb, user_ids=b, durability="written")
+
+    # Each document is found by its own vector, for its own tenant only.
+    for i in (0, 17, 49):
+        hits = client.search(name, va[i], top_k=3, user_ids=a, min_seq_no=seq)
+        assert hits[0].doc_id == 1000 + i and hits[0].user_id == a
+        assert hits[0].score == pytest.approx(1.0, abs=1e-4)
+        assert all(h.user_id == a for h in hits)
+        assert all(h.user_id == b for h in client.search(name, va[i], top_k=5, user_ids=b))
+
+    docs = client.get(name, [1003, 2003, 999999], user_id=a)
+    assert [d.doc_id for d in docs] == [1003]
+    np.testing.assert_allclose(docs[0].vector, va[3], atol=1e-6)
+
+    seq = client.remove(name, [1003], user_ids=a)
+    hits = client.search(name, va[3], top_k=1, user_ids=a, min_seq_no=seq, exact=True)
+    assert hits[0].doc_id != 1003
+    assert client.get(name, [1003], user_id=a) == []
+
+    flushed = client.flush(name)
+    assert flushed >= seq
+    info = client.collection(name)
+    assert info.n_documents == 99 and info.n_tenants == 2
+    client.drop_collection(name)
+    assert name not in client.list_collections()
+
+
+def test_errors_carry_tarn_status_codes(client):
+    client.create_collection("py_errors", dimension=4)
+    with pytest.raises(grpc.RpcError) as err:
+        client.insert("py_errors", doc_ids=[1], vectors=np.ones((1, 5)))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "dimension" in err.value.details() or "vectors" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        client.insert("py_errors", doc_ids=[1], vectors=[[1.0, float("nan"), 0.0, 0.0]])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as err:
+        client.search("no_such_collection", np.ones(4))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as err:
+        client.create_collection("py_errors", dimension=4)
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    with pytest.raises(ValueError):
+        client.insert("py_errors", doc_ids=[1, 2], vectors=np.ones((1, 4)))
+    client.drop_collection("py_errors")
+
+
+def test_reflection_lists_the_tarn_service(address):
+    from google.protobuf.descriptor_pool import DescriptorPool
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    with grpc.insecure_channel(address) as channel:
+        database = ProtoReflectionDescriptorDatabase(channel)
+        services = database.get_services()
+        assert "tarn.v1.Tarn" in services
+        pool = DescriptorPool(database)
+        service = pool.FindServiceByName("tarn.v1.Tarn")
+        assert {"Insert", "Search", "Remove", "Flush"} <= {m.name for m in service.methods}
+
+
+def test_health_reports_serving(address):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
+        assert response.status == health_pb2.HealthCheckResponse.SERVING

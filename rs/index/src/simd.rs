@@ -1,0 +1,384 @@
+//! Distance kernels chosen at run time for the CPU at hand (AVX-512F, AVX2+FMA, or portable
+//! code the compiler vectorises for the x86-64 baseline), and a cache prefetch hint.
+//!
+//! This is the one module of tarn that uses `unsafe`: `std::arch` intrinsics and `madvise`
+//! need it. Each `unsafe` block says why it is sound; the kernels are checked against a naive
+//! sum at every length from 0 to 200 on every CPU the tests run on. Why hand-written and not a
+//! crate: simsimd, the well-kept crate for this, is a C library (a C build step, an FFI call per
+//! distance, `f64` results) and prefetching has no stable safe API at all; these kernels are
+//! about 150 lines. `benches/search_kernels.rs` measures each set against the portable one.
+#![allow(unsafe_code)]
+
+use std::sync::LazyLock;
+
+/// A distance kernel over two slices of equal length.
+pub type Kernel = fn(&[f32], &[f32]) -> f32;
+
+/// One set of distance kernels.
+#[derive(Debug, Clone, Copy)]
+pub struct Kernels {
+    pub name: &'static str,
+    pub dot: Kernel,
+    pub l2_squared: Kernel,
+}
+
+static KERNELS: LazyLock<Kernels> = LazyLock::new(detect);
+
+/// The kernels in use: the fastest this CPU supports, detected once, unless the environment
+/// variable `TARN_SIMD` names another supported set (`portable`, `avx2+fma`, `avx512f`; for
+/// benchmarks and for ruling the kernels out when debugging).
+#[inline]
+pub fn kernels() -> &'static Kernels {
+    &KERNELS
+}
+
+fn detect() -> Kernels {
+    if let Ok(wanted) = std::env::var("TARN_SIMD") {
+        if let Some(table) = supported().into_iter().find(|t| t.name == wanted) {
+            return table;
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return x86::AVX512;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return x86::AVX2;
+        }
+    }
+    PORTABLE
+}
+
+/// Kernels for any CPU: eight independent accumulators, which the compiler vectorises for the
+/// baseline instruction set.
+pub(crate) const PORTABLE: Kernels = Kernels {
+    name: "portable",
+    dot: portable_dot,
+    l2_squared: portable_l2_squared,
+};
+
+fn portable_dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; 8];
+    let mut chunks_a = a.chunks_exact(8);
+    let mut chunks_b = b.chunks_exact(8);
+    for (x, y) in (&mut chunks_a).zip(&mut chunks_b) {
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    let tail: f32 = chunks_a
+        .remainder()
+        .iter()
+        .zip(chunks_b.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+fn portable_l2_squared(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; 8];
+    let mut chunks_a = a.chunks_exact(8);
+    let mut chunks_b = b.chunks_exact(8);
+    for (x, y) in (&mut chunks_a).zip(&mut chunks_b) {
+        for j in 0..8 {
+            let d = x[j] - y[j];
+            acc[j] += d * d;
+        }
+    }
+    let tail: f32 = chunks_a
+        .remainder()
+        .iter()
+        .zip(chunks_b.remainder())
+        .map(|(x, y)| (x - y) * (x - y))
+        .sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Hints the CPU to start loading the cache lines of `data[..lines * 16]` (16 `f32` per
+/// 64-byte line). Never faults, whatever the address; a no-op off x86-64.
+#[inline(always)]
+pub(crate) fn prefetch(data: &[f32], lines: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let lines = lines.min(data.len().div_ceil(16));
+        for line in 0..lines {
+            // SAFETY: SSE is part of the x86-64 baseline, so the intrinsic's target feature is
+            // always present; a prefetch is a hint that never faults and reads nothing into the
+            // program, and the pointer stays within `data`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().add(line * 16).cast::<i8>()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (data, lines);
+    }
+}
+
+/// An empty vector with room for `capacity` values whose memory the kernel is asked to back
+/// with transparent huge pages (2 MiB) where it allows them (`madvise`): a graph search touches
+/// vectors all over a large array, and with 4 KiB pages nearly every touch misses the TLB.
+pub(crate) fn huge_page_vec(capacity: usize) -> Vec<f32> {
+    let vec: Vec<f32> = Vec::with_capacity(capacity);
+    let bytes = capacity * 4;
+    const HUGE: usize = 2 << 20;
+    if bytes >= 2 * HUGE {
+        let start = vec.as_ptr() as usize;
+        let page = 4096;
+        let aligned = start.div_ceil(page) * page;
+        let len = (start + bytes - aligned) / page * page;
+        // SAFETY: the range lies inside this vector's own allocation, which nothing else uses;
+        // MADV_HUGEPAGE only changes how the kernel backs the pages, never their contents.
+        let _ = unsafe {
+            rustix::mm::madvise(aligned as *mut _, len, rustix::mm::Advice::LinuxHugepage)
+        };
+    }
+    vec
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::Kernels;
+
+    // The safe wrappers below are reachable only through these tables, and `detect` hands a
+    // table out only after `is_x86_feature_detected!` confirmed every feature it needs.
+    pub(super) const AVX2: Kernels = Kernels {
+        name: "avx2+fma",
+        dot: dot_avx2,
+        l2_squared: l2_avx2,
+    };
+    pub(super) const AVX512: Kernels = Kernels {
+        name: "avx512f",
+        dot: dot_avx512,
+        l2_squared: l2_avx512,
+    };
+
+    fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: only reachable through AVX2, handed out after AVX2 and FMA were detected.
+        unsafe { dot_avx2_impl(a, b) }
+    }
+
+    fn l2_avx2(a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: as for `dot_avx2`.
+        unsafe { l2_avx2_impl(a, b) }
+    }
+
+    fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: only reachable through AVX512, handed out after AVX-512F was detected.
+        unsafe { dot_avx512_impl(a, b) }
+    }
+
+    fn l2_avx512(a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: as for `dot_avx512`.
+        unsafe { l2_avx512_impl(a, b) }
+    }
+
+    /// Horizontal sum of eight lanes.
+    #[target_feature(enable = "avx2")]
+    fn sum256(v: __m256) -> f32 {
+        let low = _mm256_castps256_ps128(v);
+        let high = _mm256_extractf128_ps::<1>(v);
+        let s = _mm_add_ps(low, high);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+        _mm_cvtss_f32(s)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_avx2_impl(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY (all loads): every offset read is below `n`, the length of both slices.
+        while i + 32 <= n {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let x = unsafe { _mm256_loadu_ps(pa.add(i + 8 * j)) };
+                let y = unsafe { _mm256_loadu_ps(pb.add(i + 8 * j)) };
+                *acc = _mm256_fmadd_ps(x, y, *acc);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            let x = unsafe { _mm256_loadu_ps(pa.add(i)) };
+            let y = unsafe { _mm256_loadu_ps(pb.add(i)) };
+            acc[0] = _mm256_fmadd_ps(x, y, acc[0]);
+            i += 8;
+        }
+        let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut total = sum256(sum);
+        for j in i..n {
+            total += a[j] * b[j];
+        }
+        total
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn l2_avx2_impl(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY (all loads): every offset read is below `n`, the length of both slices.
+        while i + 32 <= n {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let x = unsafe { _mm256_loadu_ps(pa.add(i + 8 * j)) };
+                let y = unsafe { _mm256_loadu_ps(pb.add(i + 8 * j)) };
+                let d = _mm256_sub_ps(x, y);
+                *acc = _mm256_fmadd_ps(d, d, *acc);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            let x = unsafe { _mm256_loadu_ps(pa.add(i)) };
+            let y = unsafe { _mm256_loadu_ps(pb.add(i)) };
+            let d = _mm256_sub_ps(x, y);
+            acc[0] = _mm256_fmadd_ps(d, d, acc[0]);
+            i += 8;
+        }
+        let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut total = sum256(sum);
+        for j in i..n {
+            let d = a[j] - b[j];
+            total += d * d;
+        }
+        total
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn dot_avx512_impl(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY (all loads): every offset read is below `n`, the length of both slices.
+        while i + 64 <= n {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let x = unsafe { _mm512_loadu_ps(pa.add(i + 16 * j)) };
+                let y = unsafe { _mm512_loadu_ps(pb.add(i + 16 * j)) };
+                *acc = _mm512_fmadd_ps(x, y, *acc);
+            }
+            i += 64;
+        }
+        while i + 16 <= n {
+            let x = unsafe { _mm512_loadu_ps(pa.add(i)) };
+            let y = unsafe { _mm512_loadu_ps(pb.add(i)) };
+            acc[0] = _mm512_fmadd_ps(x, y, acc[0]);
+            i += 16;
+        }
+        let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        let mut total = _mm512_reduce_add_ps(sum);
+        for j in i..n {
+            total += a[j] * b[j];
+        }
+        total
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn l2_avx512_impl(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY (all loads): every offset read is below `n`, the length of both slices.
+        while i + 64 <= n {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let x = unsafe { _mm512_loadu_ps(pa.add(i + 16 * j)) };
+                let y = unsafe { _mm512_loadu_ps(pb.add(i + 16 * j)) };
+                let d = _mm512_sub_ps(x, y);
+                *acc = _mm512_fmadd_ps(d, d, *acc);
+            }
+            i += 64;
+        }
+        while i + 16 <= n {
+            let x = unsafe { _mm512_loadu_ps(pa.add(i)) };
+            let y = unsafe { _mm512_loadu_ps(pb.add(i)) };
+            let d = _mm512_sub_ps(x, y);
+            acc[0] = _mm512_fmadd_ps(d, d, acc[0]);
+            i += 16;
+        }
+        let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        let mut total = _mm512_reduce_add_ps(sum);
+        for j in i..n {
+            let d = a[j] - b[j];
+            total += d * d;
+        }
+        total
+    }
+
+    /// Every table this CPU can run, for tests and benchmarks.
+    pub(super) fn supported() -> Vec<Kernels> {
+        let mut tables = Vec::new();
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            tables.push(AVX2);
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            tables.push(AVX512);
+        }
+        tables
+    }
+}
+
+/// Every kernel set this CPU can run, portable first.
+pub fn supported() -> Vec<Kernels> {
+    #[allow(unused_mut)]
+    let mut tables = vec![PORTABLE];
+    #[cfg(target_arch = "x86_64")]
+    tables.extend(x86::supported());
+    tables
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(a: &[f32], b: &[f32]) -> (f64, f64) {
+        let dot = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        let l2 = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+            .sum();
+        (dot, l2)
+    }
+
+    #[test]
+    fn every_kernel_matches_a_naive_sum_at_every_length() {
+        let tables = supported();
+        assert_eq!(tables[0].name, "portable");
+        for n in 0..200 {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos() * 2.0).collect();
+            let (dot, l2) = naive(&a, &b);
+            for table in &tables {
+                let got_dot = (table.dot)(&a, &b) as f64;
+                let got_l2 = (table.l2_squared)(&a, &b) as f64;
+                assert!((got_dot - dot).abs() < 1e-3, "{} dot n={n}", table.name);
+                assert!((got_l2 - l2).abs() < 1e-3, "{} l2 n={n}", table.name);
+            }
+        }
+        // Offsets that are not multiples of any vector width.
+        let a: Vec<f32> = (0..500).map(|i| i as f32 / 500.0).collect();
+        for table in &tables {
+            let (dot, l2) = naive(&a[3..390], &a[7..394]);
+            assert!(((table.dot)(&a[3..390], &a[7..394]) as f64 - dot).abs() < 1e-2);
+            assert!(((table.l2_squared)(&a[3..390], &a[7..394]) as f64 - l2).abs() < 1e-3);
+        }
+    }
+
+    #[test]
+    fn prefetch_accepts_any_slice() {
+        prefetch(&[], 4);
+        prefetch(&[1.0; 3], 4);
+        prefetch(&[1.0; 1000], 100);
+    }
+}
