@@ -4,6 +4,7 @@
 use std::fs::{File, TryLockError};
 use std::io::Write as _;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use tarn_proto::v1::tarn_server::TarnServer;
@@ -147,6 +148,11 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let _ = std::io::stdout().flush();
     tracing::info!(%grpc_addr, data_dir = %config.data_dir.display(), "serving");
 
+    let health_task = tokio::spawn(watch_health(
+        health_reporter.clone(),
+        Arc::clone(&registry),
+        stop_tx.subscribe(),
+    ));
     let health = health_reporter.clone();
     let shutdown = async move {
         signals.recv().await;
@@ -168,10 +174,73 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     if let Some(task) = metrics_task {
         let _ = task.await;
     }
+    let _ = health_task.await;
     // In-flight requests are done: let ingestion finish and sync every WAL.
     let closing = Arc::clone(&registry);
     tokio::task::spawn_blocking(move || closing.close_all()).await?;
     tracing::info!("stopped");
     println!("tarn: stopped");
     Ok(())
+}
+
+/// Health follows the collections' logs: once a collection's WAL is poisoned (a failed write or
+/// fdatasync; only a restart clears it), `tarn.v1.Tarn/<collection>` and the server as a whole
+/// (`""` and `tarn.v1.Tarn`) report NOT_SERVING, so that `tarn healthcheck` fails and an
+/// orchestrator restarts the server, which recovers every acknowledged write. Checked every
+/// 500 ms.
+async fn watch_health(
+    mut reporter: tonic_health::server::HealthReporter,
+    registry: Arc<Registry>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use tonic_health::ServingStatus;
+    let mut known: std::collections::HashMap<String, bool> = std::collections::HashMap::new();
+    let mut all_ok = true;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let mut ok_now = true;
+        let mut seen = std::collections::HashSet::new();
+        for (name, collection) in registry.all() {
+            let ok = collection.write_error().is_none();
+            ok_now &= ok;
+            if known.get(&name) != Some(&ok) {
+                let status = if ok {
+                    ServingStatus::Serving
+                } else {
+                    tracing::error!(collection = %name, error = ?collection.write_error(), "WAL poisoned: reporting NOT_SERVING until restart");
+                    ServingStatus::NotServing
+                };
+                reporter
+                    .set_service_status(format!("tarn.v1.Tarn/{name}"), status)
+                    .await;
+                known.insert(name.clone(), ok);
+            }
+            seen.insert(name);
+        }
+        for gone in known
+            .keys()
+            .filter(|n| !seen.contains(*n))
+            .cloned()
+            .collect::<Vec<_>>()
+        {
+            reporter
+                .clear_service_status(&format!("tarn.v1.Tarn/{gone}"))
+                .await;
+            known.remove(&gone);
+        }
+        if ok_now != all_ok {
+            all_ok = ok_now;
+            let status = if ok_now {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            reporter.set_service_status("", status).await;
+            reporter.set_service_status("tarn.v1.Tarn", status).await;
+        }
+    }
 }

@@ -3,9 +3,8 @@
 //! intact, the directory lock, and graceful shutdown under in-flight writes.
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use tarn_proto::v1 as pb;
@@ -13,132 +12,8 @@ use tarn_proto::v1::tarn_client::TarnClient;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 
-struct Server {
-    child: Child,
-    addr: String,
-    metrics_addr: String,
-}
-
-impl Server {
-    fn start(dir: &Path, extra: &[&str]) -> Server {
-        Server::start_with_env(dir, extra, &[])
-    }
-
-    fn start_with_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-                "--data-dir",
-            ])
-            .arg(dir)
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let (mut addr, mut metrics_addr) = (String::new(), String::new());
-        while addr.is_empty() {
-            let line = lines
-                .next()
-                .expect("server exited before listening")
-                .unwrap();
-            if let Some(a) = line.strip_prefix("tarn: gRPC listening on ") {
-                addr = format!("http://{}", a.split_whitespace().next().unwrap());
-            } else if let Some(a) = line.strip_prefix("tarn: metrics listening on ") {
-                metrics_addr = a.to_owned();
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        Server {
-            child,
-            addr,
-            metrics_addr,
-        }
-    }
-
-    async fn client(&self) -> TarnClient<Channel> {
-        TarnClient::connect(self.addr.clone()).await.unwrap()
-    }
-
-    /// SIGTERM, then the exit status.
-    fn terminate(mut self) -> std::process::ExitStatus {
-        sigterm(self.child.id());
-        let status = self.child.wait().unwrap();
-        std::mem::forget(self);
-        status
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Sends SIGTERM (no outside `kill` program needed).
-fn sigterm(pid: u32) {
-    let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-}
-
-fn id(v: u128) -> pb::Id {
-    pb::Id {
-        high: (v >> 64) as u64,
-        low: v as u64,
-    }
-}
-
-fn create(name: &str, dimension: u32, metric: pb::Metric) -> pb::CreateCollectionRequest {
-    pb::CreateCollectionRequest {
-        name: name.into(),
-        dimension,
-        metric: metric as i32,
-        hnsw: None,
-        default_durability: 0,
-    }
-}
-
-fn insert(collection: &str, docs: &[u128], users: &[u128], vectors: Vec<f32>) -> pb::InsertRequest {
-    pb::InsertRequest {
-        collection: collection.into(),
-        doc_ids: docs.iter().map(|d| id(*d)).collect(),
-        user_ids: users.iter().map(|u| id(*u)).collect(),
-        vectors,
-        durability: 0,
-    }
-}
-
-fn search(collection: &str, users: &[u128], vector: Vec<f32>, top_k: u32) -> pb::SearchRequest {
-    pb::SearchRequest {
-        collection: collection.into(),
-        user_ids: users.iter().map(|u| id(*u)).collect(),
-        vector,
-        top_k,
-        ef: 0,
-        exact: false,
-        min_seq_no: 0,
-    }
-}
-
-fn code<T: std::fmt::Debug>(result: Result<T, tonic::Status>) -> Code {
-    result.map(|_| ()).unwrap_err().code()
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+mod common;
+use common::*;
 
 #[test]
 fn every_rpc_and_every_error_code() {
@@ -746,7 +621,42 @@ fn a_failing_fdatasync_makes_writes_unavailable_until_restart() {
             .into_inner()
             .hits;
         assert_eq!(hits[0].doc_id, Some(id(1)), "searches keep working");
+        // Health turns NOT_SERVING (within the watcher's 500 ms period), for the server and for
+        // the collection, and `tarn healthcheck` fails.
+        let channel = tonic::transport::Endpoint::new(server.addr.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+        for service in ["", "tarn.v1.Tarn", "tarn.v1.Tarn/f"] {
+            let mut status = 0;
+            for _ in 0..50 {
+                status = health
+                    .check(tonic_health::pb::HealthCheckRequest {
+                        service: service.into(),
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .status;
+                if status == not_serving {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(status, not_serving, "health of {service:?}");
+        }
     });
+    let healthcheck = Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .args(["healthcheck", "--addr", &server.addr])
+        .output()
+        .unwrap();
+    assert!(
+        !healthcheck.status.success(),
+        "healthcheck passed on a poisoned WAL"
+    );
     let body = http_get(&server.metrics_addr, "/metrics");
     assert!(
         body.contains("tarn_wal_poisoned{collection=\"f\"} 1"),
@@ -772,6 +682,14 @@ fn a_failing_fdatasync_makes_writes_unavailable_until_restart() {
             .await
             .unwrap();
     });
+    let healthcheck = Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .args(["healthcheck", "--addr", &server.addr])
+        .output()
+        .unwrap();
+    assert!(
+        healthcheck.status.success(),
+        "healthy again after the restart"
+    );
 }
 
 fn write_vecs(path: &Path, rows: &[Vec<u32>]) {

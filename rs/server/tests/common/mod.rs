@@ -1,0 +1,151 @@
+//! Shared by the integration tests: the real `tarn` binary on ephemeral ports, and request
+//! builders.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use tarn_proto::v1 as pb;
+use tarn_proto::v1::tarn_client::TarnClient;
+use tonic::transport::Channel;
+use tonic::Code;
+
+pub struct Server {
+    pub child: Child,
+    pub addr: String,
+    pub metrics_addr: String,
+}
+
+impl Server {
+    pub fn start(dir: &Path, extra: &[&str]) -> Server {
+        Server::start_with_env(dir, extra, &[])
+    }
+
+    pub fn start_with_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--data-dir",
+            ])
+            .arg(dir)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let (mut addr, mut metrics_addr) = (String::new(), String::new());
+        while addr.is_empty() {
+            let line = lines
+                .next()
+                .expect("server exited before listening")
+                .unwrap();
+            if let Some(a) = line.strip_prefix("tarn: gRPC listening on ") {
+                addr = format!("http://{}", a.split_whitespace().next().unwrap());
+            } else if let Some(a) = line.strip_prefix("tarn: metrics listening on ") {
+                metrics_addr = a.to_owned();
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        Server {
+            child,
+            addr,
+            metrics_addr,
+        }
+    }
+
+    pub async fn client(&self) -> TarnClient<Channel> {
+        TarnClient::connect(self.addr.clone()).await.unwrap()
+    }
+
+    /// SIGKILL: the process dies at once, whatever it was doing.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        std::mem::forget(self);
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        sigterm(self.child.id());
+        let status = self.child.wait().unwrap();
+        std::mem::forget(self);
+        status
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends SIGTERM (no outside `kill` program needed).
+pub fn sigterm(pid: u32) {
+    let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+}
+
+pub fn id(v: u128) -> pb::Id {
+    pb::Id {
+        high: (v >> 64) as u64,
+        low: v as u64,
+    }
+}
+
+pub fn create(name: &str, dimension: u32, metric: pb::Metric) -> pb::CreateCollectionRequest {
+    pb::CreateCollectionRequest {
+        name: name.into(),
+        dimension,
+        metric: metric as i32,
+        hnsw: None,
+        default_durability: 0,
+    }
+}
+
+pub fn insert(
+    collection: &str,
+    docs: &[u128],
+    users: &[u128],
+    vectors: Vec<f32>,
+) -> pb::InsertRequest {
+    pb::InsertRequest {
+        collection: collection.into(),
+        doc_ids: docs.iter().map(|d| id(*d)).collect(),
+        user_ids: users.iter().map(|u| id(*u)).collect(),
+        vectors,
+        durability: 0,
+    }
+}
+
+pub fn search(collection: &str, users: &[u128], vector: Vec<f32>, top_k: u32) -> pb::SearchRequest {
+    pb::SearchRequest {
+        collection: collection.into(),
+        user_ids: users.iter().map(|u| id(*u)).collect(),
+        vector,
+        top_k,
+        ef: 0,
+        exact: false,
+        min_seq_no: 0,
+    }
+}
+
+pub fn code<T: std::fmt::Debug>(result: Result<T, tonic::Status>) -> Code {
+    result.map(|_| ()).unwrap_err().code()
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
