@@ -15,6 +15,8 @@ pub struct Server {
     pub child: Child,
     pub addr: String,
     pub metrics_addr: String,
+    /// The server's stderr (its logs at RUST_LOG=warn), deleted with the server.
+    pub log: tempfile::NamedTempFile,
 }
 
 impl Server {
@@ -23,6 +25,13 @@ impl Server {
     }
 
     pub fn start_with_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::try_start(dir, extra, env)
+            .unwrap_or_else(|log| panic!("server did not start: {log}"))
+    }
+
+    /// Starts the server; if it exits before announcing both addresses, returns its stderr.
+    pub fn try_start(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Result<Server, String> {
+        let log = tempfile::NamedTempFile::new().unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
             .args([
                 "serve",
@@ -37,16 +46,16 @@ impl Server {
             .env("RUST_LOG", "warn")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(log.reopen().unwrap()))
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let (mut addr, mut metrics_addr) = (String::new(), String::new());
-        while addr.is_empty() {
-            let line = lines
-                .next()
-                .expect("server exited before listening")
-                .unwrap();
+        while addr.is_empty() || metrics_addr.is_empty() {
+            let Some(Ok(line)) = lines.next() else {
+                let _ = child.wait();
+                return Err(std::fs::read_to_string(log.path()).unwrap_or_default());
+            };
             if let Some(a) = line.strip_prefix("tarn: gRPC listening on ") {
                 addr = format!("http://{}", a.split_whitespace().next().unwrap());
             } else if let Some(a) = line.strip_prefix("tarn: metrics listening on ") {
@@ -54,11 +63,17 @@ impl Server {
             }
         }
         std::thread::spawn(move || for _ in lines {});
-        Server {
+        Ok(Server {
             child,
             addr,
             metrics_addr,
-        }
+            log,
+        })
+    }
+
+    /// What the server has logged so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
     }
 
     pub async fn client(&self) -> TarnClient<Channel> {
@@ -69,15 +84,12 @@ impl Server {
     pub fn kill(mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
-        std::mem::forget(self);
     }
 
     /// SIGTERM, then the exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         sigterm(self.child.id());
-        let status = self.child.wait().unwrap();
-        std::mem::forget(self);
-        status
+        self.child.wait().unwrap()
     }
 }
 
