@@ -32,3 +32,6 @@ while (( done_iter < iterations )); do
 done
 echo
 echo "crash-soak: $iterations iterations, $total_ops acknowledged operations checked, $total_keys (tenant, doc) pairs checked, 0 lost"
+
+# A short fuzzing run of the decoders (WAL recovery, manifests, WAL payloads) belongs to the soak.
+scripts/fuzz.sh "${TARN_FUZZ_SECONDS:-30}"

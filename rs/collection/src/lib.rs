@@ -17,3 +17,24 @@ pub use config::{
 };
 pub use error::{CollectionError, Result};
 pub use tarn_wal::Durability;
+
+/// Entry points for the fuzz targets in `fuzz/` (not part of the API): each decodes untrusted
+/// bytes the way recovery does and reports whether they were accepted. They must never panic.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// A checkpoint manifest file's bytes (JSON with a CRC32).
+    pub fn decode_manifest(bytes: &[u8]) -> bool {
+        crate::manifest::decode_checked::<crate::manifest::Manifest>(bytes).is_ok()
+    }
+
+    /// A `collection.json` file's bytes (JSON with a CRC32), validated as at open.
+    pub fn decode_config(bytes: &[u8]) -> bool {
+        crate::manifest::decode_checked::<crate::config::CollectionConfig>(bytes)
+            .is_ok_and(|c| c.validate().is_ok())
+    }
+
+    /// A WAL entry's payload, decoded into an operation for a collection of `dimension`.
+    pub fn decode_operation(bytes: &[u8], dimension: usize) -> bool {
+        crate::op::decode(bytes, dimension).is_ok()
+    }
+}
