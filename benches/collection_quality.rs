@@ -13,31 +13,17 @@ use std::time::{Duration, Instant};
 
 use tarn_collection::{Collection, CollectionConfig, MetricName};
 use tarn_index::{Hit, IndexConfig, Metric, MutableSegment, SealedSegment};
-use tarn_testkit::{minilm_dir, read_fvecs, read_ivecs};
+use tarn_testkit::{load_minilm, minilm_dir, Minilm};
 
 const DIM: usize = 384;
 
-struct Data {
-    base: Vec<f32>,
-    queries: Vec<f32>,
-    truth: Vec<i32>,
-    truth_width: usize,
+fn load(dir: &Path) -> Minilm {
+    let data = load_minilm(dir).unwrap();
+    assert_eq!(data.dim, DIM);
+    data
 }
 
-fn load(dir: &Path) -> Data {
-    let (dim, base) = read_fvecs(&dir.join("base.fvecs")).unwrap();
-    assert_eq!(dim, DIM);
-    let (_, queries) = read_fvecs(&dir.join("query.fvecs")).unwrap();
-    let (truth_width, truth) = read_ivecs(&dir.join("groundtruth.ivecs")).unwrap();
-    Data {
-        base,
-        queries,
-        truth,
-        truth_width,
-    }
-}
-
-fn recall_and_qps(data: &Data, search: impl Fn(&[f32]) -> Vec<Hit>) -> (f64, f64) {
+fn recall_and_qps(data: &Minilm, search: impl Fn(&[f32]) -> Vec<Hit>) -> (f64, f64) {
     let n_queries = data.queries.len() / DIM;
     let start = Instant::now();
     let results: Vec<Vec<Hit>> = data.queries.chunks_exact(DIM).map(&search).collect();
@@ -74,7 +60,7 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-fn segments(data: &Data) {
+fn segments(data: &Minilm) {
     let config = IndexConfig::new(DIM, Metric::Cosine);
     let rss_before = rss_bytes();
     let mutable = MutableSegment::new(config);
@@ -163,7 +149,7 @@ fn segments(data: &Data) {
     println!("| exact | | | {exact_recall:.3} | {exact_qps:.0} | |\n");
 }
 
-fn insert_to_searchable(data: &Data) {
+fn insert_to_searchable(data: &Minilm) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let c = Collection::create(
         &dir.path().join("c"),
@@ -227,7 +213,7 @@ fn insert_to_searchable(data: &Data) {
     );
 }
 
-fn reopen(data: &Data) {
+fn reopen(data: &Minilm) {
     println!("### Time to reopen a collection\n");
     println!("| WAL entries since the checkpoint | sealed vectors | open (replay) |");
     println!("|---|---|---|");

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use tarn_index::{Hit, IndexConfig, Metric, MutableSegment, SealedSegment};
-use tarn_testkit::{minilm_dir, read_fvecs, read_ivecs};
+use tarn_testkit::{load_minilm, minilm_dir};
 
 const DIM: usize = 384;
 const K: usize = 10;
@@ -29,10 +29,10 @@ struct Data {
 }
 
 fn load(dir: &Path) -> Data {
-    let (dim, base) = read_fvecs(&dir.join("base.fvecs")).unwrap();
-    assert_eq!(dim, DIM);
-    let (_, queries) = read_fvecs(&dir.join("query.fvecs")).unwrap();
-    let queries = queries
+    let minilm = load_minilm(dir).unwrap();
+    assert_eq!(minilm.dim, DIM);
+    let queries = minilm
+        .queries
         .chunks_exact(DIM)
         .map(|q| {
             let mut v = q.to_vec();
@@ -40,12 +40,11 @@ fn load(dir: &Path) -> Data {
             v
         })
         .collect();
-    let (truth_width, truth) = read_ivecs(&dir.join("groundtruth.ivecs")).unwrap();
     Data {
-        base,
+        base: minilm.base,
         queries,
-        truth,
-        truth_width,
+        truth: minilm.truth,
+        truth_width: minilm.truth_width,
     }
 }
 

@@ -296,15 +296,7 @@ async fn verify(addr: &str, logs: &mut [ClientLog], seed: u64) -> Checked {
         log.in_doubt = None;
         log.n_acked = 0;
     }
-    let info = client
-        .get_collection(pb::GetCollectionRequest {
-            name: COLLECTION.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .collection
-        .unwrap();
+    let info = collection_info(&mut client, COLLECTION).await;
     assert_eq!(
         info.n_documents, expected_total,
         "seed {seed}: document count in stats"

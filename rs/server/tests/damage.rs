@@ -288,15 +288,7 @@ fn a_damaged_newest_checkpoint_falls_back_and_nothing_valid_left_refuses_to_star
     server.kill();
 
     // Damage every sealed segment: no checkpoint is valid any more.
-    for entry in std::fs::read_dir(&collection_dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "tseg") {
-            let mut bytes = std::fs::read(&path).unwrap();
-            let mid = bytes.len() / 2;
-            bytes[mid] ^= 1;
-            std::fs::write(&path, &bytes).unwrap();
-        }
-    }
+    damage_files(&collection_dir, "tseg");
     match Server::try_start(dir.path(), &[], &[]) {
         Ok(_) => panic!("the server started without a valid checkpoint"),
         Err(log) => assert!(

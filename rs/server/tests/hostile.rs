@@ -325,15 +325,7 @@ async fn fixture_state(
         .unwrap()
         .into_inner()
         .docs;
-    let info = client
-        .get_collection(pb::GetCollectionRequest {
-            name: FIXTURE.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .collection
-        .unwrap();
+    let info = collection_info(client, FIXTURE).await;
     (docs, info.n_documents)
 }
 
@@ -452,15 +444,7 @@ fn hostile_requests_get_their_status_codes_and_change_nothing() {
         c.create_collection(create("dropme", DIM as u32, pb::Metric::L2))
             .await
             .unwrap();
-        let info = c
-            .get_collection(pb::GetCollectionRequest {
-                name: "dropme".into(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .collection
-            .unwrap();
+        let info = collection_info(&mut c, "dropme").await;
         assert_eq!(info.n_documents, 0, "a re-created collection starts empty");
     });
     assert!(

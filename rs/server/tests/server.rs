@@ -194,15 +194,7 @@ fn every_rpc_and_every_error_code() {
             .into_inner()
             .flushed_seq_no;
         assert!(flushed >= seq);
-        let info = c
-            .get_collection(pb::GetCollectionRequest {
-                name: "docs".into(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .collection
-            .unwrap();
+        let info = collection_info(&mut c, "docs").await;
         assert_eq!(
             (
                 info.n_documents,
@@ -457,13 +449,7 @@ fn graceful_shutdown_under_in_flight_writes_then_restart_with_everything_acknowl
     let server = Server::start(dir.path(), &[]);
     rt.block_on(async {
         let mut c = server.client().await;
-        let info = c
-            .get_collection(pb::GetCollectionRequest { name: "w".into() })
-            .await
-            .unwrap()
-            .into_inner()
-            .collection
-            .unwrap();
+        let info = collection_info(&mut c, "w").await;
         assert!(
             info.n_documents >= acknowledged.len() as u64,
             "{} < {}",

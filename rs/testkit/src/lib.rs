@@ -107,3 +107,29 @@ pub fn minilm_dir() -> Option<PathBuf> {
     };
     dir.join("base.fvecs").exists().then_some(dir)
 }
+
+/// The minilm-debian evaluation set, as the benchmarks use it.
+#[derive(Debug)]
+pub struct Minilm {
+    pub dim: usize,
+    /// Row after row.
+    pub base: Vec<f32>,
+    pub queries: Vec<f32>,
+    /// `truth_width` exact nearest base rows per query, best first.
+    pub truth: Vec<i32>,
+    pub truth_width: usize,
+}
+
+/// Reads base vectors, queries and ground truth from a minilm-debian directory.
+pub fn load_minilm(dir: &Path) -> io::Result<Minilm> {
+    let (dim, base) = read_fvecs(&dir.join("base.fvecs"))?;
+    let (_, queries) = read_fvecs(&dir.join("query.fvecs"))?;
+    let (truth_width, truth) = read_ivecs(&dir.join("groundtruth.ivecs"))?;
+    Ok(Minilm {
+        dim,
+        base,
+        queries,
+        truth,
+        truth_width,
+    })
+}

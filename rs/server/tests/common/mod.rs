@@ -161,3 +161,27 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .unwrap()
 }
+
+/// The `CollectionInfo` of `name` (panics if the call fails).
+pub async fn collection_info(client: &mut TarnClient<Channel>, name: &str) -> pb::CollectionInfo {
+    client
+        .get_collection(pb::GetCollectionRequest { name: name.into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .collection
+        .unwrap()
+}
+
+/// Flips one bit in the middle of every file in `dir` whose extension is `ext`.
+pub fn damage_files(dir: &Path, ext: &str) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == ext) {
+            let mut bytes = std::fs::read(&path).unwrap();
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 1;
+            std::fs::write(&path, &bytes).unwrap();
+        }
+    }
+}
