@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -17,7 +17,8 @@ use tarn_wal::{Durability, Wal, WalConfig};
 use crate::config::{CollectionConfig, MAX_TOP_K};
 use crate::error::{CollectionError, Result};
 use crate::ingest::{
-    run_indexer, CheckpointState, IndexerSignal, IngestFeeder, IngestSignal, IngestWorker,
+    run_indexer, CheckpointState, Checkpointer, IndexerSignal, IngestFeeder, IngestSignal,
+    IngestWorker,
 };
 use crate::manifest::{self, Manifest, CONFIG_FILE};
 use crate::op;
@@ -39,6 +40,8 @@ pub(crate) struct Shared {
     pub(crate) counts: Mutex<HashMap<u128, u64>>,
     pub(crate) n_ingest_errors: AtomicU64,
     pub(crate) indexer: IndexerSignal,
+    /// Set when the collection shuts down: pending checkpoint work is abandoned.
+    pub(crate) stopping: AtomicBool,
 }
 
 impl Shared {
@@ -164,6 +167,7 @@ impl Collection {
         let checkpoint_seq = state.current.checkpoint_seq;
         let set = SegmentSet {
             mutable: Arc::new(MutableSegment::new(index_config)),
+            frozen: Vec::new(),
             sealed,
         };
 
@@ -207,6 +211,7 @@ impl Collection {
             counts: Mutex::new(counts),
             n_ingest_errors: AtomicU64::new(0),
             indexer: IndexerSignal::default(),
+            stopping: AtomicBool::new(false),
         });
         let indexer_shared = Arc::clone(&shared);
         let indexer = std::thread::Builder::new()
@@ -215,14 +220,29 @@ impl Collection {
             .map_err(|e| CollectionError::io("spawn indexing thread", dir, e))?;
         // The replayed tail gets indexed in the background; searches cover it exactly meanwhile.
         shared.indexer.kick();
-        let worker = IngestWorker {
+        let (jobs, job_receiver) = std::sync::mpsc::channel();
+        let (done, done_receiver) = std::sync::mpsc::channel();
+        let checkpointer = Checkpointer {
             shared: Arc::clone(&shared),
             wal: wal.clone(),
             state,
+            done,
+        };
+        let checkpointer = std::thread::Builder::new()
+            .name("tarn-checkpoint".to_owned())
+            .spawn(move || checkpointer.run(job_receiver))
+            .map_err(|e| CollectionError::io("spawn checkpoint thread", dir, e))?;
+        let worker = IngestWorker {
+            shared: Arc::clone(&shared),
             applied_seq: last_seq,
             wal_bytes_since_checkpoint: replay_bytes,
             first_unsaved_at: (n_replayed > 0).then(Instant::now),
             n_applied: 0,
+            mutable_bytes_trigger: shared.config.checkpoint_mutable_bytes,
+            jobs: Some(jobs),
+            done: done_receiver,
+            in_flight: 0,
+            checkpointer: Some(checkpointer),
         };
         let worker = std::thread::Builder::new()
             .name("tarn-ingest".to_owned())
@@ -465,7 +485,12 @@ impl Collection {
             applied_seq: *shared.applied.borrow(),
             checkpoint_seq: shared.checkpoint_seq.load(Ordering::Acquire),
             bytes_on_disk: dir_size(&shared.dir),
-            memory_bytes: set.mutable.memory_bytes() as u64,
+            memory_bytes: (set.mutable.memory_bytes()
+                + set
+                    .frozen
+                    .iter()
+                    .map(|(_, f)| f.memory_bytes())
+                    .sum::<usize>()) as u64,
             n_ingest_errors: shared.n_ingest_errors.load(Ordering::Relaxed),
             ..CollectionStats::default()
         };

@@ -24,6 +24,12 @@ pub struct CollectionConfig {
     pub checkpoint_wal_bytes: u64,
     /// ... or once this long passed with un-checkpointed operations.
     pub checkpoint_interval_ms: u64,
+    /// ... or once the mutable segment holds about this many bytes (vectors, ids and graph,
+    /// superseded versions included: an upsert-heavy load fills it without the WAL growing
+    /// much). Bounds the memory between checkpoints. Collections created before this setting
+    /// existed get the default.
+    #[serde(default = "default_checkpoint_mutable_bytes")]
+    pub checkpoint_mutable_bytes: u64,
     /// Merge the smallest sealed segments while there are more than this many.
     pub max_sealed_segments: usize,
     /// Rebuild a sealed segment whose tombstoned share of slots exceeds this.
@@ -68,6 +74,10 @@ impl Default for HnswConfig {
     }
 }
 
+fn default_checkpoint_mutable_bytes() -> u64 {
+    256 << 20
+}
+
 impl CollectionConfig {
     pub fn new(dimension: usize, metric: MetricName) -> Self {
         CollectionConfig {
@@ -78,6 +88,7 @@ impl CollectionConfig {
             graph_threshold: 1024,
             checkpoint_wal_bytes: 256 << 20,
             checkpoint_interval_ms: 10 * 60 * 1000,
+            checkpoint_mutable_bytes: default_checkpoint_mutable_bytes(),
             max_sealed_segments: 8,
             rebuild_tombstone_fraction: 0.2,
             ingest_queue: 4096,
@@ -114,10 +125,12 @@ impl CollectionConfig {
             || self.max_sealed_segments == 0
             || self.graph_threshold == 0
             || self.max_unindexed == 0
+            || self.checkpoint_mutable_bytes == 0
         {
             return Err(CollectionError::invalid(
                 "config",
-                "ingest_queue, max_sealed_segments and graph_threshold must be positive",
+                "ingest_queue, max_sealed_segments, graph_threshold, max_unindexed and \
+                 checkpoint_mutable_bytes must be positive",
             ));
         }
         if !(self.rebuild_tombstone_fraction > 0.0 && self.rebuild_tombstone_fraction <= 1.0) {

@@ -1,6 +1,8 @@
-//! The ingestion worker: one thread per collection that applies logged operations in sequence
-//! order, and runs checkpoints (sealing, merging, manifests, WAL truncation, file GC) between
-//! them, so a checkpoint never races an apply.
+//! Ingestion and checkpoints. Per collection, one ingestion thread applies logged operations in
+//! sequence order and freezes the mutable segment when a checkpoint is due; one checkpoint
+//! thread seals frozen segments, merges and rebuilds, writes manifests, truncates the WAL and
+//! deletes old files, while writes go on; one indexing thread moves stored vectors into the
+//! mutable segment's graphs.
 //!
 //! Invariant (WAL order = apply order): the WAL's writer thread hands every acknowledged entry to
 //! this worker through one bounded channel, in sequence order, before the writer's ticket
@@ -97,25 +99,46 @@ impl AppendObserver for IngestFeeder {
     }
 }
 
-/// Checkpoint bookkeeping, owned by the worker.
+/// Checkpoint bookkeeping, owned by the checkpoint thread.
 pub(crate) struct CheckpointState {
     pub(crate) current: Manifest,
     /// The manifest before `current` (kept as the fallback), if any.
     pub(crate) previous: Option<Manifest>,
     /// The next manifest generation (past every one seen on disk, even damaged ones).
     pub(crate) next_generation: u64,
-    /// Tombstone count of each sealed segment as of its last persisted tombstone file.
+    /// Tombstone count of each sealed segment as of its last persisted tombstone file (or its
+    /// own file, for a segment written with its tombstones). Tombstones are never cleared, so
+    /// an equal count means the same set.
     pub(crate) persisted_tombstones: HashMap<u64, usize>,
 }
 
+/// A request to the checkpoint thread: seal every frozen segment holding operations up to
+/// `seq`, and publish a checkpoint at `seq`.
+pub(crate) struct CheckpointJob {
+    pub(crate) seq: u64,
+    pub(crate) reply: Option<tokio::sync::oneshot::Sender<Result<u64>>>,
+}
+
+/// The ingestion thread: applies operations, decides when to checkpoint, and freezes the
+/// mutable segment for the checkpoint thread. It never waits for a checkpoint (the WAL writer
+/// may be waiting on it, and a checkpoint waits on the WAL writer), so writes go on while the
+/// checkpoint thread seals, merges and rebuilds.
 pub(crate) struct IngestWorker {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) wal: Wal,
-    pub(crate) state: CheckpointState,
     pub(crate) applied_seq: u64,
     pub(crate) wal_bytes_since_checkpoint: u64,
     pub(crate) first_unsaved_at: Option<Instant>,
     pub(crate) n_applied: u64,
+    /// The mutable segment's estimated size that triggers the next checkpoint: the configured
+    /// bound, pushed one bound further after a failed checkpoint so that a failing disk is not
+    /// retried on every apply.
+    pub(crate) mutable_bytes_trigger: u64,
+    pub(crate) jobs: Option<std::sync::mpsc::Sender<CheckpointJob>>,
+    /// One message per finished job: `None` on success, the error otherwise.
+    pub(crate) done: Receiver<Option<String>>,
+    /// Jobs sent and not reported done. Automatic checkpoints start only when this is 0.
+    pub(crate) in_flight: usize,
+    pub(crate) checkpointer: Option<std::thread::JoinHandle<()>>,
 }
 
 impl IngestWorker {
@@ -130,18 +153,37 @@ impl IngestWorker {
                     signals.recv_timeout(deadline.saturating_duration_since(Instant::now()))
                 }
             };
+            self.collect_done();
             match signal {
                 Ok(IngestSignal::Apply { seq, payload }) => {
                     self.apply(seq, &payload);
-                    if self.wal_bytes_since_checkpoint >= self.shared.config.checkpoint_wal_bytes {
-                        self.checkpoint_logged("WAL size");
+                    if self.in_flight == 0 {
+                        let config = &self.shared.config;
+                        if self.wal_bytes_since_checkpoint >= config.checkpoint_wal_bytes {
+                            self.start_checkpoint(None, "WAL size");
+                        } else if self.shared.segments().mutable.estimated_bytes() as u64
+                            >= self.mutable_bytes_trigger
+                        {
+                            self.start_checkpoint(None, "mutable segment size");
+                        }
                     }
                 }
-                Ok(IngestSignal::Checkpoint(reply)) => {
-                    let _ = reply.send(self.checkpoint());
+                Ok(IngestSignal::Checkpoint(reply)) => self.start_checkpoint(Some(reply), "flush"),
+                Err(RecvTimeoutError::Timeout) if self.in_flight == 0 => {
+                    self.start_checkpoint(None, "age")
                 }
-                Err(RecvTimeoutError::Timeout) => self.checkpoint_logged("age"),
-                Ok(IngestSignal::Shutdown) | Err(RecvTimeoutError::Disconnected) => return,
+                // A checkpoint is running; the next one is due an interval from now.
+                Err(RecvTimeoutError::Timeout) => self.first_unsaved_at = Some(Instant::now()),
+                Ok(IngestSignal::Shutdown) | Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        // Queued checkpoint jobs are answered `Closed`; a running one fails at its WAL barrier
+        // (the WAL is closed first) and publishes nothing. The WAL holds everything.
+        self.shared.stopping.store(true, Ordering::Release);
+        self.jobs = None;
+        if let Some(checkpointer) = self.checkpointer.take() {
+            if checkpointer.join().is_err() {
+                tracing::error!("the checkpoint thread panicked");
             }
         }
     }
@@ -149,9 +191,10 @@ impl IngestWorker {
     fn apply(&mut self, seq: u64, payload: &[u8]) {
         match op::decode(payload, self.shared.config.dimension) {
             Ok(operation) => {
-                let set = self.shared.segments();
+                // The apply lock first, then the set: the checkpoint thread installs a new set
+                // under the same lock.
                 let mut counts = self.shared.counts.lock();
-                set.apply(&operation, &mut counts);
+                self.shared.segments().apply(&operation, &mut counts);
             }
             Err(error) => {
                 // Only a bug can get here: every payload was encoded by this crate after
@@ -178,21 +221,93 @@ impl IngestWorker {
         }
     }
 
-    fn checkpoint_logged(&mut self, reason: &str) {
-        if let Err(error) = self.checkpoint() {
-            tracing::error!(%error, reason, "automatic checkpoint failed; retrying at the next trigger");
-            // Retry on the next trigger, not in a tight loop.
-            self.first_unsaved_at = Some(Instant::now());
-            self.wal_bytes_since_checkpoint = 0;
+    /// Freezes the mutable segment (searches keep reading it; a fresh one takes new writes) and
+    /// asks the checkpoint thread to seal it and publish a checkpoint at the applied sequence.
+    fn start_checkpoint(
+        &mut self,
+        reply: Option<tokio::sync::oneshot::Sender<Result<u64>>>,
+        reason: &str,
+    ) {
+        tracing::debug!(reason, seq = self.applied_seq, "checkpoint requested");
+        {
+            let _apply = self.shared.counts.lock();
+            let mut segments = self.shared.segments.write();
+            if !segments.mutable.is_empty() {
+                let fresh = MutableSegment::new(self.shared.config.index_config());
+                *segments = Arc::new(segments.freeze(self.applied_seq, fresh));
+            }
+        }
+        self.wal_bytes_since_checkpoint = 0;
+        self.first_unsaved_at = None;
+        self.mutable_bytes_trigger = self.shared.config.checkpoint_mutable_bytes;
+        let job = CheckpointJob {
+            seq: self.applied_seq,
+            reply,
+        };
+        match self.jobs.as_ref().map(|jobs| jobs.send(job)) {
+            Some(Ok(())) => self.in_flight += 1,
+            // The checkpoint thread is gone (it panicked): the reply is dropped, so a flush
+            // gets `Closed`; the frozen segment stays searchable and in the WAL.
+            _ => tracing::error!("the checkpoint thread has stopped; no checkpoint is made"),
         }
     }
 
-    /// Seals the mutable segment, persists tombstones, merges and rebuilds, publishes a new
-    /// manifest, then truncates the WAL and deletes unreferenced files. Returns the checkpoint
-    /// sequence number.
-    pub(crate) fn checkpoint(&mut self) -> Result<u64> {
+    /// Takes in the checkpoint thread's reports.
+    fn collect_done(&mut self) {
+        while let Ok(outcome) = self.done.try_recv() {
+            self.in_flight = self.in_flight.saturating_sub(1);
+            if let Some(error) = outcome {
+                tracing::error!(%error, "checkpoint failed; retrying at the next trigger");
+                // Retry on the next trigger, not in a tight loop. The frozen segments stay
+                // (searchable, and logged in the WAL) and the next checkpoint seals them.
+                self.first_unsaved_at = Some(Instant::now());
+                self.wal_bytes_since_checkpoint = 0;
+                self.mutable_bytes_trigger = self.shared.segments().mutable.estimated_bytes()
+                    as u64
+                    + self.shared.config.checkpoint_mutable_bytes;
+            }
+        }
+    }
+}
+
+/// The checkpoint thread: runs `CheckpointJob`s one at a time, in order.
+pub(crate) struct Checkpointer {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) wal: Wal,
+    pub(crate) state: CheckpointState,
+    pub(crate) done: std::sync::mpsc::Sender<Option<String>>,
+}
+
+impl Checkpointer {
+    pub(crate) fn run(mut self, jobs: Receiver<CheckpointJob>) {
+        for job in jobs {
+            let result = if self.shared.stopping.load(Ordering::Acquire) {
+                Err(CollectionError::Closed)
+            } else {
+                self.checkpoint(job.seq)
+            };
+            let outcome = result.as_ref().err().map(ToString::to_string);
+            if let Some(reply) = job.reply {
+                let _ = reply.send(result);
+            }
+            let _ = self.done.send(outcome);
+        }
+    }
+
+    /// Seals the frozen segments, persists tombstones, merges and rebuilds, waits until every
+    /// applied operation is durable in the WAL, publishes a new manifest, installs the new
+    /// segments for searches, then truncates the WAL and deletes unreferenced files. Returns
+    /// the checkpoint sequence number.
+    ///
+    /// Sealing and merging read segments that ingestion keeps removing documents from. What
+    /// they copy holds every operation up to `seq` (applied before the freeze) and maybe some
+    /// later removals; those are replayed from the WAL after a crash anyway (removing twice
+    /// changes nothing), which is why the WAL must be durable past them before the manifest
+    /// names the files. Removals that arrive after the copy are carried over at install.
+    pub(crate) fn checkpoint(&mut self, seq: u64) -> Result<u64> {
         let dir = self.shared.dir.clone();
         let index_config = self.shared.config.index_config();
+        let rebuild_fraction = self.shared.config.rebuild_tombstone_fraction;
         let set = self.shared.segments();
         let generation = self.state.next_generation;
         let mut sealed: Vec<Arc<SealedSegment>> = set.sealed.clone();
@@ -206,9 +321,20 @@ impl IngestWorker {
             .collect();
         let mut changed = false;
 
-        // 1. Seal the mutable segment.
-        if !set.mutable.is_empty() {
-            let segment = SealedSegment::seal(&set.mutable, next_segment_id, self.applied_seq);
+        // 1. Seal the frozen segments up to `seq`, oldest first.
+        let to_seal: Vec<(u64, Arc<MutableSegment>)> = set
+            .frozen
+            .iter()
+            .filter(|(frozen_seq, _)| *frozen_seq <= seq)
+            .cloned()
+            .collect();
+        for (frozen_seq, frozen) in to_seal.iter().rev() {
+            let segment = SealedSegment::seal_compacting(
+                frozen,
+                next_segment_id,
+                *frozen_seq,
+                rebuild_fraction,
+            );
             next_segment_id += 1;
             if segment.figures().n_slots > 0 {
                 segment.write(&dir.join(manifest::segment_file_name(segment.id())))?;
@@ -222,6 +348,7 @@ impl IngestWorker {
         SegmentSet::sort_sealed(&mut sealed);
         let mut rebuilt: Vec<u64> = Vec::new();
         while sealed.len() > self.shared.config.max_sealed_segments {
+            self.check_stopping()?;
             sealed.sort_by_key(|s| s.figures().n_live);
             let (a, b) = (sealed.remove(0), sealed.remove(0));
             let merged = SealedSegment::rebuild(&[&a, &b], next_segment_id, index_config);
@@ -232,9 +359,9 @@ impl IngestWorker {
             sealed.push(Arc::new(merged));
             changed = true;
         }
-        let threshold = self.shared.config.rebuild_tombstone_fraction;
         for slot in sealed.iter_mut() {
-            if slot.tombstone_fraction() > threshold {
+            if slot.tombstone_fraction() > rebuild_fraction {
+                self.check_stopping()?;
                 let fresh = SealedSegment::rebuild(&[slot], next_segment_id, index_config);
                 next_segment_id += 1;
                 fresh.write(&dir.join(manifest::segment_file_name(fresh.id())))?;
@@ -251,75 +378,71 @@ impl IngestWorker {
         SegmentSet::sort_sealed(&mut sealed);
         fail::fail_point!("checkpoint::after_merge", |_| abort_for_test());
 
-        // 3. Persist tombstones that changed since their last file.
+        // 3. Persist tombstones that changed since their last file. A segment written in this
+        //    checkpoint has its tombstones in its own file (and nobody else can reach it yet).
+        let is_old = |id: u64| set.sealed.iter().any(|s| s.id() == id);
+        let mut persisted: HashMap<u64, usize> = HashMap::new();
         for segment in &sealed {
-            let n_tombstoned = segment.figures().n_tombstoned;
-            let persisted = self.state.persisted_tombstones.get(&segment.id()).copied();
-            // A freshly sealed or rebuilt segment has its tombstones in its own file.
-            let is_new = !self
-                .state
-                .current
-                .segments
-                .iter()
-                .any(|s| s.id == segment.id());
-            if is_new {
+            let id = segment.id();
+            if !is_old(id) {
+                persisted.insert(id, segment.figures().n_tombstoned);
                 continue;
             }
-            if persisted != Some(n_tombstoned) {
-                let name = manifest::tombstone_file_name(segment.id(), generation);
-                tarn_index::fsutil::write_durably(&dir.join(&name), &segment.encode_tombstones())
-                    .map_err(|e| CollectionError::io("write tombstones", dir.join(&name), e))?;
-                tombstone_files.insert(segment.id(), name);
-                changed = true;
+            // Counted before encoding: the file holds at least these (tombstones only grow).
+            let n_tombstoned = segment.figures().n_tombstoned;
+            let previous = self.state.persisted_tombstones.get(&id).copied();
+            if previous == Some(n_tombstoned) {
+                persisted.insert(id, n_tombstoned);
+                continue;
             }
+            let name = manifest::tombstone_file_name(id, generation);
+            tarn_index::fsutil::write_durably(&dir.join(&name), &segment.encode_tombstones())
+                .map_err(|e| CollectionError::io("write tombstones", dir.join(&name), e))?;
+            tombstone_files.insert(id, name);
+            persisted.insert(id, n_tombstoned);
+            changed = true;
         }
         fail::fail_point!("checkpoint::after_tombstones", |_| abort_for_test());
 
-        if !changed && self.applied_seq == self.state.current.checkpoint_seq {
-            self.first_unsaved_at = None;
-            self.wal_bytes_since_checkpoint = 0;
-            return Ok(self.applied_seq);
+        let publish = changed || seq != self.state.current.checkpoint_seq;
+        if publish {
+            // What was copied may hold removals applied after `seq`: they must be durable
+            // before a manifest names the copies (see above).
+            self.check_stopping()?;
+            self.wal.sync().wait()?;
+
+            // 4. Publish the new manifest.
+            let manifest = Manifest {
+                format: 1,
+                generation,
+                checkpoint_seq: seq,
+                next_segment_id,
+                segments: sealed
+                    .iter()
+                    .map(|s| SegmentEntry {
+                        id: s.id(),
+                        file: manifest::segment_file_name(s.id()),
+                        tombstones: tombstone_files.get(&s.id()).cloned(),
+                    })
+                    .collect(),
+            };
+            manifest::write_checked(&manifest::manifest_path(&dir, generation), &manifest)?;
+            fail::fail_point!("checkpoint::after_manifest", |_| abort_for_test());
+            let previous = std::mem::replace(&mut self.state.current, manifest);
+            self.state.previous = Some(previous);
+            self.state.next_generation = generation + 1;
+            self.state.persisted_tombstones = persisted;
         }
 
-        // 4. Publish the new manifest.
-        let manifest = Manifest {
-            format: 1,
-            generation,
-            checkpoint_seq: self.applied_seq,
-            next_segment_id,
-            segments: sealed
-                .iter()
-                .map(|s| SegmentEntry {
-                    id: s.id(),
-                    file: manifest::segment_file_name(s.id()),
-                    tombstones: tombstone_files.get(&s.id()).cloned(),
-                })
-                .collect(),
-        };
-        manifest::write_checked(&manifest::manifest_path(&dir, generation), &manifest)?;
-        fail::fail_point!("checkpoint::after_manifest", |_| abort_for_test());
-
-        // 5. Searches switch to the sealed segments and a fresh mutable one.
-        let fresh = Arc::new(SegmentSet {
-            mutable: Arc::new(MutableSegment::new(index_config)),
-            sealed: sealed.clone(),
-        });
-        *self.shared.segments.write() = fresh;
-        self.state.persisted_tombstones = sealed
-            .iter()
-            .map(|s| (s.id(), s.figures().n_tombstoned))
-            .collect();
-        let previous = std::mem::replace(&mut self.state.current, manifest);
-        self.state.previous = Some(previous);
-        self.state.next_generation = generation + 1;
-        self.shared
-            .checkpoint_seq
-            .store(self.applied_seq, Ordering::Release);
-        self.first_unsaved_at = None;
-        self.wal_bytes_since_checkpoint = 0;
+        // 5. Searches switch to the new sealed segments.
+        self.install(&set, &to_seal, sealed.clone());
+        self.shared.checkpoint_seq.store(seq, Ordering::Release);
+        if !publish {
+            return Ok(seq);
+        }
 
         // 6. The WAL is kept from the previous manifest on, so that it stays a valid fallback.
-        //    The ticket is not awaited: the WAL writer may be waiting on this very thread.
+        //    The ticket is not awaited: nothing here depends on when the files go.
         let keep_from = self.state.previous.as_ref().map_or(0, |m| m.checkpoint_seq) + 1;
         drop(self.wal.truncate_before(keep_from));
         fail::fail_point!("checkpoint::after_truncate", |_| abort_for_test());
@@ -330,12 +453,66 @@ impl IngestWorker {
         }
         tracing::info!(
             generation,
-            checkpoint_seq = self.applied_seq,
+            checkpoint_seq = seq,
             n_sealed = sealed.len(),
             ?rebuilt,
             "checkpoint"
         );
-        Ok(self.applied_seq)
+        Ok(seq)
+    }
+
+    /// Replaces `to_seal` and the sealed segments of `before` with `sealed`, under the apply
+    /// lock. A document removed from a replaced segment after sealing or merging copied it is
+    /// removed from the copy here: a live pair is live in one segment only, and no operation
+    /// adds to a frozen or sealed segment, so a copy is stale exactly when no replaced segment
+    /// holds the pair any more.
+    fn install(
+        &self,
+        before: &SegmentSet,
+        to_seal: &[(u64, Arc<MutableSegment>)],
+        sealed: Vec<Arc<SealedSegment>>,
+    ) {
+        let _apply = self.shared.counts.lock();
+        let replaced: Vec<&Arc<SealedSegment>> = before
+            .sealed
+            .iter()
+            .filter(|old| !sealed.iter().any(|s| Arc::ptr_eq(s, old)))
+            .collect();
+        let still_live = |user_id: u128, doc_id: u128| {
+            to_seal.iter().any(|(_, f)| f.contains(user_id, doc_id))
+                || replaced.iter().any(|s| s.contains(user_id, doc_id))
+        };
+        for segment in &sealed {
+            if before.sealed.iter().any(|old| Arc::ptr_eq(old, segment)) {
+                continue;
+            }
+            let stale: Vec<(u128, u128)> = segment
+                .live_documents()
+                .filter(|&(user_id, doc_id)| !still_live(user_id, doc_id))
+                .collect();
+            for (user_id, doc_id) in stale {
+                segment.tombstone(user_id, doc_id);
+            }
+        }
+        let current = self.shared.segments();
+        let frozen = current
+            .frozen
+            .iter()
+            .filter(|(_, f)| !to_seal.iter().any(|(_, t)| Arc::ptr_eq(f, t)))
+            .cloned()
+            .collect();
+        *self.shared.segments.write() = Arc::new(SegmentSet {
+            mutable: Arc::clone(&current.mutable),
+            frozen,
+            sealed,
+        });
+    }
+
+    fn check_stopping(&self) -> Result<()> {
+        if self.shared.stopping.load(Ordering::Acquire) {
+            return Err(CollectionError::Closed);
+        }
+        Ok(())
     }
 }
 

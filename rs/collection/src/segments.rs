@@ -1,10 +1,13 @@
-//! The segments of a collection at one moment: one mutable segment and the sealed ones, newest
-//! first. Searches take a snapshot (`Arc<SegmentSet>`); checkpoints publish a new set.
+//! The segments of a collection at one moment: the mutable segment, frozen mutable segments
+//! that a checkpoint is sealing, and the sealed ones, each list newest first. Searches take a
+//! snapshot (`Arc<SegmentSet>`); ingestion publishes a new set when it freezes the mutable
+//! segment, the checkpoint thread when it installs what it sealed. Both replace the set while
+//! holding the apply lock (`Shared::counts`), so neither loses the other's change.
 //!
 //! Invariant: a live `(user, doc)` is live in exactly one segment. An upsert stores the new
-//! version in the mutable segment first and then tombstones the old one wherever it is, so a
-//! concurrent search may briefly see both; the merge keeps the newest (the earlier segment in
-//! search order: mutable, then sealed newest first).
+//! version in the mutable segment first and then tombstones the old one wherever it is (frozen
+//! segments take removals too), so a concurrent search may briefly see both; the merge keeps the
+//! newest (the earlier segment in search order: mutable, frozen, then sealed newest first).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -16,6 +19,9 @@ use crate::op::Operation;
 #[derive(Debug)]
 pub(crate) struct SegmentSet {
     pub(crate) mutable: Arc<MutableSegment>,
+    /// Mutable segments frozen for sealing, newest first, each with the last sequence number it
+    /// holds. Nothing is added to them; removals still apply.
+    pub(crate) frozen: Vec<(u64, Arc<MutableSegment>)>,
     /// Newest first (by the last sequence number they include, then id).
     pub(crate) sealed: Vec<Arc<SealedSegment>>,
 }
@@ -33,8 +39,7 @@ impl SegmentSet {
                 for &user_id in Operation::tenants(user_ids) {
                     for (doc_id, vector) in doc_ids.iter().zip(vectors.chunks_exact(*dimension)) {
                         let replaced_here = self.mutable.upsert(user_id, *doc_id, vector);
-                        let replaced = replaced_here
-                            || self.sealed.iter().any(|s| s.tombstone(user_id, *doc_id));
+                        let replaced = replaced_here || self.remove_settled(user_id, *doc_id);
                         if !replaced {
                             *counts.entry(user_id).or_default() += 1;
                         }
@@ -45,7 +50,7 @@ impl SegmentSet {
                 for &user_id in Operation::tenants(user_ids) {
                     for doc_id in doc_ids {
                         let removed = self.mutable.remove(user_id, *doc_id)
-                            || self.sealed.iter().any(|s| s.tombstone(user_id, *doc_id));
+                            || self.remove_settled(user_id, *doc_id);
                         if removed {
                             if let Some(n) = counts.get_mut(&user_id) {
                                 *n = n.saturating_sub(1);
@@ -57,10 +62,30 @@ impl SegmentSet {
         }
     }
 
+    /// Removes `(user_id, doc_id)` from the frozen or sealed segment holding it; true if one did.
+    fn remove_settled(&self, user_id: u128, doc_id: u128) -> bool {
+        self.frozen.iter().any(|(_, f)| f.remove(user_id, doc_id))
+            || self.sealed.iter().any(|s| s.tombstone(user_id, doc_id))
+    }
+
     pub(crate) fn get(&self, user_id: u128, doc_id: u128) -> Option<Vec<f32>> {
         self.mutable
             .get(user_id, doc_id)
+            .or_else(|| self.frozen.iter().find_map(|(_, f)| f.get(user_id, doc_id)))
             .or_else(|| self.sealed.iter().find_map(|s| s.get(user_id, doc_id)))
+    }
+
+    /// The same segments with a fresh mutable segment; the current one is frozen as holding
+    /// everything up to `seq`.
+    pub(crate) fn freeze(&self, seq: u64, fresh: MutableSegment) -> SegmentSet {
+        let mut frozen = Vec::with_capacity(self.frozen.len() + 1);
+        frozen.push((seq, Arc::clone(&self.mutable)));
+        frozen.extend(self.frozen.iter().cloned());
+        SegmentSet {
+            mutable: Arc::new(fresh),
+            frozen,
+            sealed: self.sealed.clone(),
+        }
     }
 
     /// The `k` nearest documents over the given tenants, nearest first, each `(user, doc)` once.
@@ -79,11 +104,19 @@ impl SegmentSet {
         tenants.dedup();
         for user_id in tenants {
             let from_mutable = self.mutable.search(user_id, query, k, ef, exact);
+            let from_frozen = self
+                .frozen
+                .iter()
+                .flat_map(|(_, f)| f.search(user_id, query, k, ef, exact));
             let from_sealed = self
                 .sealed
                 .iter()
                 .flat_map(|s| s.search(user_id, query, k, ef, exact));
-            for hit in from_mutable.into_iter().chain(from_sealed) {
+            for hit in from_mutable
+                .into_iter()
+                .chain(from_frozen)
+                .chain(from_sealed)
+            {
                 if seen.insert((hit.user_id, hit.doc_id)) {
                     hits.push(hit);
                 }
@@ -102,6 +135,11 @@ impl SegmentSet {
     /// Live documents per tenant, counted from the segments.
     pub(crate) fn live_counts(&self) -> HashMap<u128, u64> {
         let mut counts = self.mutable.live_counts();
+        for (_, frozen) in &self.frozen {
+            for (user, n) in frozen.live_counts() {
+                *counts.entry(user).or_default() += n;
+            }
+        }
         for segment in &self.sealed {
             for (user, n) in segment.live_counts() {
                 *counts.entry(user).or_default() += n;

@@ -430,6 +430,56 @@ fn automatic_checkpoints_by_age() {
     assert_eq!(c.stats().n_sealed_segments, 1);
 }
 
+fn wait_for_checkpoint(c: &Collection) -> tarn_collection::CollectionStats {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let stats = c.stats();
+        if stats.checkpoint_seq > 0 {
+            return stats;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no automatic checkpoint: {stats:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn automatic_checkpoints_by_mutable_size() {
+    // Upserts over 100 documents: the WAL grows slowly, the mutable segment (which keeps every
+    // superseded version until sealing) fast. Its size bound must checkpoint it.
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let mut cfg = config();
+    cfg.checkpoint_mutable_bytes = 200_000;
+    let c = Collection::create(&dir.path().join("c"), cfg).unwrap();
+    let base = clustered_vectors(2_000, DIM, 5, 11);
+    rt.block_on(async {
+        let mut seq = 0;
+        for round in 0..20 {
+            for chunk in (0..100).collect::<Vec<usize>>().chunks(50) {
+                let ids: Vec<u128> = chunk.iter().map(|&i| i as u128).collect();
+                let vectors: Vec<f32> = chunk
+                    .iter()
+                    .flat_map(|&i| base[(round * 100 + i) * DIM..][..DIM].to_vec())
+                    .collect();
+                seq = c.insert(&ids, &[0], &vectors, None).await.unwrap();
+            }
+        }
+        c.wait_applied(seq, Duration::from_secs(10)).await.unwrap();
+    });
+    let stats = wait_for_checkpoint(&c);
+    assert_eq!(stats.n_documents, 100);
+    drop(c);
+    let c = Collection::open(&dir.path().join("c")).unwrap();
+    assert_eq!(c.stats().n_documents, 100);
+    for i in [0usize, 37, 99] {
+        let expected = &base[(19 * 100 + i) * DIM..][..DIM];
+        assert_eq!(c.get(0, &[i as u128]), vec![(i as u128, expected.to_vec())]);
+    }
+}
+
 #[test]
 fn automatic_checkpoints_by_wal_size() {
     let dir = tempfile::tempdir().unwrap();
@@ -442,10 +492,104 @@ fn automatic_checkpoints_by_wal_size() {
         let seq = insert_rows(&c, &base, 0..500, 0).await;
         c.wait_applied(seq, Duration::from_secs(10)).await.unwrap();
     });
-    let stats = c.stats();
-    assert!(stats.checkpoint_seq > 0, "{stats:?}");
+    // Checkpoints run on their own thread: wait for the first one.
+    let stats = wait_for_checkpoint(&c);
     assert!(stats.n_sealed_segments >= 1);
     drop(c);
     let c = Collection::open(&dir.path().join("c")).unwrap();
     assert_eq!(c.stats().n_documents, 500);
+}
+
+#[test]
+fn writes_during_background_checkpoints_are_never_lost_or_resurrected() {
+    // Checkpoints run on their own thread while ingestion goes on: upserts and removes land in
+    // segments being sealed, merged and rebuilt. A model of every acknowledged write must match
+    // the collection while checkpoints run, after they settle, and after a reopen.
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let mut cfg = config();
+    cfg.graph_threshold = 50;
+    cfg.checkpoint_mutable_bytes = 150_000;
+    cfg.max_sealed_segments = 2;
+    let c = Collection::create(&dir.path().join("c"), cfg).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let mut model: std::collections::HashMap<(u128, u128), Vec<f32>> =
+        std::collections::HashMap::new();
+    let mut n_flushes = 0;
+    rt.block_on(async {
+        let mut flushes = Vec::new();
+        for round in 0..600 {
+            let user: u128 = rng.random_range(0..2);
+            let ids: Vec<u128> = (0..rng.random_range(1..12))
+                .map(|_| rng.random_range(0..300))
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            if rng.random_bool(0.75) {
+                let vectors: Vec<f32> = (0..ids.len() * DIM)
+                    .map(|_| rng.random_range(-1.0..1.0))
+                    .collect();
+                c.insert(&ids, &[user], &vectors, None).await.unwrap();
+                for (id, v) in ids.iter().zip(vectors.chunks(DIM)) {
+                    model.insert((user, *id), v.to_vec());
+                }
+            } else {
+                c.remove(&ids, &[user], None).await.unwrap();
+                for id in &ids {
+                    model.remove(&(user, *id));
+                }
+            }
+            if round % 97 == 0 {
+                // Flushes queue behind automatic checkpoints, concurrently with the writes.
+                let c = c.clone();
+                flushes.push(tokio::spawn(async move { c.flush().await }));
+                n_flushes += 1;
+            }
+        }
+        for flush in flushes {
+            flush.await.unwrap().unwrap();
+        }
+    });
+    assert!(n_flushes > 0);
+    let check = |c: &Collection, when: &str| {
+        for user in 0..2u128 {
+            for id in 0..300u128 {
+                let got = c.get(user, &[id]);
+                match model.get(&(user, id)) {
+                    Some(v) => assert_eq!(got, vec![(id, v.clone())], "{when}: ({user}, {id})"),
+                    None => assert!(got.is_empty(), "{when}: ({user}, {id}) resurrected"),
+                }
+            }
+            let expected = model.keys().filter(|(u, _)| *u == user).count() as u64;
+            let stats = c.stats();
+            assert_eq!(
+                stats.documents_per_tenant.get(&user).copied().unwrap_or(0),
+                expected,
+                "{when}: count of tenant {user}"
+            );
+            // Exact search over everything finds each live document exactly once.
+            let mut found = exact_ids(c, &[user], &[0.0; DIM], model.len().max(1));
+            found.sort_unstable();
+            let mut live: Vec<u128> = model
+                .keys()
+                .filter(|(u, _)| *u == user)
+                .map(|(_, d)| *d)
+                .collect();
+            live.sort_unstable();
+            assert_eq!(found, live, "{when}: exact search of tenant {user}");
+        }
+    };
+    check(&c, "after the writes");
+    let stats = c.stats();
+    assert!(
+        stats.checkpoint_seq > 0 && stats.n_sealed_segments >= 1,
+        "{stats:?}"
+    );
+    let seq = rt.block_on(c.flush()).unwrap();
+    check(&c, "after a final flush");
+    drop(c);
+    let c = Collection::open(&dir.path().join("c")).unwrap();
+    assert_eq!(c.stats().checkpoint_seq, seq);
+    check(&c, "after reopening");
 }

@@ -11,6 +11,7 @@
 //! thread), one indexer at a time per partition, any number of concurrent searches.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -48,6 +49,8 @@ pub(crate) struct MutablePartition {
 pub struct MutableSegment {
     config: IndexConfig,
     partitions: RwLock<HashMap<u128, Arc<MutablePartition>>>,
+    /// Slots stored over all partitions (live and superseded): what `estimated_bytes` counts.
+    n_slots: AtomicUsize,
 }
 
 impl MutableSegment {
@@ -55,6 +58,7 @@ impl MutableSegment {
         MutableSegment {
             config,
             partitions: RwLock::new(HashMap::new()),
+            n_slots: AtomicUsize::new(0),
         }
     }
 
@@ -90,6 +94,7 @@ impl MutableSegment {
         }
         data.vectors.extend_from_slice(vector);
         data.doc_ids.push(doc_id);
+        self.n_slots.fetch_add(1, Ordering::Relaxed);
         replaced.is_some()
     }
 
@@ -97,26 +102,31 @@ impl MutableSegment {
     /// graph for a partition that reached the threshold), using all cores. Returns how many
     /// slots it handled; 0 means nothing is pending.
     pub fn index_pending(&self, max_slots: usize) -> usize {
-        let threshold = self.config.graph_threshold;
-        let dim = self.config.dimension;
         let mut handled = 0;
         for (_, partition) in self.partitions() {
             if handled >= max_slots {
                 break;
             }
+            handled += self.index_partition(&partition, max_slots - handled);
+        }
+        handled
+    }
+
+    /// `index_pending` for one partition.
+    pub(crate) fn index_partition(&self, partition: &MutablePartition, max_slots: usize) -> usize {
+        let threshold = self.config.graph_threshold;
+        let dim = self.config.dimension;
+        {
             let _indexer = partition.indexing.lock();
             let (graph, start, end, items) = {
                 let data = partition.data.read();
                 if data.graph.is_none() && data.by_doc.len() < threshold {
-                    continue;
+                    return 0;
                 }
                 let start = data.indexed;
-                let end = data
-                    .doc_ids
-                    .len()
-                    .min(start.saturating_add(max_slots - handled));
+                let end = data.doc_ids.len().min(start.saturating_add(max_slots));
                 if start >= end {
-                    continue;
+                    return 0;
                 }
                 let items: Vec<(Vec<f32>, usize)> = (start..end)
                     .filter(|&slot| !data.tombstones.get(slot))
@@ -142,9 +152,8 @@ impl MutableSegment {
                 .collect();
             graph.insert_parallel(&refs);
             partition.data.write().indexed = end;
-            handled += end - start;
+            end - start
         }
-        handled
     }
 
     /// Slots stored but not yet in a graph, in partitions that have (or are due) one.
@@ -250,6 +259,19 @@ impl MutableSegment {
             .read()
             .values()
             .all(|p| p.data.read().doc_ids.is_empty())
+    }
+
+    /// Slots stored, superseded and removed versions included (they stay until sealing).
+    pub fn n_slots(&self) -> usize {
+        self.n_slots.load(Ordering::Relaxed)
+    }
+
+    /// An O(1) estimate of `memory_bytes` from the slot count, for checkpoint triggers: each slot
+    /// holds its vector and id here plus, once indexed, hnsw_rs's copy of the vector and its
+    /// layer-0 links (about 2·M neighbours of 40 bytes each in hnsw_rs's structures).
+    pub fn estimated_bytes(&self) -> usize {
+        let dim = self.config.dimension;
+        self.n_slots() * (2 * dim * 4 + 16 + 32 + self.config.hnsw.m * 2 * 40)
     }
 
     /// Bytes held: vectors, ids and maps (the hnsw_rs graph's own copy is estimated).

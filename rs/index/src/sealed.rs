@@ -120,16 +120,45 @@ impl SealedSegment {
     /// Seals a mutable segment. Partitions with a graph keep all their slots (tombstoned ones
     /// stay in the graph, marked); partitions without one keep only their live vectors.
     pub fn seal(mutable: &MutableSegment, id: u64, max_seq: u64) -> SealedSegment {
-        // Every graph must hold its whole partition before it is exported.
-        mutable.index_pending(usize::MAX);
+        Self::seal_compacting(mutable, id, max_seq, f64::INFINITY)
+    }
+
+    /// Like `seal`, but a partition whose share of superseded or removed slots exceeds
+    /// `rebuild_dead_fraction` gets a fresh graph over its live vectors instead (as `rebuild`
+    /// would give it right after sealing), so an upsert-heavy partition is not first indexed,
+    /// exported and written with its dead slots only to be rebuilt.
+    pub fn seal_compacting(
+        mutable: &MutableSegment,
+        id: u64,
+        max_seq: u64,
+        rebuild_dead_fraction: f64,
+    ) -> SealedSegment {
         let config = *mutable.config();
         let dim = config.dimension;
+        let is_dead_heavy = |data: &crate::mutable::MutableData| {
+            let n = data.doc_ids.len();
+            n > 0 && (n - data.by_doc.len()) as f64 / n as f64 > rebuild_dead_fraction
+        };
         let mut partitions = HashMap::new();
         for (user_id, partition) in mutable.partitions() {
-            let data = partition.data.read();
-            if data.by_doc.is_empty() {
-                continue;
+            {
+                let data = partition.data.read();
+                if data.by_doc.is_empty() {
+                    continue;
+                }
+                if is_dead_heavy(&data) {
+                    let live: Vec<(u128, &[f32])> = data
+                        .by_doc
+                        .iter()
+                        .map(|(d, s)| (*d, &data.vectors[*s as usize * dim..][..dim]))
+                        .collect();
+                    partitions.insert(user_id, build_partition(live, &config));
+                    continue;
+                }
             }
+            // The graph must hold the whole partition before it is exported.
+            mutable.index_partition(&partition, usize::MAX);
+            let data = partition.data.read();
             let mut doc_index: Vec<(u128, u32)> =
                 data.by_doc.iter().map(|(d, s)| (*d, *s)).collect();
             let exported = data.graph.as_ref().and_then(|graph| {
@@ -182,42 +211,23 @@ impl SealedSegment {
                 }
             }
         }
-        let mut partitions = HashMap::new();
-        for (user_id, mut live) in by_user {
-            if live.is_empty() {
-                continue;
-            }
-            live.sort_unstable_by_key(|(doc_id, _)| *doc_id);
-            let doc_index: Vec<(u128, u32)> = live
-                .iter()
-                .enumerate()
-                .map(|(slot, (d, _))| (*d, slot as u32))
-                .collect();
-            let partition = if live.len() >= config.graph_threshold {
-                let graph = HnswGraph::new(&config.hnsw, config.metric, live.len());
-                let items: Vec<(&[f32], usize)> = live
-                    .iter()
-                    .enumerate()
-                    .map(|(slot, (_, v))| (*v, slot))
-                    .collect();
-                graph.insert_parallel(&items);
-                let n = live.len();
-                match graph.export(n, |_| true) {
-                    Some((flat, _)) => SealedPartition {
-                        vectors: graph_vectors(live.iter().map(|(_, v)| *v), n * dim),
-                        doc_ids: live.iter().map(|(d, _)| *d).collect(),
-                        doc_index,
-                        tombstones: AtomicBitset::from_words(vec![0; AtomicBitset::words_for(n)]),
-                        graph: Some(flat),
-                    },
-                    None => compact_partition(&doc_index, |slot| live[slot as usize].1),
-                }
-            } else {
-                compact_partition(&doc_index, |slot| live[slot as usize].1)
-            };
-            partitions.insert(user_id, partition);
-        }
+        let partitions = by_user
+            .into_iter()
+            .filter(|(_, live)| !live.is_empty())
+            .map(|(user_id, live)| (user_id, build_partition(live, &config)))
+            .collect();
         SealedSegment::assemble(id, max_seq, config, partitions)
+    }
+
+    /// Live `(user_id, doc_id)` pairs.
+    pub fn live_documents(&self) -> impl Iterator<Item = (u128, u128)> + '_ {
+        self.partitions.iter().flat_map(|(user_id, partition)| {
+            partition
+                .doc_index
+                .iter()
+                .filter(|(_, slot)| !partition.tombstones.get(*slot as usize))
+                .map(move |(doc_id, _)| (*user_id, *doc_id))
+        })
     }
 
     /// Marks `(user_id, doc_id)` removed here; returns true if it was live here.
@@ -533,6 +543,39 @@ fn graph_vectors<'a>(parts: impl Iterator<Item = &'a [f32]>, len: usize) -> Vec<
 }
 
 /// A partition without a graph: live documents only, renumbered in doc id order.
+/// A partition over `live` (one tenant's documents, in any order): a fresh hnsw_rs graph when
+/// there are enough of them, an exactly searched list otherwise.
+fn build_partition(mut live: Vec<(u128, &[f32])>, config: &IndexConfig) -> SealedPartition {
+    let dim = config.dimension;
+    live.sort_unstable_by_key(|(doc_id, _)| *doc_id);
+    let doc_index: Vec<(u128, u32)> = live
+        .iter()
+        .enumerate()
+        .map(|(slot, (d, _))| (*d, slot as u32))
+        .collect();
+    if live.len() < config.graph_threshold {
+        return compact_partition(&doc_index, |slot| live[slot as usize].1);
+    }
+    let graph = HnswGraph::new(&config.hnsw, config.metric, live.len());
+    let items: Vec<(&[f32], usize)> = live
+        .iter()
+        .enumerate()
+        .map(|(slot, (_, v))| (*v, slot))
+        .collect();
+    graph.insert_parallel(&items);
+    let n = live.len();
+    match graph.export(n, |_| true) {
+        Some((flat, _)) => SealedPartition {
+            vectors: graph_vectors(live.iter().map(|(_, v)| *v), n * dim),
+            doc_ids: live.iter().map(|(d, _)| *d).collect(),
+            doc_index,
+            tombstones: AtomicBitset::from_words(vec![0; AtomicBitset::words_for(n)]),
+            graph: Some(flat),
+        },
+        None => compact_partition(&doc_index, |slot| live[slot as usize].1),
+    }
+}
+
 fn compact_partition<'a>(
     doc_index: &[(u128, u32)],
     vector: impl Fn(u32) -> &'a [f32],
