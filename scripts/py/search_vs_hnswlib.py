@@ -160,6 +160,7 @@ def main():
 
     with open(args.out_json, "w") as f:
         json.dump({"tarn": tarn, "hnswlib": hnsw_curve, "hnswlib_build_seconds": build_s,
+                   "grpc": sorted(grpc.values(), key=lambda p: p["ef"]) if grpc else None,
                    "hnswlib_bytes_per_vector": hnswlib_bytes}, f, indent=1)
     print(
         f"ratio_at_0.98={ratios[0.98]:.2f} ratio_at_0.99={ratios[0.99]:.2f} "

@@ -209,6 +209,23 @@ impl IngestWorker {
         self.shared.applied.send_replace(seq);
         self.shared.indexer.kick();
         self.n_applied += 1;
+        if self.in_flight > 0 {
+            // Back-pressure on a checkpoint that cannot keep up: past twice its bound, the
+            // mutable segment grows at most about 1,000 operations a second until the checkpoint
+            // is done. A bounded pause, never a wait for the checkpoint thread, which may itself
+            // be waiting for the WAL writer, which may be waiting for this thread.
+            let bound = self
+                .shared
+                .config
+                .checkpoint_mutable_bytes
+                .saturating_mul(2);
+            if self.shared.segments().mutable.estimated_bytes() as u64 > bound {
+                self.collect_done();
+                if self.in_flight > 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
         if self.n_applied.is_multiple_of(64) {
             // Back-pressure: past the bound, ingestion helps the indexer instead of growing the
             // exactly-searched tail (and a full ingestion queue then holds writers back).
@@ -329,12 +346,14 @@ impl Checkpointer {
             .cloned()
             .collect();
         for (frozen_seq, frozen) in to_seal.iter().rev() {
-            let segment = SealedSegment::seal_compacting(
-                frozen,
-                next_segment_id,
-                *frozen_seq,
-                rebuild_fraction,
-            );
+            let segment = in_build_pool(|| {
+                SealedSegment::seal_compacting(
+                    frozen,
+                    next_segment_id,
+                    *frozen_seq,
+                    rebuild_fraction,
+                )
+            });
             next_segment_id += 1;
             if segment.figures().n_slots > 0 {
                 segment.write(&dir.join(manifest::segment_file_name(segment.id())))?;
@@ -351,7 +370,8 @@ impl Checkpointer {
             self.check_stopping()?;
             sealed.sort_by_key(|s| s.figures().n_live);
             let (a, b) = (sealed.remove(0), sealed.remove(0));
-            let merged = SealedSegment::rebuild(&[&a, &b], next_segment_id, index_config);
+            let merged =
+                in_build_pool(|| SealedSegment::rebuild(&[&a, &b], next_segment_id, index_config));
             next_segment_id += 1;
             merged.write(&dir.join(manifest::segment_file_name(merged.id())))?;
             tracing::info!(from = ?[a.id(), b.id()], to = merged.id(), "merged sealed segments");
@@ -362,7 +382,9 @@ impl Checkpointer {
         for slot in sealed.iter_mut() {
             if slot.tombstone_fraction() > rebuild_fraction {
                 self.check_stopping()?;
-                let fresh = SealedSegment::rebuild(&[slot], next_segment_id, index_config);
+                let fresh = in_build_pool(|| {
+                    SealedSegment::rebuild(&[slot], next_segment_id, index_config)
+                });
                 next_segment_id += 1;
                 fresh.write(&dir.join(manifest::segment_file_name(fresh.id())))?;
                 tracing::info!(
@@ -513,6 +535,31 @@ impl Checkpointer {
             return Err(CollectionError::Closed);
         }
         Ok(())
+    }
+}
+
+/// Runs a checkpoint's graph work (indexing what a frozen segment has left, fresh graphs for
+/// compacted partitions, merges, rebuilds; hnsw_rs parallelises with rayon) in a pool of its own,
+/// of half the cores (at least one). In rayon's global pool a rebuild queued the indexer's
+/// batches behind it and took every core from writes and searches. (Lowering the pool's
+/// priority was tried and dropped: under a sustained write load the checkpoint then barely ran,
+/// and the mutable segment grew past its bound for minutes.)
+fn in_build_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    let pool = POOL.get_or_init(|| {
+        let n = std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1));
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(|i| format!("tarn-build-{i}"))
+            .build()
+            .map_err(|error| {
+                tracing::warn!(%error, "no checkpoint build pool; building in the shared one")
+            })
+            .ok()
+    });
+    match pool {
+        Some(pool) => pool.install(work),
+        None => work(),
     }
 }
 

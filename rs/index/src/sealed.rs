@@ -147,11 +147,16 @@ impl SealedSegment {
                     continue;
                 }
                 if is_dead_heavy(&data) {
-                    let live: Vec<(u128, &[f32])> = data
+                    // Copied out: the graph build takes seconds, and holding the read lock that
+                    // long would block removals from this (frozen) partition, and behind them
+                    // every search of it.
+                    let live: Vec<(u128, Vec<f32>)> = data
                         .by_doc
                         .iter()
-                        .map(|(d, s)| (*d, &data.vectors[*s as usize * dim..][..dim]))
+                        .map(|(d, s)| (*d, data.vectors[*s as usize * dim..][..dim].to_vec()))
                         .collect();
+                    drop(data);
+                    let live = live.iter().map(|(d, v)| (*d, v.as_slice())).collect();
                     partitions.insert(user_id, build_partition(live, &config));
                     continue;
                 }

@@ -57,6 +57,121 @@ pub enum Command {
         #[arg(long)]
         collection: String,
     },
+    /// Load generators against a running server: durable inserts, search, freshness.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Random vectors from concurrent clients (one connection and one request in flight each):
+    /// requests/s, vectors/s and latency percentiles for each client count.
+    Insert(BenchInsertArgs),
+    /// The queries of an fvecs file from concurrent clients at each --ef (and --exact):
+    /// queries/s, latency percentiles, recall@k with --ivecs.
+    Search(BenchSearchArgs),
+    /// Inserts at a fixed rate while probes search for a sample of the new vectors until they
+    /// are found: insert-to-searchable latency.
+    Freshness(BenchFreshnessArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchInsertArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Created (cosine) if missing.
+    #[arg(long)]
+    pub collection: String,
+    #[arg(long, default_value_t = 128)]
+    pub dimension: u32,
+    /// Client counts, one run each (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub clients: Vec<usize>,
+    /// Vectors per request.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Timed requests per run, shared by the clients.
+    #[arg(long, default_value_t = 1000)]
+    pub requests: usize,
+    /// fsync or written.
+    #[arg(long, default_value = "fsync")]
+    pub durability: String,
+    #[arg(long, default_value_t = 0)]
+    pub user_id: u128,
+    /// Doc ids are first-id, first-id + 1, ... (runs never overwrite each other).
+    #[arg(long, default_value_t = 0)]
+    pub first_id: u128,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// One JSON object per run.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchSearchArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[arg(long)]
+    pub collection: String,
+    /// fvecs file of queries.
+    #[arg(long)]
+    pub fvecs: PathBuf,
+    /// ivecs ground truth (row i: the true nearest doc ids of query i, best first).
+    #[arg(long)]
+    pub ivecs: Option<PathBuf>,
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub clients: Vec<usize>,
+    /// ef values, one run each; 0 is the collection's default.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub ef: Vec<u32>,
+    /// Also run the exact path.
+    #[arg(long)]
+    pub exact: bool,
+    #[arg(long = "user-id")]
+    pub user_ids: Vec<u128>,
+    #[arg(long, default_value_t = 10)]
+    pub top_k: u32,
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Untimed queries per client before each run.
+    #[arg(long, default_value_t = 20)]
+    pub warmup: usize,
+    /// Times each client goes through its share of the queries in a run.
+    #[arg(long, default_value_t = 1)]
+    pub passes: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchFreshnessArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Created (cosine) if missing.
+    #[arg(long)]
+    pub collection: String,
+    #[arg(long, default_value_t = 128)]
+    pub dimension: u32,
+    /// Inserts per second (one vector each, fsync).
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u32,
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Probe every n-th insert.
+    #[arg(long, default_value_t = 10)]
+    pub sample_every: usize,
+    /// Writer connections.
+    #[arg(long, default_value_t = 8)]
+    pub connections: usize,
+    #[arg(long, default_value_t = 0)]
+    pub user_id: u128,
+    #[arg(long, default_value_t = 1u128 << 64)]
+    pub first_id: u128,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args, Default)]

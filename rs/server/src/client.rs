@@ -15,11 +15,11 @@ use tonic::transport::Channel;
 use crate::cli::{ClientArgs, CollectionCommand, Command, InsertArgs, SearchArgs};
 use crate::convert::{id_to_u128, u128_to_id};
 
-type Client = TarnClient<InterceptedService<Channel, Auth>>;
+pub(crate) type Client = TarnClient<InterceptedService<Channel, Auth>>;
 
 /// Adds `authorization: Bearer <key>` to every call when a key is given.
 #[derive(Clone)]
-struct Auth(Option<MetadataValue<tonic::metadata::Ascii>>);
+pub(crate) struct Auth(Option<MetadataValue<tonic::metadata::Ascii>>);
 
 impl tonic::service::Interceptor for Auth {
     fn call(
@@ -35,7 +35,7 @@ impl tonic::service::Interceptor for Auth {
     }
 }
 
-async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
+pub(crate) async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
     let channel = Channel::from_shared(args.addr.clone())
         .with_context(|| format!("bad address {}", args.addr))?
         .connect()
@@ -55,7 +55,10 @@ async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
 }
 
 /// Reads a TEXMEX fvecs/ivecs file row by row: (dimension, rows as raw little-endian words).
-fn read_vecs_rows(path: &Path, limit: Option<usize>) -> anyhow::Result<(usize, Vec<u32>)> {
+pub(crate) fn read_vecs_rows(
+    path: &Path,
+    limit: Option<usize>,
+) -> anyhow::Result<(usize, Vec<u32>)> {
     let mut reader = BufReader::new(
         std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
     );
@@ -87,7 +90,7 @@ fn read_vecs_rows(path: &Path, limit: Option<usize>) -> anyhow::Result<(usize, V
     Ok((dim, words))
 }
 
-fn durability(name: Option<&str>) -> anyhow::Result<i32> {
+pub(crate) fn durability(name: Option<&str>) -> anyhow::Result<i32> {
     Ok(match name {
         None => pb::Durability::Unspecified,
         Some("fsync") => pb::Durability::Fsync,
@@ -217,6 +220,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             }
         },
         Command::Insert(args) => insert(args).await?,
+        Command::Bench(command) => crate::bench::run(command).await?,
         Command::Search(args) => search(args).await?,
         Command::Get {
             client,

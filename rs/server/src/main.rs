@@ -1,6 +1,7 @@
 //! The `tarn` binary: `tarn serve` runs the server; the other commands are a client.
 
 mod auth;
+mod bench;
 mod cli;
 mod client;
 mod config;

@@ -165,7 +165,18 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         .add_service(reflection_alpha)
         .add_service(tarn)
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            // TCP_NODELAY on every connection: tonic sets it only on listeners it binds itself,
+            // and with Nagle a small response waits for the client's delayed ACK.
+            tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                |accepted| {
+                    accepted.inspect(|stream| {
+                        if let Err(error) = stream.set_nodelay(true) {
+                            tracing::debug!(%error, "could not set TCP_NODELAY");
+                        }
+                    })
+                },
+            ),
             shutdown,
         )
         .await?;

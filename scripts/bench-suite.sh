@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# The performance suite against real peers, in one run on one machine (issue 8):
+#   1. PostgreSQL 15 (Debian package, installed if missing) as a throwaway cluster with fsync on
+#      and synchronous_commit on: pgbench inserts of one 128-float row per transaction from 1, 8,
+#      64 and 256 connections;
+#   2. a release `tarn serve` on loopback, driven by `tarn bench`: durable single-vector inserts
+#      from 1, 8, 64 and 256 clients and batched inserts (100 vectors per request), both
+#      durability modes; resident memory per stored vector; insert-to-searchable latency at
+#      1,000 inserts/s; search on minilm-debian at 1 and 16 clients, ef 32-256 and exact;
+#   3. time to reopen after 100k and 1M WAL entries (benches/reopen.rs, in-process);
+#   4. hnswlib from PyPI against tarn in-process and through gRPC (scripts/search-vs-hnswlib.sh);
+#   5. the WalInsertion strategies (scripts/bench-wal.sh, criterion), for context (BENCH_SUITE_WAL=0
+#      skips them).
+# Results: target/bench-suite/results.jsonl; the tables (markdown) and charts
+# (docs/img/insert-throughput.png, docs/img/search-recall-qps.png) are rendered by
+# scripts/py/bench_suite_report.py, which ends with the target ratios.
+# Usage: scripts/bench-suite.sh   (about 15 minutes on 2 cores; run it on a quiet machine)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=target/bench-suite
+rm -rf "$out"
+mkdir -p "$out" docs/img
+results="$out/results.jsonl"
+: >"$results"
+data="${TARN_MINILM_DIR:-../shared/data/minilm-debian}"
+clients="1,8,64,256"
+
+venv="${TARN_BENCH_VENV:-target/venv-bench}"
+[[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
+"$venv/bin/pip" install --quiet 'hnswlib==0.8.0' 'numpy<3' 'matplotlib<4'
+cargo build --release -p tarn-server
+cargo bench -p tarn-benches --bench reopen --no-run
+
+machine() {
+    echo "{\"bench\":\"machine\",\"cpus\":$(nproc),\"cpu\":\"$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)\",\"kernel\":\"$(uname -r)\",\"date\":\"$(date -u +%FT%TZ)\",\"commit\":\"$(git rev-parse --short HEAD)\"}" >>"$results"
+}
+machine
+
+# ---------------------------------------------------------------- 1. PostgreSQL
+pg_bin=/usr/lib/postgresql/15/bin
+if [[ ! -x "$pg_bin/postgres" ]]; then
+    echo "bench-suite: installing postgresql-15 from Debian packages"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15 >/dev/null
+fi
+# The cluster lives on the same disk as tarn's data (target/), owned by the postgres user
+# (PostgreSQL refuses to run as root).
+pg_dir="$(pwd)/$out/pg"
+mkdir -p "$pg_dir"
+as_pg() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+[[ $(id -u) == 0 ]] && chown -R postgres "$pg_dir"
+as_pg "$pg_bin/initdb" -D "$pg_dir/data" --auth=trust -U postgres >/dev/null
+pg_port=$((20000 + RANDOM % 10000))
+as_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/log" -w start -o \
+    "-p $pg_port -k $pg_dir -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on -c full_page_writes=on -c max_connections=300"
+pg_stop() { as_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -m fast -w stop >/dev/null 2>&1 || true; }
+trap 'pg_stop' EXIT
+psql_() { psql -X -q -h 127.0.0.1 -p "$pg_port" -U postgres "$@"; }
+psql_ -c "SHOW fsync; SHOW synchronous_commit; SHOW wal_sync_method;" -t | tr -s ' \n' ' ' | sed 's/^/postgres settings: /'
+echo
+psql_ -c "CREATE TABLE items (id bigserial PRIMARY KEY, embedding real[] NOT NULL)"
+vector="$(python3 -c "import random; random.seed(1); print('{' + ','.join(f'{random.uniform(-1,1):.6f}' for _ in range(128)) + '}')")"
+echo "INSERT INTO items (embedding) VALUES ('$vector');" >"$pg_dir/insert.sql"
+for c in ${clients//,/ }; do
+    per=$(((1000 + c - 1) / c))
+    rm -f "$pg_dir"/pgbench_log.*
+    # -C no: connections are made before the clock starts, as tarn's clients are.
+    (cd "$pg_dir" && pgbench -n -h 127.0.0.1 -p "$pg_port" -U postgres -c "$c" -j 2 -t "$per" \
+        -f insert.sql -l --log-prefix=pgbench_log >"$pg_dir/pgbench.out" 2>&1)
+    python3 - "$c" "$pg_dir" >>"$results" <<'EOF'
+import glob, json, re, sys
+c, d = int(sys.argv[1]), sys.argv[2]
+text = open(f"{d}/pgbench.out").read()
+tps = float(re.search(r"tps = ([0-9.]+) \(without initial connection time\)", text).group(1))
+lat = []
+for path in glob.glob(f"{d}/pgbench_log*"):
+    for line in open(path):
+        lat.append(int(line.split()[2]) / 1000.0)  # microseconds -> ms
+lat.sort()
+at = lambda p: lat[min(len(lat) - 1, round((len(lat) - 1) * p))]
+print(json.dumps({"bench": "pg_insert", "clients": c, "batch": 1, "requests": len(lat),
+                  "requests_per_s": tps, "seconds": len(lat) / tps,
+                  "p50_ms": at(0.5), "p99_ms": at(0.99)}))
+EOF
+    tail -1 "$results"
+done
+pg_stop
+trap - EXIT
+
+# ---------------------------------------------------------------- 2. tarn over gRPC
+source scripts/lib-server.sh
+work="$(pwd)/$out/tarn"
+trap 'stop_tarn' EXIT
+start_tarn "$work/data"
+tarn=target/release/tarn
+bench() { $tarn bench "$@" --json | tee -a "$results"; }
+# Single-vector inserts, 1,000 timed requests per client count; then batches of 100.
+bench insert --collection single --clients "$clients" --requests 1000 --durability fsync --first-id 0
+bench insert --collection single --clients "$clients" --requests 1000 --durability written --first-id 10000000
+bench insert --collection batched --clients 1,8,64 --batch 100 --requests 300 --durability fsync --first-id 0
+bench insert --collection batched --clients 1,8,64 --batch 100 --requests 300 --durability written --first-id 100000000
+
+# Resident memory per stored vector: 100,000 128-d vectors into a fresh collection, sealed.
+rss() { awk '/VmRSS/ {print $2 * 1024}' "/proc/$TARN_PID/status"; }
+$tarn flush --collection single >/dev/null
+$tarn flush --collection batched >/dev/null
+before=$(rss)
+$tarn bench insert --collection memory --clients 8 --batch 500 --requests 200 --durability written >/dev/null
+mutable=$(rss)
+$tarn flush --collection memory >/dev/null
+sleep 1
+sealed=$(rss)
+docs=$($tarn collection info memory | sed -n 's/^documents: *\([0-9]*\).*/\1/p')
+echo "{\"bench\":\"memory\",\"vectors\":$docs,\"dimension\":128,\"rss_before\":$before,\"rss_mutable\":$mutable,\"rss_sealed\":$sealed}" | tee -a "$results"
+
+# Insert-to-searchable at 1,000 inserts/s, on a collection that already holds 20,000 vectors.
+$tarn bench insert --collection fresh --clients 8 --batch 500 --requests 40 --durability written >/dev/null
+$tarn flush --collection fresh >/dev/null
+bench freshness --collection fresh --rate 1000 --seconds 15 --sample-every 10
+
+# Search on minilm-debian: all 60,733 vectors inserted and sealed, then 1 and 16 clients.
+if [[ -f "$data/base.fvecs" ]]; then
+    $tarn collection create minilm --dimension 384 --metric cosine >/dev/null
+    $tarn insert --collection minilm --fvecs "$data/base.fvecs" --batch 500 --concurrency 8
+    $tarn flush --collection minilm >/dev/null
+    bench search --collection minilm --fvecs "$data/query.fvecs" --ivecs "$data/groundtruth.ivecs" \
+        --clients 1,16 --ef 32,64,128,256 --exact --passes 4
+else
+    echo "bench-suite: search SKIPPED (no minilm-debian data at $data)"
+fi
+stop_tarn
+trap - EXIT
+
+# ---------------------------------------------------------------- 3. reopen
+cargo bench --quiet -p tarn-benches --bench reopen -- --json | grep '^{' | tee -a "$results"
+
+# ---------------------------------------------------------------- 4. hnswlib, 5. WAL strategies
+if [[ -f "$data/base.fvecs" ]]; then
+    scripts/search-vs-hnswlib.sh "$data" | tee "$out/search-vs-hnswlib.out"
+    cp target/search_vs_hnswlib.json "$out/"
+fi
+if [[ "${BENCH_SUITE_WAL:-1}" == 1 ]]; then
+    scripts/bench-wal.sh | tee "$out/bench-wal.out"
+fi
+
+"$venv/bin/python" scripts/py/bench_suite_report.py --results "$results" \
+    --hnswlib "$out/search_vs_hnswlib.json" --png docs/img/insert-throughput.png | tee "$out/report.md"

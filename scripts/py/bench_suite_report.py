@@ -1,0 +1,148 @@
+"""Renders scripts/bench-suite.sh's results (JSON lines) as the markdown tables of
+docs/BENCHMARKS.md and the insert-throughput chart, and ends with the issue's targets, each
+with its measured ratio and whether it is met."""
+
+import argparse
+import json
+import os
+
+from search_vs_hnswlib import qps_at
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--results", required=True)
+    parser.add_argument("--hnswlib", help="target/search_vs_hnswlib.json of the same run")
+    parser.add_argument("--png", required=True)
+    args = parser.parse_args()
+    rows = [json.loads(line) for line in open(args.results) if line.strip()]
+    by = lambda kind: [r for r in rows if r["bench"] == kind]
+    machine = by("machine")[0]
+    print(f"Machine: {machine['cpus']} cores, {machine['cpu']}, Linux {machine['kernel']}; "
+          f"commit {machine['commit']}; {machine['date']}.")
+    print()
+
+    pg = {r["clients"]: r for r in by("pg_insert")}
+    ins = by("insert")
+    single = {(r["durability"], r["clients"]): r for r in ins if r["batch"] == 1}
+    print("### Durable single-vector inserts (128-d), tarn over gRPC vs PostgreSQL 15\n")
+    print("Each client has its own connection and one request in flight. PostgreSQL: pgbench, one "
+          "`INSERT` of a `real[]` row per transaction, fsync on, synchronous_commit on.\n")
+    print("| clients | tarn fsync req/s | p50 / p99 ms | tarn written req/s | p50 / p99 ms | PostgreSQL tx/s | p50 / p99 ms | tarn fsync / PostgreSQL |")
+    print("|---|---|---|---|---|---|---|---|")
+    for c in sorted({c for (_, c) in single}):
+        f, w, p = single.get(("fsync", c)), single.get(("written", c)), pg.get(c)
+        cell = lambda r, key="requests_per_s": f"{r[key]:,.0f}" if r else "-"
+        lat = lambda r: f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f}" if r else "-"
+        ratio = f"{f['requests_per_s'] / p['requests_per_s']:.2f}x" if f and p else "-"
+        print(f"| {c} | {cell(f)} | {lat(f)} | {cell(w)} | {lat(w)} | {cell(p)} | {lat(p)} | {ratio} |")
+    print()
+    batched = [r for r in ins if r["batch"] > 1]
+    if batched:
+        print("### Batched inserts (100 vectors of 128-d per request)\n")
+        print("| clients | durability | requests/s | vectors/s | p50 / p99 ms |")
+        print("|---|---|---|---|---|")
+        for r in batched:
+            print(f"| {r['clients']} | {r['durability']} | {r['requests_per_s']:,.0f} | "
+                  f"{r['vectors_per_s']:,.0f} | {r['p50_ms']:.2f} / {r['p99_ms']:.2f} |")
+        print()
+    for m in by("memory"):
+        n, raw = m["vectors"], m["dimension"] * 4
+        mut = (m["rss_mutable"] - m["rss_before"]) / n
+        sealed = (m["rss_sealed"] - m["rss_before"]) / n
+        print("### Resident memory per stored vector\n")
+        print(f"{n:,} vectors of {m['dimension']}-d ({raw} raw bytes each) into an empty collection "
+              f"of a running server: resident memory grew by **{mut:,.0f} bytes per vector** while "
+              f"they were in the mutable segment (hnsw_rs graph) and by **{sealed:,.0f} bytes per "
+              f"vector** once sealed by a flush (RSS of the whole process; freed heap is not always "
+              f"returned to the OS).\n")
+    fresh = by("freshness")
+    for f in fresh:
+        print("### Insert-to-searchable\n")
+        print(f"{f['inserts']:,} single-vector fsync inserts at {f['rate']:,}/s into a collection "
+              f"holding 20,000 vectors; every 10th is searched for (approximate search, default ef) "
+              f"until found ({f['probed']} probes, {f['missed']} not found):\n")
+        print("| | p50 ms | p99 ms |")
+        print("|---|---|---|")
+        print(f"| request sent -> found by search | {f['to_searchable_p50_ms']:.2f} | {f['to_searchable_p99_ms']:.2f} |")
+        print(f"| of which: durable acknowledgement | {f['ack_p50_ms']:.2f} | {f['ack_p99_ms']:.2f} |")
+        print(f"| of which: acknowledgement -> found | {f['after_ack_p50_ms']:.2f} | {f['after_ack_p99_ms']:.2f} |")
+        print()
+    search = by("search")
+    if search:
+        print("### Search through gRPC on minilm-debian (60,733 x 384, 500 queries x 4 passes, k=10)\n")
+        print("| clients | ef | recall@10 | queries/s | p50 ms | p99 ms |")
+        print("|---|---|---|---|---|---|")
+        for r in search:
+            ef = "exact" if r["exact"] else r["ef"]
+            print(f"| {r['clients']} | {ef} | {r['recall']:.4f} | {r['queries_per_s']:,.0f} | "
+                  f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+        print()
+    reopen = by("reopen")
+    if reopen:
+        print("### Time to reopen after a long WAL (benches/reopen.rs, in-process)\n")
+        print("| WAL entries after the checkpoint | WAL bytes | open (replay) | entries/s |")
+        print("|---|---|---|---|")
+        for r in reopen:
+            print(f"| {r['wal_entries']:,} | {r['wal_bytes'] / 1e6:,.0f} MB | {r['open_s']:.2f} s | "
+                  f"{r['wal_entries'] / r['open_s']:,.0f} |")
+        print()
+
+    hnsw = None
+    if args.hnswlib and os.path.exists(args.hnswlib):
+        hnsw = json.load(open(args.hnswlib))
+
+    # The chart: throughput against clients.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series = [
+        ("tarn, fsync (durable)", [single[k] for k in sorted(single) if k[0] == "fsync"]),
+        ("tarn, written", [single[k] for k in sorted(single) if k[0] == "written"]),
+        ("PostgreSQL 15, synchronous_commit=on", [pg[c] for c in sorted(pg)]),
+    ]
+    for name, points in series:
+        if points:
+            ax.plot([p["clients"] for p in points], [p["requests_per_s"] for p in points],
+                    marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("concurrent clients (one connection each)")
+    ax.set_ylabel("single-vector inserts/s (128-d)")
+    ax.set_title("Durable inserts, same machine, same run")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=110)
+
+    print("### Targets\n")
+    targets = []
+    f1, p1 = single.get(("fsync", 1)), pg.get(1)
+    if f1 and p1:
+        t_tarn, t_pg = 1000 / f1["requests_per_s"], 1000 / p1["requests_per_s"]
+        targets.append((f"1,000 sequential durable inserts, one client: tarn {t_tarn:.3f} s, "
+                        f"PostgreSQL {t_pg:.3f} s (no slower)", t_pg / t_tarn, 1.0))
+    f64, p64 = single.get(("fsync", 64)), pg.get(64)
+    if f64 and p64:
+        targets.append((f"64 clients: tarn {f64['requests_per_s']:,.0f}/s, PostgreSQL "
+                        f"{p64['requests_per_s']:,.0f}/s (at least 3x)",
+                        f64["requests_per_s"] / p64["requests_per_s"], 3.0))
+    one = [r for r in search if r["clients"] == 1 and not r["exact"]]
+    if one and hnsw:
+        g = qps_at([{"recall": r["recall"], "qps": r["queries_per_s"]} for r in one], 0.98)
+        h = qps_at(hnsw["hnswlib"], 0.98)
+        if g and h:
+            targets.append((f"search through gRPC, one client, recall@10 0.98: tarn {g:,.0f} q/s, "
+                            f"hnswlib in-process {h:,.0f} q/s (at least 0.5x)", g / h, 0.5))
+    for f in fresh:
+        targets.append((f"insert-to-searchable p99 at 1,000 inserts/s: {f['to_searchable_p99_ms']:.1f} ms "
+                        f"(under 50 ms)", 50 / f["to_searchable_p99_ms"], 1.0))
+    for text, ratio, need in targets:
+        print(f"- {text}: ratio {ratio:.2f}, {'met' if ratio >= need else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
