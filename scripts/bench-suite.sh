@@ -60,12 +60,24 @@ echo
 psql_ -c "CREATE TABLE items (id bigserial PRIMARY KEY, embedding real[] NOT NULL)"
 vector="$(python3 -c "import random; random.seed(1); print('{' + ','.join(f'{random.uniform(-1,1):.6f}' for _ in range(128)) + '}')")"
 echo "INSERT INTO items (embedding) VALUES ('$vector');" >"$pg_dir/insert.sql"
-for c in ${clients//,/ }; do
+
+# ---------------------------------------------------------------- 2. tarn over gRPC
+source scripts/lib-server.sh
+work="$(pwd)/$out/tarn"
+trap 'stop_tarn; pg_stop' EXIT
+start_tarn "$work/data"
+tarn=target/release/tarn
+bench() { $tarn bench "$@" --json | tee -a "$results"; }
+# Single-vector durable inserts, 1,000 timed requests per client count, alternating PostgreSQL
+# and tarn run by run, three rounds (the disk's fsync latency drifts; the report takes medians).
+# A pause after each tarn run lets its indexer finish the vectors just written.
+pg_run() {
+    local c=$1
     per=$(((1000 + c - 1) / c))
     rm -f "$pg_dir"/pgbench_log.*
     # -C no: connections are made before the clock starts, as tarn's clients are.
     (cd "$pg_dir" && pgbench -n -h 127.0.0.1 -p "$pg_port" -U postgres -c "$c" -j 2 -t "$per" \
-        -f insert.sql -l --log-prefix=pgbench_log >"$pg_dir/pgbench.out" 2>&1)
+        -f insert.sql -l --log-prefix=pgbench_log postgres >"$pg_dir/pgbench.out" 2>&1)
     python3 - "$c" "$pg_dir" >>"$results" <<'EOF'
 import glob, json, re, sys
 c, d = int(sys.argv[1]), sys.argv[2]
@@ -82,35 +94,40 @@ print(json.dumps({"bench": "pg_insert", "clients": c, "batch": 1, "requests": le
                   "p50_ms": at(0.5), "p99_ms": at(0.99)}))
 EOF
     tail -1 "$results"
+}
+
+for round in 1 2 3; do
+    for c in ${clients//,/ }; do
+        pg_run "$c"
+        sleep 1
+        bench insert --collection "single$round" --clients "$c" --requests 1000 --durability fsync \
+            --first-id $((c * 100000))
+        sleep 3
+    done
 done
 pg_stop
-trap - EXIT
+bench insert --collection single1 --clients "$clients" --requests 1000 --durability written --first-id 10000000
+bench insert --collection batched --clients 1,8,64 --batch 100 --requests 100 --durability fsync --first-id 0
+bench insert --collection batched --clients 1,8,64 --batch 100 --requests 100 --durability written --first-id 100000000
 
-# ---------------------------------------------------------------- 2. tarn over gRPC
-source scripts/lib-server.sh
-work="$(pwd)/$out/tarn"
-trap 'stop_tarn' EXIT
-start_tarn "$work/data"
-tarn=target/release/tarn
-bench() { $tarn bench "$@" --json | tee -a "$results"; }
-# Single-vector inserts, 1,000 timed requests per client count; then batches of 100.
-bench insert --collection single --clients "$clients" --requests 1000 --durability fsync --first-id 0
-bench insert --collection single --clients "$clients" --requests 1000 --durability written --first-id 10000000
-bench insert --collection batched --clients 1,8,64 --batch 100 --requests 300 --durability fsync --first-id 0
-bench insert --collection batched --clients 1,8,64 --batch 100 --requests 300 --durability written --first-id 100000000
-
-# Resident memory per stored vector: 100,000 128-d vectors into a fresh collection, sealed.
-rss() { awk '/VmRSS/ {print $2 * 1024}' "/proc/$TARN_PID/status"; }
-$tarn flush --collection single >/dev/null
+for round in 1 2 3; do $tarn flush --collection "single$round" >/dev/null; done
 $tarn flush --collection batched >/dev/null
+
+# Resident memory per stored vector: a server of its own (no memory freed by earlier work to
+# reuse), about 50,000 128-d vectors, sealed by a flush; RSS against the empty server's.
+main_pid=$TARN_PID main_addr=$TARN_ADDR
+start_tarn "$work/memory"
+rss() { awk '/VmRSS/ {print $2 * 1024}' "/proc/$TARN_PID/status"; }
 before=$(rss)
-$tarn bench insert --collection memory --clients 8 --batch 500 --requests 200 --durability written >/dev/null
-mutable=$(rss)
+$tarn bench insert --collection memory --clients 8 --batch 500 --requests 100 --durability written >/dev/null
 $tarn flush --collection memory >/dev/null
 sleep 1
 sealed=$(rss)
 docs=$($tarn collection info memory | sed -n 's/^documents: *\([0-9]*\).*/\1/p')
-echo "{\"bench\":\"memory\",\"vectors\":$docs,\"dimension\":128,\"rss_before\":$before,\"rss_mutable\":$mutable,\"rss_sealed\":$sealed}" | tee -a "$results"
+echo "{\"bench\":\"memory\",\"vectors\":$docs,\"dimension\":128,\"rss_before\":$before,\"rss_sealed\":$sealed}" | tee -a "$results"
+stop_tarn
+TARN_PID=$main_pid TARN_ADDR=$main_addr
+export TARN_ADDR
 
 # Insert-to-searchable at 1,000 inserts/s, on a collection that already holds 20,000 vectors.
 $tarn bench insert --collection fresh --clients 8 --batch 500 --requests 40 --durability written >/dev/null
@@ -123,7 +140,7 @@ if [[ -f "$data/base.fvecs" ]]; then
     $tarn insert --collection minilm --fvecs "$data/base.fvecs" --batch 500 --concurrency 8
     $tarn flush --collection minilm >/dev/null
     bench search --collection minilm --fvecs "$data/query.fvecs" --ivecs "$data/groundtruth.ivecs" \
-        --clients 1,16 --ef 32,64,128,256 --exact --passes 4
+        --clients 1,16 --ef 16,24,32,64,128,256 --exact --passes 4
 else
     echo "bench-suite: search SKIPPED (no minilm-debian data at $data)"
 fi

@@ -339,6 +339,7 @@ async fn freshness(args: BenchFreshnessArgs) -> anyhow::Result<()> {
     let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut tasks = tokio::task::JoinSet::new();
+    let mut probes: Vec<(f64, f64, f64)> = Vec::new();
     let started = Instant::now();
     for i in 0..total {
         ticker.tick().await;
@@ -394,22 +395,27 @@ async fn freshness(args: BenchFreshnessArgs) -> anyhow::Result<()> {
             }
         });
         while let Some(done) = tasks.try_join_next() {
-            done.context("freshness task")??;
+            if let Some(probe) = done.context("freshness task")?? {
+                probes.push(probe);
+            }
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        if let Some(probe) = done.context("freshness task")?? {
+            probes.push(probe);
         }
     }
     let mut to_searchable = Vec::new();
     let mut after_ack = Vec::new();
     let mut ack = Vec::new();
     let mut n_missed = 0usize;
-    while let Some(done) = tasks.join_next().await {
-        if let Some((total_ms, after_ms, ack_ms)) = done.context("freshness task")?? {
-            if total_ms.is_finite() {
-                to_searchable.push(total_ms);
-                after_ack.push(after_ms);
-                ack.push(ack_ms);
-            } else {
-                n_missed += 1;
-            }
+    for (total_ms, after_ms, ack_ms) in probes {
+        if total_ms.is_finite() {
+            to_searchable.push(total_ms);
+            after_ack.push(after_ms);
+            ack.push(ack_ms);
+        } else {
+            n_missed += 1;
         }
     }
     let seconds = started.elapsed().as_secs_f64();

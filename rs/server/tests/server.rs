@@ -766,6 +766,36 @@ fn the_cli_creates_inserts_searches_gets_removes_flushes_and_drops() {
         out.contains("recall@1: 1.0000") && out.contains("p99"),
         "{out}"
     );
+    // `tarn bench search`: one JSON line per (clients, mode); every query answered once per pass.
+    let out = tarn(&[
+        "bench",
+        "search",
+        "--collection",
+        "cli",
+        "--fvecs",
+        fvecs.to_str().unwrap(),
+        "--ivecs",
+        ivecs.to_str().unwrap(),
+        "--limit",
+        "50",
+        "--clients",
+        "1,3",
+        "--ef",
+        "0",
+        "--exact",
+        "--passes",
+        "2",
+        "--json",
+    ]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    for line in &lines {
+        assert!(line.contains("\"queries\":100,"), "{line}");
+    }
+    assert!(
+        lines[1].contains("\"exact\":true") && lines[1].contains("\"recall\":1.0000"),
+        "{out}"
+    );
     assert!(tarn(&["get", "--collection", "cli", "--doc-id", "7"]).starts_with("7\t"));
     tarn(&["remove", "--collection", "cli", "--doc-id", "7"]);
     assert!(tarn(&["flush", "--collection", "cli"]).contains("flushed_seq_no"));
@@ -773,4 +803,81 @@ fn the_cli_creates_inserts_searches_gets_removes_flushes_and_drops() {
     assert!(info.contains("documents:          299"), "{info}");
     tarn(&["collection", "drop", "cli"]);
     assert_eq!(tarn(&["collection", "list"]).trim(), "");
+}
+
+#[test]
+fn tarn_bench_insert_and_freshness_do_what_they_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let tarn = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_tarn"))
+            .args(args)
+            .args(["--addr", &server.addr])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "{args:?}: {stdout} {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        stdout
+    };
+    // 12 timed requests per run plus one untimed request per connection.
+    let out = tarn(&[
+        "bench",
+        "insert",
+        "--collection",
+        "b",
+        "--dimension",
+        "16",
+        "--clients",
+        "1,3",
+        "--requests",
+        "12",
+        "--batch",
+        "2",
+        "--json",
+    ]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[0].contains("\"clients\":1,") && lines[0].contains("\"requests\":12,"),
+        "{out}"
+    );
+    assert!(
+        lines[1].contains("\"clients\":3,") && lines[1].contains("\"vectors\":24,"),
+        "{out}"
+    );
+    let rt = runtime();
+    let n_documents = |rt: &tokio::runtime::Runtime| {
+        rt.block_on(async {
+            let mut client = server.client().await;
+            collection_info(&mut client, "b").await.n_documents
+        })
+    };
+    assert_eq!(n_documents(&rt), 2 * (12 + 1 + 12 + 3));
+    // Freshness: 200 inserts at 200/s, every 5th searched for until found.
+    let out = tarn(&[
+        "bench",
+        "freshness",
+        "--collection",
+        "b",
+        "--dimension",
+        "16",
+        "--rate",
+        "200",
+        "--seconds",
+        "1",
+        "--sample-every",
+        "5",
+        "--json",
+    ]);
+    assert!(
+        out.contains("\"inserts\":200,")
+            && out.contains("\"probed\":40,")
+            && out.contains("\"missed\":0,"),
+        "{out}"
+    );
+    assert_eq!(n_documents(&rt), 2 * (12 + 1 + 12 + 3) + 200);
 }
