@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use tarn_proto::v1 as pb;
 
 use crate::cli::{BenchCommand, BenchFreshnessArgs, BenchInsertArgs, BenchSearchArgs, ClientArgs};
-use crate::client::{connect, durability, read_vecs_rows, Client};
+use crate::client::{connect, durability, read_vecs_rows, recall_counts, Client};
 use crate::convert::{id_to_u128, u128_to_id};
 
 pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
@@ -280,13 +280,9 @@ async fn search(args: BenchSearchArgs) -> anyhow::Result<()> {
                 for (q, ms, ids) in results {
                     latencies.push(ms);
                     if let Some((width, rows)) = &truth {
-                        let row = &rows[q * width..q * width + k.min(*width)];
-                        expected += row.len();
-                        found += ids
-                            .iter()
-                            .take(k)
-                            .filter(|id| row.iter().any(|t| u128::from(*t) == **id))
-                            .count();
+                        let (f, e) = recall_counts(rows, *width, q, &ids, k);
+                        found += f;
+                        expected += e;
                     }
                 }
             }

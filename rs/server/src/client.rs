@@ -126,6 +126,24 @@ fn print_info(info: &pb::CollectionInfo) {
     println!("bytes on disk:      {}", info.bytes_on_disk);
 }
 
+/// Recall bookkeeping for query `q` against an ivecs ground truth of `width` ids per row:
+/// (true neighbours among the first `k` ids found, true neighbours counted).
+pub(crate) fn recall_counts(
+    truth: &[u32],
+    width: usize,
+    q: usize,
+    ids: &[u128],
+    k: usize,
+) -> (usize, usize) {
+    let row = &truth[q * width..q * width + k.min(width)];
+    let found = ids
+        .iter()
+        .take(k)
+        .filter(|id| row.iter().any(|t| u128::from(*t) == **id))
+        .count();
+    (found, row.len())
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
@@ -373,13 +391,9 @@ async fn search(args: SearchArgs) -> anyhow::Result<()> {
             );
         }
         if let Some((width, rows)) = &truth {
-            let row = &rows[q * width..q * width + k.min(*width)];
-            expected += row.len();
-            found += ids
-                .iter()
-                .take(k)
-                .filter(|id| row.iter().any(|t| u128::from(*t) == **id))
-                .count();
+            let (f, e) = recall_counts(rows, *width, q, &ids, k);
+            found += f;
+            expected += e;
         }
     }
     let elapsed = started.elapsed().as_secs_f64();

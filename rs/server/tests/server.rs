@@ -712,20 +712,7 @@ fn the_cli_creates_inserts_searches_gets_removes_flushes_and_drops() {
     );
     let ivecs = dir.path().join("truth.ivecs");
     write_vecs(&ivecs, &(0..50u32).map(|i| vec![i]).collect::<Vec<_>>());
-    let tarn = |args: &[&str]| {
-        let output = Command::new(env!("CARGO_BIN_EXE_tarn"))
-            .args(args)
-            .args(["--addr", &server.addr])
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(
-            output.status.success(),
-            "{args:?}: {stdout} {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        stdout
-    };
+    let tarn = |args: &[&str]| run_cli(&server.addr, args);
     tarn(&[
         "collection",
         "create",
@@ -809,20 +796,7 @@ fn the_cli_creates_inserts_searches_gets_removes_flushes_and_drops() {
 fn tarn_bench_insert_and_freshness_do_what_they_report() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"), &[]);
-    let tarn = |args: &[&str]| {
-        let output = Command::new(env!("CARGO_BIN_EXE_tarn"))
-            .args(args)
-            .args(["--addr", &server.addr])
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(
-            output.status.success(),
-            "{args:?}: {stdout} {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        stdout
-    };
+    let tarn = |args: &[&str]| run_cli(&server.addr, args);
     // 12 timed requests per run plus one untimed request per connection.
     let out = tarn(&[
         "bench",

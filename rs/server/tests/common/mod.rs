@@ -185,3 +185,19 @@ pub fn damage_files(dir: &Path, ext: &str) {
         }
     }
 }
+
+/// Runs `tarn <args> --addr <addr>`; asserts it succeeds and returns its standard output.
+pub fn run_cli(addr: &str, args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .args(args)
+        .args(["--addr", addr])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{args:?}: {stdout} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
