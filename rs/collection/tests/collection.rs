@@ -286,18 +286,7 @@ fn a_damaged_newest_checkpoint_falls_back_to_the_previous_one_and_nothing_is_los
             c.flush().await.unwrap();
         });
     }
-    let mut manifests: Vec<_> = std::fs::read_dir(&path)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .starts_with("MANIFEST-")
-        })
-        .collect();
-    manifests.sort();
+    let mut manifests = tarn_testkit::files_starting_with(&path, "MANIFEST-").unwrap();
     assert_eq!(
         manifests.len(),
         2,

@@ -261,18 +261,7 @@ fn a_damaged_newest_checkpoint_falls_back_and_nothing_valid_left_refuses_to_star
     server.kill();
 
     let collection_dir = dir.path().join("collections").join(COLLECTION);
-    let mut manifests: Vec<PathBuf> = std::fs::read_dir(&collection_dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .starts_with("MANIFEST-")
-        })
-        .collect();
-    manifests.sort();
+    let manifests = tarn_testkit::files_starting_with(&collection_dir, "MANIFEST-").unwrap();
     let newest = manifests.last().unwrap().clone();
     let mut bytes = std::fs::read(&newest).unwrap();
     let mid = bytes.len() / 2;

@@ -1,5 +1,6 @@
 //! Test and benchmark helpers (never a dependency of the product): seeded clustered vectors, a
-//! brute-force kNN oracle, and readers for the TEXMEX fvecs/ivecs files of `../shared/data`.
+//! brute-force kNN oracle, readers for the TEXMEX fvecs/ivecs files of `../shared/data`, and
+//! a lister for a collection's files.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -132,4 +133,22 @@ pub fn load_minilm(dir: &Path) -> io::Result<Minilm> {
         truth,
         truth_width,
     })
+}
+
+/// The files in `dir` whose names start with `prefix` (for example a collection's
+/// `MANIFEST-` files), sorted by path, so the newest generation comes last.
+pub fn files_starting_with(dir: &Path, prefix: &str) -> io::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(prefix))
+        {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
 }
