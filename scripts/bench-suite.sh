@@ -37,29 +37,13 @@ machine() {
 machine
 
 # ---------------------------------------------------------------- 1. PostgreSQL
-pg_bin=/usr/lib/postgresql/15/bin
-if [[ ! -x "$pg_bin/postgres" ]]; then
-    echo "bench-suite: installing postgresql-15 from Debian packages"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15 >/dev/null
-fi
-# The cluster lives on the same disk as tarn's data (target/), owned by the postgres user
-# (PostgreSQL refuses to run as root).
-pg_dir="$(pwd)/$out/pg"
-mkdir -p "$pg_dir"
-as_pg() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-[[ $(id -u) == 0 ]] && chown -R postgres "$pg_dir"
-as_pg "$pg_bin/initdb" -D "$pg_dir/data" --auth=trust -U postgres >/dev/null
-pg_port=$((20000 + RANDOM % 10000))
-as_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/log" -w start -o \
-    "-p $pg_port -k $pg_dir -c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on -c full_page_writes=on -c max_connections=300"
-pg_stop() { as_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -m fast -w stop >/dev/null 2>&1 || true; }
+source scripts/lib-pg.sh
+pg_start "$(pwd)/$out/pg"
+pg_dir=$PG_DIR
 trap 'pg_stop' EXIT
-psql_() { psql -X -q -h 127.0.0.1 -p "$pg_port" -U postgres "$@"; }
 psql_ -c "SHOW fsync; SHOW synchronous_commit; SHOW wal_sync_method;" -t | tr -s ' \n' ' ' | sed 's/^/postgres settings: /'
 echo
-psql_ -c "CREATE TABLE items (id bigserial PRIMARY KEY, embedding real[] NOT NULL)"
-vector="$(python3 -c "import random; random.seed(1); print('{' + ','.join(f'{random.uniform(-1,1):.6f}' for _ in range(128)) + '}')")"
-echo "INSERT INTO items (embedding) VALUES ('$vector');" >"$pg_dir/insert.sql"
+pg_insert_table
 
 # ---------------------------------------------------------------- 2. tarn over gRPC
 source scripts/lib-server.sh
@@ -73,11 +57,8 @@ bench() { $tarn bench "$@" --json | tee -a "$results"; }
 # A pause after each tarn run lets its indexer finish the vectors just written.
 pg_run() {
     local c=$1
-    per=$(((1000 + c - 1) / c))
     rm -f "$pg_dir"/pgbench_log.*
-    # -C no: connections are made before the clock starts, as tarn's clients are.
-    (cd "$pg_dir" && pgbench -n -h 127.0.0.1 -p "$pg_port" -U postgres -c "$c" -j 2 -t "$per" \
-        -f insert.sql -l --log-prefix=pgbench_log postgres >"$pg_dir/pgbench.out" 2>&1)
+    pg_insert_run "$c" 1000 -l --log-prefix=pgbench_log >/dev/null
     python3 - "$c" "$pg_dir" >>"$results" <<'EOF'
 import glob, json, re, sys
 c, d = int(sys.argv[1]), sys.argv[2]

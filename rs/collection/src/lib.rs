@@ -6,6 +6,7 @@ mod config;
 mod error;
 mod ingest;
 mod manifest;
+mod memory;
 mod op;
 mod segments;
 
