@@ -735,8 +735,8 @@ fn the_cli_creates_inserts_searches_gets_removes_flushes_and_drops() {
         "4",
     ]);
     assert!(out.contains("inserted 300 vectors"), "{out}");
-    let out = tarn(&[
-        "search",
+    // The query set both search commands read: 50 queries with their exact answers.
+    let queries = [
         "--collection",
         "cli",
         "--fvecs",
@@ -745,35 +745,30 @@ fn the_cli_creates_inserts_searches_gets_removes_flushes_and_drops() {
         ivecs.to_str().unwrap(),
         "--limit",
         "50",
-        "--top-k",
-        "1",
-        "--exact",
-    ]);
+    ];
+    let out = tarn(&[&["search"][..], &queries, &["--top-k", "1", "--exact"]].concat());
     assert!(
         out.contains("recall@1: 1.0000") && out.contains("p99"),
         "{out}"
     );
     // `tarn bench search`: one JSON line per (clients, mode); every query answered once per pass.
-    let out = tarn(&[
-        "bench",
-        "search",
-        "--collection",
-        "cli",
-        "--fvecs",
-        fvecs.to_str().unwrap(),
-        "--ivecs",
-        ivecs.to_str().unwrap(),
-        "--limit",
-        "50",
-        "--clients",
-        "1,3",
-        "--ef",
-        "0",
-        "--exact",
-        "--passes",
-        "2",
-        "--json",
-    ]);
+    let out = tarn(
+        &[
+            &["bench", "search"][..],
+            &queries,
+            &[
+                "--clients",
+                "1,3",
+                "--ef",
+                "0",
+                "--exact",
+                "--passes",
+                "2",
+                "--json",
+            ],
+        ]
+        .concat(),
+    );
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 4, "{out}");
     for line in &lines {
