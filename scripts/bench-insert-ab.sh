@@ -6,7 +6,8 @@
 # for each client count; 1,000 requests per run. Prints one line per run, then the medians.
 # Usage: scripts/bench-insert-ab.sh A_BINARY B_BINARY
 #   env: ROUNDS (4), CLIENTS ("1 64"), DURABILITY (fsync), PAUSE (4 s after each tarn run, so
-#   its indexer is done before the next run)
+#   its indexer is done before the next run), CLIENT (b: binary B's `tarn bench` drives both
+#   servers, so only the server differs; own: each side's own, to compare client changes too)
 # Build A from an older commit with, e.g.:
 #   git worktree add /tmp/old <commit> && (cd /tmp/old && cargo build --release -p tarn-server)
 set -euo pipefail
@@ -53,7 +54,9 @@ for round in $(seq "${ROUNDS:-4}"); do
         for side in a b; do
             id=$((id + 100000))
             addr=${side}_addr
-            "$b_bin" bench insert --addr "${!addr}" --collection ab --clients "$c" --requests 1000 \
+            client_bin=$b_bin
+            [[ ${CLIENT:-b} == own && $side == a ]] && client_bin=$a_bin
+            "$client_bin" bench insert --addr "${!addr}" --collection ab --clients "$c" --requests 1000 \
                 --durability "${DURABILITY:-fsync}" --first-id "$id" --json |
                 python3 -c "import sys, json; d = json.load(sys.stdin); print('$side c=$c rps=%.0f p50=%.3f p99=%.3f' % (d['requests_per_s'], d['p50_ms'], d['p99_ms']))" |
                 tee -a "$results"

@@ -5,7 +5,8 @@
 # PG_PORT. pg_stop stops it. pg_insert_table creates the table and the pgbench script of the
 # insert comparison: one INSERT of a 128-float real[] row per transaction (there is no pgvector
 # package in the apt mirror here). pg_insert_run CLIENTS TOTAL [pgbench flags] runs TOTAL of
-# those inserts from CLIENTS connections (made before the clock starts) and prints the tx/s.
+# those inserts from CLIENTS connections (made before the clock starts), then a CHECKPOINT
+# (untimed), and prints the tx/s.
 pg_bin=/usr/lib/postgresql/15/bin
 
 as_pg() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
@@ -29,7 +30,9 @@ pg_stop() { as_pg "$pg_bin/pg_ctl" -D "$PG_DIR/data" -m fast -w stop >/dev/null 
 psql_() { psql -X -q -h 127.0.0.1 -p "$PG_PORT" -U postgres "$@"; }
 
 pg_insert_table() {
-    psql_ -c "CREATE TABLE items (id bigserial PRIMARY KEY, embedding real[] NOT NULL)"
+    # Without autovacuum on the table: its insert threshold is 1,000 rows, so a vacuum started at
+    # the end of one run and ran during the next one (tarn's, as often as not).
+    psql_ -c "CREATE TABLE items (id bigserial PRIMARY KEY, embedding real[] NOT NULL) WITH (autovacuum_enabled = off)"
     local vector
     vector="$(python3 -c "import random; random.seed(1); print('{' + ','.join(f'{random.uniform(-1,1):.6f}' for _ in range(128)) + '}')")"
     echo "INSERT INTO items (embedding) VALUES ('$vector');" >"$PG_DIR/insert.sql"
@@ -42,5 +45,7 @@ pg_insert_run() {
     # -C not given: connections are made before the clock starts, as tarn's clients are.
     (cd "$PG_DIR" && pgbench -n -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "$c" -j 2 -t "$per" \
         -f insert.sql "$@" postgres >"$PG_DIR/pgbench.out" 2>&1)
+    # The run's dirty pages are written out now, not by the checkpointer during a later run.
+    psql_ -c CHECKPOINT
     sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' "$PG_DIR/pgbench.out"
 }

@@ -62,6 +62,26 @@ pub enum Command {
     Bench(BenchCommand),
 }
 
+impl Command {
+    /// Requests this command keeps in flight at once, at most: the server's are unbounded, a
+    /// client's are its connections (bench) or its concurrency (bulk insert).
+    pub fn max_in_flight(&self) -> usize {
+        match self {
+            Command::Serve(_) => usize::MAX,
+            Command::Insert(args) => args.concurrency,
+            Command::Bench(BenchCommand::Insert(args)) => {
+                args.clients.iter().copied().max().unwrap_or(1)
+            }
+            Command::Bench(BenchCommand::Search(args)) => {
+                args.clients.iter().copied().max().unwrap_or(1)
+            }
+            // The inserter and the probes run side by side.
+            Command::Bench(BenchCommand::Freshness(_)) => 2,
+            _ => 1,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// Random vectors from concurrent clients (one connection and one request in flight each):

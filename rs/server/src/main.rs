@@ -32,10 +32,18 @@ fn main() -> std::process::ExitCode {
     #[cfg(feature = "failpoints")]
     let _fail_points = fail::FailScenario::setup();
     let cli = cli::Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // The server, and a client with several requests in flight, run on every core. A client
+    // with one request in flight (`tarn search`, `tarn bench ... --clients 1`) runs on this
+    // thread alone, as pgbench runs one thread per connection up to `-j`: the hand-offs between
+    // a request's tasks (tonic's buffer, the HTTP/2 connection) are then queue pushes instead of
+    // cross-thread wake-ups. Measured (docs/BENCHMARKS.md): one-client gRPC search 1.2-1.4x the
+    // queries/s; at 64 clients one thread was 0.74x, hence the multi-thread runtime there.
+    let mut builder = if cli.command.max_in_flight() > 1 {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("tarn: cannot start the async runtime: {error}");
