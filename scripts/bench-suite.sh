@@ -7,6 +7,8 @@
 #      from 1, 8, 64 and 256 clients and batched inserts (100 vectors per request), both
 #      durability modes; resident memory per stored vector; insert-to-searchable latency at
 #      1,000 inserts/s; search on minilm-debian at 1 and 16 clients, ef 32-256 and exact;
+#      then inserts (1 and 64 clients, against pgbench on PostgreSQL's socket) and one-client
+#      search again over Unix sockets;
 #   3. time to reopen after 100k and 1M WAL entries (benches/reopen.rs, in-process);
 #   4. hnswlib from PyPI against tarn in-process and through gRPC (scripts/search-vs-hnswlib.sh);
 #   5. the WalInsertion strategies (scripts/bench-wal.sh, criterion), for context (BENCH_SUITE_WAL=0
@@ -55,13 +57,15 @@ bench() { $tarn bench "$@" --json | tee -a "$results"; }
 # Single-vector durable inserts, 1,000 timed requests per client count, alternating PostgreSQL
 # and tarn run by run, three rounds (the disk's fsync latency drifts; the report takes medians).
 # A pause after each tarn run lets its indexer finish the vectors just written.
+# pg_run CLIENTS [unix]: with "unix", pgbench connects through PostgreSQL's Unix socket.
 pg_run() {
-    local c=$1
+    local c=$1 transport=${2:-tcp} host=()
+    [[ $transport == unix ]] && host=(-h "$pg_dir")
     rm -f "$pg_dir"/pgbench_log.*
-    pg_insert_run "$c" 1000 -l --log-prefix=pgbench_log >/dev/null
-    python3 - "$c" "$pg_dir" >>"$results" <<'EOF'
+    pg_insert_run "$c" 1000 -l --log-prefix=pgbench_log "${host[@]}" >/dev/null
+    python3 - "$c" "$pg_dir" "$transport" >>"$results" <<'EOF'
 import glob, json, re, sys
-c, d = int(sys.argv[1]), sys.argv[2]
+c, d, transport = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 text = open(f"{d}/pgbench.out").read()
 tps = float(re.search(r"tps = ([0-9.]+) \(without initial connection time\)", text).group(1))
 lat = []
@@ -70,7 +74,7 @@ for path in glob.glob(f"{d}/pgbench_log*"):
         lat.append(int(line.split()[2]) / 1000.0)  # microseconds -> ms
 lat.sort()
 at = lambda p: lat[min(len(lat) - 1, round((len(lat) - 1) * p))]
-print(json.dumps({"bench": "pg_insert", "clients": c, "batch": 1, "requests": len(lat),
+print(json.dumps({"bench": "pg_insert", "transport": transport, "clients": c, "batch": 1, "requests": len(lat),
                   "requests_per_s": tps, "seconds": len(lat) / tps,
                   "p50_ms": at(0.5), "p99_ms": at(0.99)}))
 EOF
@@ -86,7 +90,6 @@ for round in 1 2 3; do
         sleep 3
     done
 done
-pg_stop
 bench insert --collection single1 --clients "$clients" --requests 1000 --durability written --first-id 10000000
 bench insert --collection batched --clients 1,8,64 --batch 100 --requests 100 --durability fsync --first-id 0
 bench insert --collection batched --clients 1,8,64 --batch 100 --requests 100 --durability written --first-id 100000000
@@ -128,6 +131,29 @@ if [[ -f "$data/base.fvecs" ]]; then
     done
 else
     echo "bench-suite: search SKIPPED (no minilm-debian data at $data)"
+fi
+
+# ---------------------------------------------------------------- 2b. over Unix sockets
+# The same server restarted on a Unix socket, PostgreSQL reached through its own: on this VM a
+# loopback TCP round trip costs tens of microseconds more (the Docker engine's netfilter rules
+# see every packet), for both. Inserts from 1 and 64 clients, alternating, three rounds; then
+# one-client search.
+stop_tarn
+TARN_SOCKET="$work/tarn.sock" start_tarn "$work/data"
+unix_bench() { $tarn bench "$@" --json | sed 's/^{/{"transport":"unix",/' | tee -a "$results"; }
+for round in 1 2 3; do
+    for c in 1 64; do
+        pg_run "$c" unix
+        sleep 1
+        unix_bench insert --collection "unix$round" --clients "$c" --requests 1000 \
+            --durability fsync --first-id $((c * 100000))
+        sleep 3
+    done
+done
+pg_stop
+if [[ -f "$data/base.fvecs" ]]; then
+    unix_bench search --collection minilm --fvecs "$data/query.fvecs" \
+        --ivecs "$data/groundtruth.ivecs" --clients 1 --ef 16,24,32,64,128,256 --passes 4
 fi
 stop_tarn
 trap - EXIT

@@ -1,20 +1,24 @@
 # Sourced by scripts that need a throwaway `tarn serve`: start_tarn DATA_DIR [serve flags...]
-# starts target/release/tarn on ephemeral ports, waits until it announces its addresses, and sets
-# TARN_PID, TARN_ADDR (http://host:port, exported for the CLI) and TARN_METRICS. stop_tarn sends
+# starts target/release/tarn on ephemeral ports (gRPC on the Unix socket $TARN_SOCKET if set),
+# waits until it announces its addresses, and sets TARN_PID, TARN_ADDR (http://host:port or
+# unix:/path, exported for the CLI) and TARN_METRICS. stop_tarn sends
 # SIGTERM and waits. The caller builds the binary first (cargo build --release -p tarn-server).
 
 start_tarn() {
     local dir="$1"
     shift
     mkdir -p "$dir"
-    target/release/tarn serve --data-dir "$dir" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+    local listen=127.0.0.1:0
+    [[ -n ${TARN_SOCKET:-} ]] && listen="unix:$TARN_SOCKET"
+    target/release/tarn serve --data-dir "$dir" --listen "$listen" --metrics-listen 127.0.0.1:0 \
         "$@" >"$dir/serve.out" 2>"$dir/serve.err" &
     TARN_PID=$!
     local i
     for i in $(seq 1 200); do
         if grep -q '^tarn: metrics listening on ' "$dir/serve.out" 2>/dev/null &&
             grep -q '^tarn: gRPC listening on ' "$dir/serve.out"; then
-            TARN_ADDR="http://$(sed -n 's/^tarn: gRPC listening on //p' "$dir/serve.out")"
+            TARN_ADDR="$(sed -n 's/^tarn: gRPC listening on //p' "$dir/serve.out")"
+            [[ $TARN_ADDR == unix:* ]] || TARN_ADDR="http://$TARN_ADDR"
             TARN_METRICS="$(sed -n 's/^tarn: metrics listening on //p' "$dir/serve.out")"
             export TARN_ADDR
             return 0

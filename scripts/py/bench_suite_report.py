@@ -18,7 +18,7 @@ def merge_rounds(rows):
         if r["bench"] not in ("insert", "pg_insert"):
             order.append(r)
             continue
-        key = (r["bench"], r["clients"], r["batch"], r.get("durability"))
+        key = (r["bench"], r.get("transport", "tcp"), r["clients"], r["batch"], r.get("durability"))
         if key not in groups:
             groups[key] = []
             order.append(key)
@@ -38,6 +38,19 @@ def merge_rounds(rows):
     return merged
 
 
+def cell(r):
+    """Requests/s of a merged row, with the range of its rounds."""
+    if not r:
+        return "-"
+    spread = r.get("rounds", [])
+    return f"{r['requests_per_s']:,.0f}" + (
+        f" ({min(spread):,.0f}-{max(spread):,.0f})" if len(spread) > 1 else "")
+
+
+def lat(r):
+    return f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f}" if r else "-"
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--results", required=True)
@@ -46,6 +59,9 @@ def main():
     args = parser.parse_args()
     rows = [json.loads(line) for line in open(args.results) if line.strip()]
     rows = merge_rounds(rows)
+    # Rows over Unix sockets (section 2b of the suite) have their own tables.
+    unix = [r for r in rows if r.get("transport") == "unix"]
+    rows = [r for r in rows if r.get("transport", "tcp") == "tcp"]
     by = lambda kind: [r for r in rows if r["bench"] == kind]
     machine = by("machine")[0]
     print(f"Machine: {machine['cpus']} cores, {machine['cpu']}, Linux {machine['kernel']}; "
@@ -64,10 +80,6 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for c in sorted({c for (_, c) in single}):
         f, w, p = single.get(("fsync", c)), single.get(("written", c)), pg.get(c)
-        cell = lambda r, key="requests_per_s": (f"{r[key]:,.0f}" + (
-            f" ({min(r['rounds']):,.0f}-{max(r['rounds']):,.0f})" if len(r.get("rounds", [])) > 1 else "")
-            ) if r else "-"
-        lat = lambda r: f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f}" if r else "-"
         ratio = f"{f['requests_per_s'] / p['requests_per_s']:.2f}x" if f and p else "-"
         print(f"| {c} | {cell(f)} | {lat(f)} | {cell(w)} | {lat(w)} | {cell(p)} | {lat(p)} | {ratio} |")
     print()
@@ -108,6 +120,27 @@ def main():
         for r in search:
             ef = "exact" if r["exact"] else r["ef"]
             print(f"| {r['clients']} | {ef} | {r['recall']:.4f} | {r['queries_per_s']:,.0f} | "
+                  f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+        print()
+    unix_pg = {r["clients"]: r for r in unix if r["bench"] == "pg_insert"}
+    unix_ins = {r["clients"]: r for r in unix if r["bench"] == "insert"}
+    unix_search = [r for r in unix if r["bench"] == "search"]
+    if unix_ins:
+        print("### Over Unix sockets: the same server restarted on one, PostgreSQL through its own\n")
+        print("Durable single-vector inserts as above (1,000 per run, three alternating rounds, "
+              "medians and range), then one-client search.\n")
+        print("| clients | tarn fsync req/s | p50 / p99 ms | PostgreSQL tx/s | p50 / p99 ms | tarn / PostgreSQL |")
+        print("|---|---|---|---|---|---|")
+        for c in sorted(unix_ins):
+            f, p = unix_ins[c], unix_pg.get(c)
+            ratio = f"{f['requests_per_s'] / p['requests_per_s']:.2f}x" if p else "-"
+            print(f"| {c} | {cell(f)} | {lat(f)} | {cell(p)} | {lat(p)} | {ratio} |")
+        print()
+    if unix_search:
+        print("| clients | ef | recall@10 | queries/s | p50 ms | p99 ms |")
+        print("|---|---|---|---|---|---|")
+        for r in unix_search:
+            print(f"| {r['clients']} | {r['ef']} | {r['recall']:.4f} | {r['queries_per_s']:,.0f} | "
                   f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
         print()
     reopen = by("reopen")
@@ -162,10 +195,23 @@ def main():
         targets.append((f"64 clients: tarn {f64['requests_per_s']:,.0f}/s, PostgreSQL "
                         f"{p64['requests_per_s']:,.0f}/s (at least 3x)",
                         f64["requests_per_s"] / p64["requests_per_s"], 3.0))
+    u1, up1 = unix_ins.get(1), unix_pg.get(1)
+    if u1 and up1:
+        targets.append((f"the same over Unix sockets: tarn {1000 / u1['requests_per_s']:.3f} s, "
+                        f"PostgreSQL {1000 / up1['requests_per_s']:.3f} s",
+                        u1["requests_per_s"] / up1["requests_per_s"], 1.0))
+    u64, up64 = unix_ins.get(64), unix_pg.get(64)
+    if u64 and up64:
+        targets.append((f"64 clients over Unix sockets: tarn {u64['requests_per_s']:,.0f}/s, "
+                        f"PostgreSQL {up64['requests_per_s']:,.0f}/s",
+                        u64["requests_per_s"] / up64["requests_per_s"], 3.0))
     one = [r for r in search if r["clients"] == 1 and not r["exact"]]
     if hnsw:
         h = qps_at(hnsw["hnswlib"], 0.98)
         curves = [("`tarn bench search`", [{"recall": r["recall"], "qps": r["queries_per_s"]} for r in one])]
+        if unix_search:
+            curves.append(("`tarn bench search` over a Unix socket",
+                           [{"recall": r["recall"], "qps": r["queries_per_s"]} for r in unix_search]))
         if hnsw.get("grpc"):
             curves.append(("`tarn search` in search-vs-hnswlib.sh", hnsw["grpc"]))
         for name, curve in curves:

@@ -202,7 +202,7 @@ pub struct ServeArgs {
     /// Where collections live [default: ./tarn-data].
     #[arg(long, env = "TARN_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// gRPC address [default: 127.0.0.1:50051].
+    /// gRPC address: host:port, or unix:/path for a Unix socket [default: 127.0.0.1:50051].
     #[arg(long, env = "TARN_LISTEN")]
     pub listen: Option<String>,
     /// Prometheus /metrics address; "off" disables it [default: 127.0.0.1:9100].
@@ -236,7 +236,8 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args, Clone)]
 pub struct ClientArgs {
-    /// Server address.
+    /// Server address: http://host:port, https://host:port, or unix:/path (a server started
+    /// with --listen unix:/path).
     #[arg(long, env = "TARN_ADDR", default_value = "http://127.0.0.1:50051")]
     pub addr: String,
     /// API key (sent as `authorization: Bearer <key>`).

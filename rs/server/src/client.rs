@@ -10,7 +10,7 @@ use tarn_proto::v1 as pb;
 use tarn_proto::v1::tarn_client::TarnClient;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
 
 use crate::cli::{ClientArgs, CollectionCommand, Command, InsertArgs, SearchArgs};
 use crate::convert::{id_to_u128, u128_to_id};
@@ -36,11 +36,7 @@ impl tonic::service::Interceptor for Auth {
 }
 
 pub(crate) async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
-    let channel = Channel::from_shared(args.addr.clone())
-        .with_context(|| format!("bad address {}", args.addr))?
-        .connect()
-        .await
-        .with_context(|| format!("cannot connect to {}", args.addr))?;
+    let channel = open_channel(&args.addr, |endpoint| endpoint).await?;
     let auth = match &args.api_key {
         Some(key) => Some(
             format!("Bearer {key}")
@@ -52,6 +48,38 @@ pub(crate) async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
     Ok(TarnClient::with_interceptor(channel, Auth(auth))
         .max_decoding_message_size(256 << 20)
         .max_encoding_message_size(256 << 20))
+}
+
+/// Connects to `addr` (http://host:port, https://host:port or unix:/path), with the settings
+/// (timeouts) that `configure` applies to the endpoint.
+async fn open_channel(
+    addr: &str,
+    configure: impl FnOnce(Endpoint) -> Endpoint,
+) -> anyhow::Result<Channel> {
+    match addr.strip_prefix("unix:") {
+        Some(path) => {
+            // The endpoint's URI is required by the HTTP/2 layer but not used to connect.
+            let path = std::path::PathBuf::from(path);
+            configure(Endpoint::from_static("http://localhost"))
+                .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                    let path = path.clone();
+                    async move {
+                        let stream = tokio::net::UnixStream::connect(path).await?;
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                    }
+                }))
+                .await
+        }
+        None => {
+            configure(
+                Endpoint::from_shared(addr.to_owned())
+                    .with_context(|| format!("bad address {addr}"))?,
+            )
+            .connect()
+            .await
+        }
+    }
+    .with_context(|| format!("cannot connect to {addr}"))
 }
 
 /// Reads a TEXMEX fvecs/ivecs file row by row: (dimension, rows as raw little-endian words).
@@ -152,12 +180,12 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve(_) => unreachable!("handled by main"),
         Command::Healthcheck { addr } => {
-            let channel = Channel::from_shared(addr.clone())?
-                .connect_timeout(Duration::from_secs(3))
-                .timeout(Duration::from_secs(3))
-                .connect()
-                .await
-                .with_context(|| format!("cannot connect to {addr}"))?;
+            let channel = open_channel(&addr, |endpoint| {
+                endpoint
+                    .connect_timeout(Duration::from_secs(3))
+                    .timeout(Duration::from_secs(3))
+            })
+            .await?;
             let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
             let reply = health
                 .check(tonic_health::pb::HealthCheckRequest {

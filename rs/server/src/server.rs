@@ -77,10 +77,8 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         tracing::warn!("no API keys configured: every client may read and write");
     }
 
-    let listener = tokio::net::TcpListener::bind(&config.listen)
-        .await
-        .with_context(|| format!("binding gRPC address {}", config.listen))?;
-    let grpc_addr = listener.local_addr()?;
+    let listener = GrpcListener::bind(&config.listen).await?;
+    let grpc_addr = listener.describe()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let metrics_task = match &config.metrics_listen {
         Some(addr) => {
@@ -159,27 +157,44 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         tracing::info!("shutting down: no new requests; finishing the ones in flight");
         health.set_not_serving::<TarnServer<TarnService>>().await;
     };
-    builder
+    let router = builder
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
-        .add_service(tarn)
-        .serve_with_incoming_shutdown(
-            // TCP_NODELAY on every connection: tonic sets it only on listeners it binds itself,
-            // and with Nagle a small response waits for the client's delayed ACK.
-            tokio_stream::StreamExt::map(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                |accepted| {
-                    accepted.inspect(|stream| {
-                        if let Err(error) = stream.set_nodelay(true) {
-                            tracing::debug!(%error, "could not set TCP_NODELAY");
-                        }
-                    })
-                },
-            ),
-            shutdown,
-        )
-        .await?;
+        .add_service(tarn);
+    match listener {
+        GrpcListener::Tcp(listener) => {
+            router
+                .serve_with_incoming_shutdown(
+                    // TCP_NODELAY on every connection: tonic sets it only on listeners it binds
+                    // itself, and with Nagle a small response waits for the client's delayed ACK.
+                    tokio_stream::StreamExt::map(
+                        tokio_stream::wrappers::TcpListenerStream::new(listener),
+                        |accepted| {
+                            accepted.inspect(|stream| {
+                                if let Err(error) = stream.set_nodelay(true) {
+                                    tracing::debug!(%error, "could not set TCP_NODELAY");
+                                }
+                            })
+                        },
+                    ),
+                    shutdown,
+                )
+                .await?
+        }
+        GrpcListener::Unix(listener, path) => {
+            let served = router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    shutdown,
+                )
+                .await;
+            if let Err(error) = std::fs::remove_file(&path) {
+                tracing::warn!(%error, path = %path.display(), "could not remove the socket file");
+            }
+            served?
+        }
+    }
 
     let _ = stop_tx.send(true);
     if let Some(task) = metrics_task {
@@ -192,6 +207,54 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     tracing::info!("stopped");
     println!("tarn: stopped");
     Ok(())
+}
+
+/// Where gRPC is served: a TCP address (`host:port`), or a Unix socket (`unix:/path`) for
+/// clients on the same machine, which skips the loopback TCP stack (measured:
+/// docs/BENCHMARKS.md, "Unix socket").
+enum GrpcListener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener, std::path::PathBuf),
+}
+
+impl GrpcListener {
+    async fn bind(listen: &str) -> anyhow::Result<Self> {
+        let Some(path) = listen.strip_prefix("unix:") else {
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("binding gRPC address {listen}"))?;
+            return Ok(GrpcListener::Tcp(listener));
+        };
+        let path = std::path::PathBuf::from(path);
+        if path.as_os_str().is_empty() {
+            bail!("listen: `unix:` needs a socket path, as in unix:/run/tarn/tarn.sock");
+        }
+        // A socket file left by a server that died is removed; one that still answers is
+        // another server's, and is left alone.
+        if std::fs::symlink_metadata(&path)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+        {
+            if tokio::net::UnixStream::connect(&path).await.is_ok() {
+                bail!(
+                    "listen: another server is listening on {} (choose another socket path)",
+                    path.display()
+                );
+            }
+            std::fs::remove_file(&path)
+                .with_context(|| format!("removing the stale socket {}", path.display()))?;
+        }
+        let listener = tokio::net::UnixListener::bind(&path)
+            .with_context(|| format!("binding gRPC socket {}", path.display()))?;
+        Ok(GrpcListener::Unix(listener, path))
+    }
+
+    /// The address as printed at start (`127.0.0.1:50051` or `unix:/path`).
+    fn describe(&self) -> anyhow::Result<String> {
+        Ok(match self {
+            GrpcListener::Tcp(listener) => listener.local_addr()?.to_string(),
+            GrpcListener::Unix(_, path) => format!("unix:{}", path.display()),
+        })
+    }
 }
 
 /// Health follows the collections' logs: once a collection's WAL is poisoned (a failed write or

@@ -850,3 +850,74 @@ fn tarn_bench_insert_and_freshness_do_what_they_report() {
     );
     assert_eq!(n_documents(&rt), 2 * (12 + 1 + 12 + 3) + 200);
 }
+
+/// `--listen unix:/path`: the CLI (insert, search, healthcheck) works through the socket; a
+/// socket file left by a killed server is taken over, a live one is refused, and a graceful
+/// shutdown removes the file.
+#[test]
+fn a_unix_socket_serves_the_cli_and_is_cleaned_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("tarn.sock");
+    let listen = format!("unix:{}", sock.display());
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &["--listen", &listen]);
+    assert_eq!(server.addr, listen);
+    let tarn = |args: &[&str]| run_cli(&listen, args);
+    tarn(&[
+        "collection",
+        "create",
+        "u",
+        "--dimension",
+        "4",
+        "--metric",
+        "l2",
+    ]);
+    let rows: Vec<Vec<u32>> = (0..20)
+        .map(|i| (0..4).map(|d| ((i * 4 + d) as f32).to_bits()).collect())
+        .collect();
+    let fvecs = dir.path().join("base.fvecs");
+    write_vecs(&fvecs, &rows);
+    let ivecs = dir.path().join("truth.ivecs");
+    write_vecs(&ivecs, &(0..20u32).map(|i| vec![i]).collect::<Vec<_>>());
+    let fvecs = fvecs.to_str().unwrap();
+    let out = tarn(&["insert", "--collection", "u", "--fvecs", fvecs]);
+    assert!(out.contains("inserted 20 vectors"), "{out}");
+    let out = tarn(&[
+        "search",
+        "--collection",
+        "u",
+        "--fvecs",
+        fvecs,
+        "--ivecs",
+        ivecs.to_str().unwrap(),
+        "--top-k",
+        "1",
+        "--exact",
+    ]);
+    assert!(out.contains("recall@1: 1.0000"), "{out}");
+    let health = Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .args(["healthcheck", "--addr", &listen])
+        .output()
+        .unwrap();
+    assert!(health.status.success(), "{health:?}");
+
+    // A second server on the live socket is refused and leaves it alone.
+    let other = dir.path().join("other");
+    let refused = Server::try_start(&other, &["--listen", &listen], &[])
+        .err()
+        .expect("a second server on a live socket must not start");
+    assert!(refused.contains("another server is listening"), "{refused}");
+    assert!(tarn(&["collection", "list"]).contains('u'));
+
+    // Killed: the socket file stays behind, and the next server takes it over.
+    server.kill();
+    assert!(sock.exists());
+    let server = Server::start(&data, &["--listen", &listen]);
+    let info = tarn(&["collection", "info", "u"]);
+    assert!(info.contains("documents:          20"), "{info}");
+    assert!(server.terminate().success());
+    assert!(
+        !sock.exists(),
+        "a graceful shutdown removes the socket file"
+    );
+}

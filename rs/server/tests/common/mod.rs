@@ -32,15 +32,16 @@ impl Server {
     /// Starts the server; if it exits before announcing both addresses, returns its stderr.
     pub fn try_start(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Result<Server, String> {
         let log = tempfile::NamedTempFile::new().unwrap();
+        // An ephemeral TCP port unless `extra` names the gRPC address itself.
+        let listen: &[&str] = if extra.contains(&"--listen") {
+            &[]
+        } else {
+            &["--listen", "127.0.0.1:0"]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-                "--data-dir",
-            ])
+            .arg("serve")
+            .args(listen)
+            .args(["--metrics-listen", "127.0.0.1:0", "--data-dir"])
             .arg(dir)
             .args(extra)
             .env("RUST_LOG", "warn")
@@ -57,7 +58,12 @@ impl Server {
                 return Err(std::fs::read_to_string(log.path()).unwrap_or_default());
             };
             if let Some(a) = line.strip_prefix("tarn: gRPC listening on ") {
-                addr = format!("http://{}", a.split_whitespace().next().unwrap());
+                let a = a.split_whitespace().next().unwrap();
+                addr = if a.starts_with("unix:") {
+                    a.to_owned()
+                } else {
+                    format!("http://{a}")
+                };
             } else if let Some(a) = line.strip_prefix("tarn: metrics listening on ") {
                 metrics_addr = a.to_owned();
             }
