@@ -550,7 +550,7 @@ impl Checkpointer {
 /// and the mutable segment grew past its bound for minutes.)
 fn in_build_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
     static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    in_pool(&POOL, "tarn-build", |cores| cores / 2, work)
+    in_pool(&POOL, "tarn-build", |cores| cores / 2, 0, work)
 }
 
 /// Runs the indexer's batches in a pool of all cores but one (at least one thread). In rayon's
@@ -561,16 +561,26 @@ fn in_build_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
 /// durable inserts went up 1.12x from one client and 1.27x from 64 (medians of 8 alternating
 /// rounds, `scripts/bench-insert-ab.sh`). The cost, a slower indexer under a sustained load, is
 /// bounded: past `max_unindexed` ingestion itself indexes with every core (see `apply`), and
-/// the unindexed tail is searched exactly meanwhile.
+/// the unindexed tail is searched exactly meanwhile. Its threads run at `INDEX_NICE`.
 pub(crate) fn in_index_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
     static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    in_pool(&POOL, "tarn-index", |cores| cores - 1, work)
+    in_pool(&POOL, "tarn-index", |cores| cores - 1, INDEX_NICE, work)
 }
+
+/// The index pool's nice value (the request threads' is 0): when both cores are busy, a woken
+/// request thread gets a core ahead of the indexer, which has a quarter of a busy core's time
+/// instead of half. Background work below foreground work, as databases run compaction; not
+/// lower, because the indexer holds the mutable segment's graph locks that searches read (the
+/// idle class starved it while it held one: a 106 ms stall). Measured (docs/BENCHMARKS.md):
+/// 64 clients 1.15x (8 alternating rounds); `scripts/soak.sh 600` search p99 30.6 / 46.9 ms in
+/// the first / last third (36 / 90 before).
+const INDEX_NICE: i32 = 5;
 
 fn in_pool<R: Send>(
     pool: &OnceLock<Option<rayon::ThreadPool>>,
     name: &'static str,
     threads_for_cores: fn(usize) -> usize,
+    nice: i32,
     work: impl FnOnce() -> R + Send,
 ) -> R {
     let pool = pool.get_or_init(|| {
@@ -578,6 +588,17 @@ fn in_pool<R: Send>(
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads_for_cores(cores).max(1))
             .thread_name(move |i| format!("{name}-{i}"))
+            .start_handler(move |_| {
+                if nice != 0 {
+                    // Linux keeps a nice value per thread: this one only.
+                    let thread = rustix::process::Pid::from_raw(
+                        rustix::thread::gettid().as_raw_nonzero().get(),
+                    );
+                    if let Err(error) = rustix::process::setpriority_process(thread, nice) {
+                        tracing::warn!(%error, name, nice, "could not lower the pool's priority");
+                    }
+                }
+            })
             .build()
             .map_err(|error| tracing::warn!(%error, name, "no thread pool; using the shared one"))
             .ok()
