@@ -118,6 +118,11 @@ class Client:
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
         ]
+        if address.startswith("unix:"):
+            # A server on a Unix socket (`tarn serve --listen unix:/path`). grpc-core would send
+            # the percent-encoded socket path as the HTTP/2 :authority, which the server's HTTP/2
+            # layer rejects as malformed (the call fails with INTERNAL, RST_STREAM).
+            options.append(("grpc.default_authority", "localhost"))
         self.channel = grpc.insecure_channel(address, options=options)
         self.stub = tarn_pb2_grpc.TarnStub(self.channel)
         self.timeout = timeout

@@ -2,6 +2,7 @@
 at TARN_BIN (default: the repository's target/debug/tarn, which `cargo test` builds) is started on
 an ephemeral port with a temporary data directory."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,17 +16,16 @@ from tarn_client import Client
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
-@pytest.fixture(scope="session")
-def address():
-    if os.environ.get("TARN_TEST_ADDR"):
-        yield os.environ["TARN_TEST_ADDR"]
-        return
+@contextlib.contextmanager
+def tarn_server(listen):
+    """Starts the binary with gRPC on `listen` (host:port or unix:/path) and a temporary data
+    directory; yields the address it announces; stops it with SIGTERM and checks the exit."""
     binary = os.environ.get("TARN_BIN", os.path.join(REPO, "target", "debug", "tarn"))
     if not os.path.exists(binary):
         pytest.fail(f"no tarn binary at {binary}: run `cargo build -p tarn-server` or set TARN_BIN")
     with tempfile.TemporaryDirectory() as data:
         proc = subprocess.Popen(
-            [binary, "serve", "--data-dir", data, "--listen", "127.0.0.1:0",
+            [binary, "serve", "--data-dir", data, "--listen", listen,
              "--metrics-listen", "127.0.0.1:0"],
             stdout=subprocess.PIPE, text=True,
         )
@@ -47,6 +47,22 @@ def address():
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0, "tarn serve did not exit cleanly on SIGTERM"
+
+
+@pytest.fixture(scope="session")
+def address():
+    if os.environ.get("TARN_TEST_ADDR"):
+        yield os.environ["TARN_TEST_ADDR"]
+        return
+    with tarn_server("127.0.0.1:0") as grpc_addr:
+        yield grpc_addr
+
+
+@pytest.fixture()
+def unix_address(tmp_path):
+    """A server of its own on a Unix socket (`unix:/path`)."""
+    with tarn_server(f"unix:{tmp_path}/tarn.sock") as grpc_addr:
+        yield grpc_addr
 
 
 @pytest.fixture()

@@ -98,3 +98,13 @@ def test_health_reports_serving(address):
     with grpc.insecure_channel(address) as channel:
         response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
         assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_unix_socket_address_works(unix_address):
+    assert unix_address.startswith("unix:")
+    with Client(unix_address) as c:
+        c.wait_ready(timeout=10)
+        c.create_collection("sock", dimension=2, metric="l2")
+        seq = c.insert("sock", doc_ids=[1, 2], vectors=[[0.0, 1.0], [1.0, 0.0]], user_ids=7)
+        hits = c.search("sock", [0.1, 0.9], top_k=1, user_ids=7, min_seq_no=seq)
+        assert [h.doc_id for h in hits] == [1]
