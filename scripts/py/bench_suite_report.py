@@ -173,6 +173,15 @@ def main():
         if points:
             ax.plot([p["clients"] for p in points], [p["requests_per_s"] for p in points],
                     marker="o", label=name)
+    # The Unix-socket rounds (1 and 64 clients), dashed, in the colours of their TCP series.
+    unix_series = [
+        ("tarn, fsync, Unix socket", [unix_ins[c] for c in sorted(unix_ins)], "C0"),
+        ("PostgreSQL 15, Unix socket", [unix_pg[c] for c in sorted(unix_pg)], "C2"),
+    ]
+    for name, points, colour in unix_series:
+        if points:
+            ax.plot([p["clients"] for p in points], [p["requests_per_s"] for p in points],
+                    marker="s", linestyle="--", color=colour, label=name)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("concurrent clients (one connection each)")
