@@ -4,8 +4,9 @@
 //! - Only the log-writer thread touches segment files for writing; callers (threads or async
 //!   tasks) only queue requests and wait on tickets, so no tokio worker ever blocks on I/O.
 //! - The log-writer thread is the write-group leader: each turn it takes everything queued,
-//!   writes it with one vectored write, syncs once if any member needs it, then completes every
-//!   member in sequence order. Requests that arrive during the sync form the next group.
+//!   writes it with one vectored write, syncs once if any member needs it, then completes its
+//!   appends in sequence order, hands them to the observer, and completes its barriers (`Sync`,
+//!   truncation) last. Requests that arrive during the sync form the next group.
 //! - Sequence numbers are handed out in queue order; the `n`-th append of a group gets the
 //!   group's first sequence number plus `n`.
 
@@ -46,11 +47,13 @@ impl Request {
     }
 }
 
-/// Sees every entry once it is acknowledged, in sequence order, on the log-writer thread, before
-/// the entry's ticket resolves: the hook that lets a consumer (tarn's ingestion) apply entries in
-/// exactly the log's order. `Fsync` entries are passed after their group's fdatasync, `Written`
-/// ones after the write. Blocking here holds up the writer thread, which pushes back on every
-/// writer: that is how a bounded consumer queue applies back-pressure.
+/// Sees every entry once it is acknowledged, in sequence order, on the log-writer thread: the
+/// hook that lets a consumer (tarn's ingestion) apply entries in exactly the log's order. `Fsync`
+/// entries are passed after their group's fdatasync, `Written` ones after the write; a group's
+/// entries are passed right after their tickets resolve, and before a `Wal::sync()` barrier
+/// queued behind them resolves (so once `sync()` returns, everything it covers was observed).
+/// Blocking here holds up the writer thread, which pushes back on every writer: that is how a
+/// bounded consumer queue applies back-pressure.
 pub trait AppendObserver: Send + 'static {
     fn on_appended(&mut self, seq: u64, payload: &Arc<[u8]>);
 }
@@ -496,27 +499,40 @@ fn lead_group(
             return;
         }
     };
-    if let Some(observer) = observer {
-        let mut seq = next_seq;
-        for member in &group {
-            if let Request::Append { payload, .. } = &member.request {
-                observer.on_appended(seq, payload);
-                seq += 1;
+    // Appends resolve first, then the observer sees them, then barriers (`Sync`, truncation):
+    // the woken writers get a core before the consumer the observer wakes (tarn's ingestion,
+    // which is not on an acknowledgement's path), and a `Sync` still resolves only after every
+    // entry before it was observed (a flush relies on that). The observer keeps the log's order
+    // and runs before the next group is taken, so its back-pressure is unchanged.
+    let mut observed = Vec::with_capacity(if observer.is_some() { group.len() } else { 0 });
+    let mut barriers = Vec::new();
+    for member in group {
+        match &member.request {
+            Request::Append { payload, .. } => {
+                if observer.is_some() {
+                    observed.push((next_seq, Arc::clone(payload)));
+                }
+                member.complete(Ok(next_seq));
+                next_seq += 1;
             }
+            Request::Sync | Request::TruncateBefore(_) => barriers.push(member),
         }
     }
-    for member in group {
+    if let Some(observer) = observer {
+        for (seq, payload) in &observed {
+            observer.on_appended(*seq, payload);
+        }
+    }
+    drop(observed);
+    for member in barriers {
         let result = match member.request {
-            Request::Append { .. } => {
-                next_seq += 1;
-                Ok(next_seq - 1)
-            }
-            Request::Sync => Ok(log.last_synced_seq()),
             Request::TruncateBefore(seq) => {
                 let result = log.truncate_before(seq);
                 publish(shared, log);
                 result
             }
+            // `Sync` (appends were completed above).
+            _ => Ok(log.last_synced_seq()),
         };
         member.complete(result);
     }
