@@ -12,7 +12,10 @@ use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use hyper_util::rt::TokioIo;
+
 use crate::cli::{ClientArgs, CollectionCommand, Command, InsertArgs, SearchArgs};
+use crate::coalesce::Coalescing;
 use crate::convert::{id_to_u128, u128_to_id};
 
 pub(crate) type Client = TarnClient<InterceptedService<Channel, Auth>>;
@@ -51,35 +54,47 @@ pub(crate) async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
 }
 
 /// Connects to `addr` (http://host:port, https://host:port or unix:/path), with the settings
-/// (timeouts) that `configure` applies to the endpoint.
+/// (timeouts) that `configure` applies to the endpoint. Plain TCP and Unix-socket connections
+/// send each request in one write ([`Coalescing`]); TLS connections use tonic's connector.
 async fn open_channel(
     addr: &str,
     configure: impl FnOnce(Endpoint) -> Endpoint,
 ) -> anyhow::Result<Channel> {
-    match addr.strip_prefix("unix:") {
-        Some(path) => {
-            // The endpoint's URI is required by the HTTP/2 layer but not used to connect.
-            let path = std::path::PathBuf::from(path);
-            configure(Endpoint::from_static("http://localhost"))
-                .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-                    let path = path.clone();
-                    async move {
-                        let stream = tokio::net::UnixStream::connect(path).await?;
-                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-                    }
-                }))
-                .await
-        }
-        None => {
-            configure(
-                Endpoint::from_shared(addr.to_owned())
-                    .with_context(|| format!("bad address {addr}"))?,
-            )
+    if let Some(path) = addr.strip_prefix("unix:") {
+        // The endpoint's URI is required by the HTTP/2 layer but not used to connect.
+        let path = std::path::PathBuf::from(path);
+        return configure(Endpoint::from_static("http://localhost"))
+            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(TokioIo::new(Coalescing::new(stream)))
+                }
+            }))
+            .await
+            .with_context(|| format!("cannot connect to {addr}"));
+    }
+    let endpoint = configure(
+        Endpoint::from_shared(addr.to_owned()).with_context(|| format!("bad address {addr}"))?,
+    );
+    if !addr.starts_with("http://") {
+        return endpoint
             .connect()
             .await
-        }
+            .with_context(|| format!("cannot connect to {addr}"));
     }
-    .with_context(|| format!("cannot connect to {addr}"))
+    endpoint
+        .connect_with_connector(tower::service_fn(|uri: tonic::transport::Uri| async move {
+            let host = uri.host().unwrap_or("localhost");
+            // IPv6 literals come bracketed in the URI; `connect` wants them bare.
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let port = uri.port_u16().unwrap_or(80);
+            let stream = tokio::net::TcpStream::connect((host, port)).await?;
+            stream.set_nodelay(true)?;
+            Ok::<_, std::io::Error>(TokioIo::new(Coalescing::new(stream)))
+        }))
+        .await
+        .with_context(|| format!("cannot connect to {addr}"))
 }
 
 /// Reads a TEXMEX fvecs/ivecs file row by row: (dimension, rows as raw little-endian words).

@@ -4,6 +4,7 @@ mod auth;
 mod bench;
 mod cli;
 mod client;
+mod coalesce;
 mod config;
 mod convert;
 mod metrics;
