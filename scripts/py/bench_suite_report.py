@@ -64,7 +64,13 @@ def main():
     rows = [r for r in rows if r.get("transport", "tcp") == "tcp"]
     by = lambda kind: [r for r in rows if r["bench"] == kind]
     machine = by("machine")[0]
-    print(f"Machine: {machine['cpus']} cores, {machine['cpu']}, Linux {machine['kernel']}; "
+    if "guest_halt_poll_ns" not in machine:
+        poll = "guest halt polling not recorded"
+    elif machine["guest_halt_poll_ns"] is None:
+        poll = "no haltpoll cpuidle driver"
+    else:
+        poll = f"guest_halt_poll_ns {machine['guest_halt_poll_ns']}"
+    print(f"Machine: {machine['cpus']} cores, {machine['cpu']}, Linux {machine['kernel']} ({poll}); "
           f"commit {machine['commit']}; {machine['date']}.")
     print()
 
