@@ -17,53 +17,54 @@ import sys
 import time
 
 
-def ping_pong(n, cpu_parent, cpu_child):
+def echo_child(n, cpu_child):
+    """Forks a child pinned to `cpu_child` that answers `n` one-byte messages; returns
+    (pid, fd to write to it, fd to read its answers from, every fd to close)."""
     to_child_r, to_child_w = os.pipe()
     to_parent_r, to_parent_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.sched_setaffinity(0, {cpu_child})
-        for _ in range(n + 1):
+        for _ in range(n):
             os.read(to_child_r, 1)
             os.write(to_parent_w, b"x")
         os._exit(0)
+    return pid, to_child_w, to_parent_r, (to_child_r, to_child_w, to_parent_r, to_parent_w)
+
+
+def reap(pid, fds):
+    os.waitpid(pid, 0)
+    for fd in fds:
+        os.close(fd)
+
+
+def ping_pong(n, cpu_parent, cpu_child):
+    pid, to_child, from_child, fds = echo_child(n + 1, cpu_child)
     os.sched_setaffinity(0, {cpu_parent})
     # One untimed round trip: the child is up and pinned.
-    os.write(to_child_w, b"x")
-    os.read(to_parent_r, 1)
+    os.write(to_child, b"x")
+    os.read(from_child, 1)
     started = time.perf_counter()
     for _ in range(n):
-        os.write(to_child_w, b"x")
-        os.read(to_parent_r, 1)
+        os.write(to_child, b"x")
+        os.read(from_child, 1)
     elapsed = time.perf_counter() - started
-    os.waitpid(pid, 0)
-    for fd in (to_child_r, to_child_w, to_parent_r, to_parent_w):
-        os.close(fd)
+    reap(pid, fds)
     return elapsed / n * 1e6
 
 
 def waker_cost(n, cpu_writer, cpu_reader):
     """Mean time in us of the write() that wakes a reader blocked on `cpu_reader`."""
-    to_child_r, to_child_w = os.pipe()
-    to_parent_r, to_parent_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.sched_setaffinity(0, {cpu_reader})
-        for _ in range(n):
-            os.read(to_child_r, 1)
-            os.write(to_parent_w, b"x")
-        os._exit(0)
+    pid, to_child, from_child, fds = echo_child(n, cpu_reader)
     os.sched_setaffinity(0, {cpu_writer})
     times = []
     for _ in range(n):
         time.sleep(0.0002)
         started = time.perf_counter()
-        os.write(to_child_w, b"x")
+        os.write(to_child, b"x")
         times.append(time.perf_counter() - started)
-        os.read(to_parent_r, 1)
-    os.waitpid(pid, 0)
-    for fd in (to_child_r, to_child_w, to_parent_r, to_parent_w):
-        os.close(fd)
+        os.read(from_child, 1)
+    reap(pid, fds)
     return statistics.mean(times) * 1e6
 
 
