@@ -9,5 +9,6 @@ cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 cargo test --workspace --all-features --locked
+scripts/test-rust-client.sh
 scripts/test-python-client.sh
 scripts/compose-e2e.sh

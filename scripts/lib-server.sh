@@ -1,5 +1,5 @@
 # Sourced by scripts that need a throwaway `tarn serve`: start_tarn DATA_DIR [serve flags...]
-# starts target/release/tarn on ephemeral ports (gRPC on the Unix socket $TARN_SOCKET if set),
+# starts $TARN_BIN (default target/release/tarn) on ephemeral ports (gRPC on the Unix socket $TARN_SOCKET if set),
 # waits until it announces its addresses, and sets TARN_PID, TARN_ADDR (http://host:port or
 # unix:/path, exported for the CLI) and TARN_METRICS. stop_tarn sends
 # SIGTERM and waits. The caller builds the binary first (cargo build --release -p tarn-server).
@@ -10,7 +10,7 @@ start_tarn() {
     mkdir -p "$dir"
     local listen=127.0.0.1:0
     [[ -n ${TARN_SOCKET:-} ]] && listen="unix:$TARN_SOCKET"
-    target/release/tarn serve --data-dir "$dir" --listen "$listen" --metrics-listen 127.0.0.1:0 \
+    "${TARN_BIN:-target/release/tarn}" serve --data-dir "$dir" --listen "$listen" --metrics-listen 127.0.0.1:0 \
         "$@" >"$dir/serve.out" 2>"$dir/serve.err" &
     TARN_PID=$!
     local i

@@ -13,11 +13,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use rand::{Rng, SeedableRng};
-use tarn_proto::v1 as pb;
+use tarn_client::{Client, Code, CollectionSpec, Durability, Insert, Search};
 
 use crate::cli::{BenchCommand, BenchFreshnessArgs, BenchInsertArgs, BenchSearchArgs, ClientArgs};
-use crate::client::{connect, durability, read_vecs_rows, recall_counts, Client};
-use crate::convert::{id_to_u128, u128_to_id};
+use crate::client::{connect, durability, read_vecs_rows, recall_counts};
 
 pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
@@ -67,21 +66,10 @@ async fn connections(args: &ClientArgs, n: usize) -> anyhow::Result<Vec<Client>>
     Ok(clients)
 }
 
-/// Creates the collection (cosine) if it does not exist; checks the dimension if it does.
-async fn ensure_collection(
-    client: &mut Client,
-    name: &str,
-    dimension: u32,
-    durability_name: &str,
-) -> anyhow::Result<()> {
-    match client
-        .get_collection(pb::GetCollectionRequest {
-            name: name.to_owned(),
-        })
-        .await
-    {
-        Ok(reply) => {
-            let info = reply.into_inner().collection.unwrap_or_default();
+/// Creates the collection (cosine, fsync) if it does not exist; checks the dimension if it does.
+async fn ensure_collection(client: &Client, name: &str, dimension: u32) -> anyhow::Result<()> {
+    match client.collection_info(name).await {
+        Ok(info) => {
             if info.dimension != dimension {
                 bail!(
                     "collection {name} has dimension {}, not {dimension}",
@@ -90,19 +78,15 @@ async fn ensure_collection(
             }
             Ok(())
         }
-        Err(status) if status.code() == tonic::Code::NotFound => {
+        Err(error) if error.code() == Code::NotFound => {
             client
-                .create_collection(pb::CreateCollectionRequest {
-                    name: name.to_owned(),
-                    dimension,
-                    metric: pb::Metric::Cosine as i32,
-                    hnsw: None,
-                    default_durability: durability(Some(durability_name))?,
-                })
+                .create_collection(
+                    CollectionSpec::new(name, dimension).default_durability(Durability::Fsync),
+                )
                 .await?;
             Ok(())
         }
-        Err(status) => Err(status.into()),
+        Err(error) => Err(error.into()),
     }
 }
 
@@ -115,9 +99,9 @@ fn random_vectors(rng: &mut rand::rngs::StdRng, n: usize, dim: usize) -> Vec<f32
 async fn insert(args: BenchInsertArgs) -> anyhow::Result<()> {
     let dim = args.dimension as usize;
     let batch = args.batch.max(1);
-    let mut admin = connect(&args.client).await?;
-    ensure_collection(&mut admin, &args.collection, args.dimension, "fsync").await?;
-    let wire_durability = durability(Some(&args.durability))?;
+    let admin = connect(&args.client).await?;
+    ensure_collection(&admin, &args.collection, args.dimension).await?;
+    let write_durability = durability(Some(&args.durability))?.unwrap_or(Durability::Fsync);
     let mut next_id = args.first_id;
     for &n_clients in &args.clients {
         let n_clients = n_clients.max(1);
@@ -130,22 +114,23 @@ async fn insert(args: BenchInsertArgs) -> anyhow::Result<()> {
             let mut requests = Vec::with_capacity(per_client + 1);
             // One untimed request per connection first (HTTP/2 set-up, first touches).
             for _ in 0..per_client + 1 {
-                requests.push(pb::InsertRequest {
-                    collection: args.collection.clone(),
-                    doc_ids: (0..batch as u128)
-                        .map(|i| u128_to_id(next_id + i))
-                        .collect(),
-                    user_ids: vec![u128_to_id(args.user_id)],
-                    vectors: random_vectors(&mut rng, batch, dim),
-                    durability: wire_durability,
-                });
+                let doc_ids: Vec<u128> = (0..batch as u128).map(|i| next_id + i).collect();
+                requests.push(
+                    Insert::new(
+                        args.collection.as_str(),
+                        doc_ids,
+                        random_vectors(&mut rng, batch, dim),
+                    )
+                    .users([args.user_id])
+                    .durability(write_durability),
+                );
                 next_id += batch as u128;
             }
             plans.push(requests);
         }
         let start = Arc::new(tokio::sync::Barrier::new(n_clients + 1));
         let mut tasks = tokio::task::JoinSet::new();
-        for (mut client, requests) in clients.into_iter().zip(plans) {
+        for (client, requests) in clients.into_iter().zip(plans) {
             let start = Arc::clone(&start);
             tasks.spawn(async move {
                 let mut requests = requests.into_iter();
@@ -159,7 +144,7 @@ async fn insert(args: BenchInsertArgs) -> anyhow::Result<()> {
                     client.insert(request).await?;
                     latencies.push(t.elapsed().as_secs_f64() * 1e3);
                 }
-                Ok::<_, tonic::Status>((latencies, Instant::now()))
+                Ok::<_, tarn_client::Error>((latencies, Instant::now()))
             });
         }
         start.wait().await;
@@ -215,7 +200,7 @@ async fn search(args: BenchSearchArgs) -> anyhow::Result<()> {
         None => None,
     };
     let k = args.top_k as usize;
-    let user_ids: Vec<pb::Id> = args.user_ids.iter().map(|u| u128_to_id(*u)).collect();
+    let user_ids = args.user_ids.clone();
     // (ef, exact) runs: every --ef, then the exact path if asked.
     let mut modes: Vec<(u32, bool)> = args.ef.iter().map(|&ef| (ef, false)).collect();
     if args.exact {
@@ -232,20 +217,18 @@ async fn search(args: BenchSearchArgs) -> anyhow::Result<()> {
                     Arc::clone(&queries),
                 );
                 let top_k = args.top_k;
-                move |q: usize| pb::SearchRequest {
-                    collection: collection.clone(),
-                    user_ids: user_ids.clone(),
-                    vector: queries[q * dim..(q + 1) * dim].to_vec(),
-                    top_k,
-                    ef,
-                    exact,
-                    min_seq_no: 0,
+                move |q: usize| {
+                    Search::new(collection.as_str(), &queries[q * dim..(q + 1) * dim])
+                        .users(user_ids.clone())
+                        .top_k(top_k)
+                        .ef(ef)
+                        .exact(exact)
                 }
             };
             let start = Arc::new(tokio::sync::Barrier::new(n_clients + 1));
             let mut tasks = tokio::task::JoinSet::new();
             for (c, client) in clients.iter().enumerate() {
-                let (mut client, start, request) =
+                let (client, start, request) =
                     (client.clone(), Arc::clone(&start), request.clone());
                 let (warmup, passes) = (args.warmup, args.passes.max(1));
                 tasks.spawn(async move {
@@ -258,15 +241,12 @@ async fn search(args: BenchSearchArgs) -> anyhow::Result<()> {
                     let mine = (c..n_queries).step_by(n_clients);
                     for q in std::iter::repeat_n(mine, passes).flatten() {
                         let t = Instant::now();
-                        let hits = client.search(request(q)).await?.into_inner().hits;
+                        let hits = client.search(request(q)).await?;
                         let ms = t.elapsed().as_secs_f64() * 1e3;
-                        let ids: Vec<u128> = hits
-                            .iter()
-                            .map(|h| h.doc_id.as_ref().map_or(0, id_to_u128))
-                            .collect();
+                        let ids: Vec<u128> = hits.iter().map(|h| h.doc_id).collect();
                         out.push((q, ms, ids));
                     }
-                    Ok::<_, tonic::Status>((out, Instant::now()))
+                    Ok::<_, tarn_client::Error>((out, Instant::now()))
                 });
             }
             start.wait().await;
@@ -324,8 +304,8 @@ async fn search(args: BenchSearchArgs) -> anyhow::Result<()> {
 
 async fn freshness(args: BenchFreshnessArgs) -> anyhow::Result<()> {
     let dim = args.dimension as usize;
-    let mut admin = connect(&args.client).await?;
-    ensure_collection(&mut admin, &args.collection, args.dimension, "fsync").await?;
+    let admin = connect(&args.client).await?;
+    ensure_collection(&admin, &args.collection, args.dimension).await?;
     let writers = connections(&args.client, args.connections.max(1)).await?;
     let prober = connect(&args.client).await?;
     let rate = args.rate.max(1);
@@ -341,47 +321,36 @@ async fn freshness(args: BenchFreshnessArgs) -> anyhow::Result<()> {
         ticker.tick().await;
         let doc_id = args.first_id + i as u128;
         let vector = random_vectors(&mut rng, 1, dim);
-        let mut writer = writers[i % writers.len()].clone();
-        let mut prober = prober.clone();
+        let writer = writers[i % writers.len()].clone();
+        let prober = prober.clone();
         let collection = args.collection.clone();
-        let user = u128_to_id(args.user_id);
+        let user = args.user_id;
         let probe = i % sample_every == 0;
         tasks.spawn(async move {
             let sent = Instant::now();
             writer
-                .insert(pb::InsertRequest {
-                    collection: collection.clone(),
-                    doc_ids: vec![u128_to_id(doc_id)],
-                    user_ids: vec![user],
-                    vectors: vector.clone(),
-                    durability: pb::Durability::Fsync as i32,
-                })
+                .insert(
+                    Insert::new(collection.as_str(), [doc_id], vector.as_slice())
+                        .users([user])
+                        .durability(Durability::Fsync),
+                )
                 .await?;
             let acked = Instant::now();
             if !probe {
-                return Ok::<_, tonic::Status>(None);
+                return Ok::<_, tarn_client::Error>(None);
             }
             // Search for the new vector (approximate, default ef) until it comes back.
             let deadline = acked + Duration::from_secs(10);
             loop {
                 let hits = prober
-                    .search(pb::SearchRequest {
-                        collection: collection.clone(),
-                        user_ids: vec![user],
-                        vector: vector.clone(),
-                        top_k: 10,
-                        ef: 0,
-                        exact: false,
-                        min_seq_no: 0,
-                    })
-                    .await?
-                    .into_inner()
-                    .hits;
+                    .search(
+                        Search::new(collection.as_str(), vector.as_slice())
+                            .users([user])
+                            .top_k(10),
+                    )
+                    .await?;
                 let now = Instant::now();
-                if hits
-                    .iter()
-                    .any(|h| h.doc_id.as_ref().map_or(0, id_to_u128) == doc_id)
-                {
+                if hits.iter().any(|h| h.doc_id == doc_id) {
                     let ms = |d: Duration| d.as_secs_f64() * 1e3;
                     return Ok(Some((ms(now - sent), ms(now - acked), ms(acked - sent))));
                 }

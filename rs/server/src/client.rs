@@ -6,95 +6,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use tarn_proto::v1 as pb;
-use tarn_proto::v1::tarn_client::TarnClient;
-use tonic::metadata::MetadataValue;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
-
-use hyper_util::rt::TokioIo;
+use tarn_client::{
+    Client, CollectionInfo, CollectionSpec, Durability, Insert, Metric, Remove, Search,
+};
 
 use crate::cli::{ClientArgs, CollectionCommand, Command, InsertArgs, SearchArgs};
-use crate::coalesce::Coalescing;
-use crate::convert::{id_to_u128, u128_to_id};
 
-pub(crate) type Client = TarnClient<InterceptedService<Channel, Auth>>;
-
-/// Adds `authorization: Bearer <key>` to every call when a key is given.
-#[derive(Clone)]
-pub(crate) struct Auth(Option<MetadataValue<tonic::metadata::Ascii>>);
-
-impl tonic::service::Interceptor for Auth {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(value) = &self.0 {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
-        }
-        Ok(request)
-    }
-}
-
+/// Connects to the server the command names (`--addr`, `--api-key`).
 pub(crate) async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
-    let channel = open_channel(&args.addr, |endpoint| endpoint).await?;
-    let auth = match &args.api_key {
-        Some(key) => Some(
-            format!("Bearer {key}")
-                .parse()
-                .context("API key is not valid header text")?,
-        ),
-        None => None,
-    };
-    Ok(TarnClient::with_interceptor(channel, Auth(auth))
-        .max_decoding_message_size(256 << 20)
-        .max_encoding_message_size(256 << 20))
-}
-
-/// Connects to `addr` (http://host:port, https://host:port or unix:/path), with the settings
-/// (timeouts) that `configure` applies to the endpoint. Plain TCP and Unix-socket connections
-/// send each request in one write ([`Coalescing`]); TLS connections use tonic's connector.
-async fn open_channel(
-    addr: &str,
-    configure: impl FnOnce(Endpoint) -> Endpoint,
-) -> anyhow::Result<Channel> {
-    if let Some(path) = addr.strip_prefix("unix:") {
-        // The endpoint's URI is required by the HTTP/2 layer but not used to connect.
-        let path = std::path::PathBuf::from(path);
-        return configure(Endpoint::from_static("http://localhost"))
-            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-                let path = path.clone();
-                async move {
-                    let stream = tokio::net::UnixStream::connect(path).await?;
-                    Ok::<_, std::io::Error>(TokioIo::new(Coalescing::new(stream)))
-                }
-            }))
-            .await
-            .with_context(|| format!("cannot connect to {addr}"));
+    let mut builder = Client::builder(args.addr.as_str());
+    if let Some(key) = &args.api_key {
+        builder = builder.api_key(key.as_str());
     }
-    let endpoint = configure(
-        Endpoint::from_shared(addr.to_owned()).with_context(|| format!("bad address {addr}"))?,
-    );
-    if !addr.starts_with("http://") {
-        return endpoint
-            .connect()
-            .await
-            .with_context(|| format!("cannot connect to {addr}"));
-    }
-    endpoint
-        .connect_with_connector(tower::service_fn(|uri: tonic::transport::Uri| async move {
-            let host = uri.host().unwrap_or("localhost");
-            // IPv6 literals come bracketed in the URI; `connect` wants them bare.
-            let host = host.trim_start_matches('[').trim_end_matches(']');
-            let port = uri.port_u16().unwrap_or(80);
-            let stream = tokio::net::TcpStream::connect((host, port)).await?;
-            stream.set_nodelay(true)?;
-            Ok::<_, std::io::Error>(TokioIo::new(Coalescing::new(stream)))
-        }))
-        .await
-        .with_context(|| format!("cannot connect to {addr}"))
+    Ok(builder.connect().await?)
 }
 
 /// Reads a TEXMEX fvecs/ivecs file row by row: (dimension, rows as raw little-endian words).
@@ -133,27 +57,22 @@ pub(crate) fn read_vecs_rows(
     Ok((dim, words))
 }
 
-pub(crate) fn durability(name: Option<&str>) -> anyhow::Result<i32> {
-    Ok(match name {
-        None => pb::Durability::Unspecified,
-        Some("fsync") => pb::Durability::Fsync,
-        Some("written") => pb::Durability::Written,
-        Some(other) => bail!("unknown durability {other:?} (fsync or written)"),
-    } as i32)
+/// `fsync` or `written`; none: the collection's default.
+pub(crate) fn durability(name: Option<&str>) -> anyhow::Result<Option<Durability>> {
+    Ok(name.map(str::parse).transpose()?)
 }
 
-fn print_info(info: &pb::CollectionInfo) {
-    let metric =
-        pb::Metric::try_from(info.metric).map_or("?".to_owned(), |m| m.as_str_name().to_owned());
+fn print_info(info: &CollectionInfo) {
     println!("name:               {}", info.name);
     println!("dimension:          {}", info.dimension);
-    println!("metric:             {metric}");
-    if let Some(h) = &info.hnsw {
-        println!(
-            "hnsw:               m={} ef_construction={} ef_search={}",
-            h.m, h.ef_construction, h.ef_search
-        );
-    }
+    println!(
+        "metric:             {}",
+        info.metric.as_str().to_ascii_uppercase()
+    );
+    println!(
+        "hnsw:               m={} ef_construction={} ef_search={}",
+        info.m, info.ef_construction, info.ef_search
+    );
     println!(
         "documents:          {} ({} tenants)",
         info.n_documents, info.n_tenants
@@ -191,26 +110,17 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+/// Runs one client command of the `tarn` binary (every command but `serve`).
 pub async fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Serve(_) => unreachable!("handled by main"),
+        Command::Serve(_) => bail!("`tarn serve` is not a client command"),
         Command::Healthcheck { addr } => {
-            let channel = open_channel(&addr, |endpoint| {
-                endpoint
-                    .connect_timeout(Duration::from_secs(3))
-                    .timeout(Duration::from_secs(3))
-            })
-            .await?;
-            let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-            let reply = health
-                .check(tonic_health::pb::HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await?
-                .into_inner();
-            if reply.status
-                != tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-            {
+            let client = Client::builder(addr.as_str())
+                .connect_timeout(Duration::from_secs(3))
+                .timeout(Duration::from_secs(3))
+                .connect()
+                .await?;
+            if !client.is_serving().await? {
                 bail!("server at {addr} is not serving");
             }
             println!("SERVING");
@@ -226,57 +136,29 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 ef_search,
                 durability: d,
             } => {
-                let metric = match metric.to_ascii_lowercase().as_str() {
-                    "cosine" => pb::Metric::Cosine,
-                    "l2" => pb::Metric::L2,
-                    "dot" => pb::Metric::Dot,
-                    other => bail!("unknown metric {other:?} (cosine, l2 or dot)"),
-                };
-                let reply = connect(&client)
-                    .await?
-                    .create_collection(pb::CreateCollectionRequest {
-                        name,
-                        dimension,
-                        metric: metric as i32,
-                        hnsw: Some(pb::HnswParams {
-                            m,
-                            ef_construction,
-                            ef_search,
-                        }),
-                        default_durability: durability(Some(&d))?,
-                    })
-                    .await?
-                    .into_inner();
-                if let Some(info) = reply.collection {
-                    print_info(&info);
+                let metric: Metric = metric.parse()?;
+                let mut spec = CollectionSpec::new(name, dimension).metric(metric).hnsw(
+                    m,
+                    ef_construction,
+                    ef_search,
+                );
+                if let Some(d) = durability(Some(&d))? {
+                    spec = spec.default_durability(d);
                 }
+                let info = connect(&client).await?.create_collection(spec).await?;
+                print_info(&info);
             }
             CollectionCommand::List { client } => {
-                for name in connect(&client)
-                    .await?
-                    .list_collections(pb::ListCollectionsRequest {})
-                    .await?
-                    .into_inner()
-                    .names
-                {
+                for name in connect(&client).await?.list_collections().await? {
                     println!("{name}");
                 }
             }
             CollectionCommand::Info { client, name } => {
-                let reply = connect(&client)
-                    .await?
-                    .get_collection(pb::GetCollectionRequest { name })
-                    .await?
-                    .into_inner();
-                if let Some(info) = reply.collection {
-                    print_info(&info);
-                }
+                let info = connect(&client).await?.collection_info(&name).await?;
+                print_info(&info);
             }
             CollectionCommand::Drop { client, name } => {
-                connect(&client)
-                    .await?
-                    .drop_collection(pb::DropCollectionRequest { name: name.clone() })
-                    .await?;
+                connect(&client).await?.drop_collection(&name).await?;
                 println!("dropped {name}");
             }
         },
@@ -289,18 +171,12 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             user_id,
             doc_ids,
         } => {
-            let reply = connect(&client)
+            let docs = connect(&client)
                 .await?
-                .get(pb::GetRequest {
-                    collection,
-                    user_id: Some(u128_to_id(user_id)),
-                    doc_ids: doc_ids.iter().map(|d| u128_to_id(*d)).collect(),
-                })
-                .await?
-                .into_inner();
-            for doc in reply.docs {
-                let id = doc.doc_id.as_ref().map_or(0, id_to_u128);
-                println!("{id}\t{:?}", doc.vector);
+                .get(&collection, user_id, &doc_ids)
+                .await?;
+            for doc in docs {
+                println!("{}\t{:?}", doc.doc_id, doc.vector);
             }
         }
         Command::Remove {
@@ -309,25 +185,15 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             user_ids,
             doc_ids,
         } => {
-            let reply = connect(&client)
+            let ack = connect(&client)
                 .await?
-                .remove(pb::RemoveRequest {
-                    collection,
-                    doc_ids: doc_ids.iter().map(|d| u128_to_id(*d)).collect(),
-                    user_ids: user_ids.iter().map(|u| u128_to_id(*u)).collect(),
-                    durability: 0,
-                })
-                .await?
-                .into_inner();
-            println!("seq_no {}", reply.seq_no);
+                .remove(Remove::new(collection, doc_ids).users(user_ids))
+                .await?;
+            println!("seq_no {}", ack.seq_no);
         }
         Command::Flush { client, collection } => {
-            let reply = connect(&client)
-                .await?
-                .flush(pb::FlushRequest { collection })
-                .await?
-                .into_inner();
-            println!("flushed_seq_no {}", reply.flushed_seq_no);
+            let flushed = connect(&client).await?.flush(&collection).await?;
+            println!("flushed_seq_no {flushed}");
         }
     }
     Ok(())
@@ -339,7 +205,7 @@ async fn insert(args: InsertArgs) -> anyhow::Result<()> {
     let n_rows = vectors.len() / dim.max(1);
     let client = connect(&args.client).await?;
     let durability = durability(args.durability.as_deref())?;
-    let user_ids: Vec<pb::Id> = args.user_ids.iter().map(|u| u128_to_id(*u)).collect();
+    let user_ids = args.user_ids.clone();
     let batch = args.batch.max(1);
     let progress = indicatif::ProgressBar::new(n_rows as u64);
     progress.set_style(
@@ -354,7 +220,7 @@ async fn insert(args: InsertArgs) -> anyhow::Result<()> {
     for start in (0..n_rows).step_by(batch) {
         let end = (start + batch).min(n_rows);
         let permit = Arc::clone(&limit).acquire_owned().await?;
-        let (mut client, vectors, user_ids, progress) = (
+        let (client, vectors, user_ids, progress) = (
             client.clone(),
             Arc::clone(&vectors),
             user_ids.clone(),
@@ -362,19 +228,16 @@ async fn insert(args: InsertArgs) -> anyhow::Result<()> {
         );
         let (collection, first_id) = (args.collection.clone(), args.first_id);
         tasks.spawn(async move {
-            let request = pb::InsertRequest {
-                collection,
-                doc_ids: (start..end)
-                    .map(|r| u128_to_id(first_id + r as u128))
-                    .collect(),
-                user_ids,
-                vectors: vectors[start * dim..end * dim].to_vec(),
-                durability,
-            };
+            let doc_ids: Vec<u128> = (start..end).map(|r| first_id + r as u128).collect();
+            let mut request =
+                Insert::new(collection, doc_ids, &vectors[start * dim..end * dim]).users(user_ids);
+            if let Some(durability) = durability {
+                request = request.durability(durability);
+            }
             let reply = client.insert(request).await;
             drop(permit);
             progress.inc((end - start) as u64);
-            reply.map(|r| r.into_inner().seq_no)
+            reply.map(|ack| ack.seq_no)
         });
         while let Some(done) = tasks.try_join_next() {
             last_seq = last_seq.max(done??);
@@ -399,17 +262,14 @@ async fn search(args: SearchArgs) -> anyhow::Result<()> {
         Some(path) => Some(read_vecs_rows(path, args.limit)?),
         None => None,
     };
-    let mut client = connect(&args.client).await?;
-    let user_ids: Vec<pb::Id> = args.user_ids.iter().map(|u| u128_to_id(*u)).collect();
+    let client = connect(&args.client).await?;
     let k = args.top_k as usize;
-    let request = |vector: &[f32]| pb::SearchRequest {
-        collection: args.collection.clone(),
-        user_ids: user_ids.clone(),
-        vector: vector.to_vec(),
-        top_k: args.top_k,
-        ef: args.ef,
-        exact: args.exact,
-        min_seq_no: 0,
+    let request = |vector: &[f32]| {
+        Search::new(args.collection.as_str(), vector)
+            .users(args.user_ids.clone())
+            .top_k(args.top_k)
+            .ef(args.ef)
+            .exact(args.exact)
     };
     for vector in queries.chunks_exact(dim).take(args.warmup) {
         client.search(request(vector)).await?;
@@ -419,18 +279,13 @@ async fn search(args: SearchArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     for (q, vector) in queries.chunks_exact(dim).enumerate() {
         let t = Instant::now();
-        let hits = client.search(request(vector)).await?.into_inner().hits;
+        let hits = client.search(request(vector)).await?;
         latencies.push(t.elapsed().as_secs_f64() * 1e3);
-        let ids: Vec<u128> = hits
-            .iter()
-            .map(|h| h.doc_id.as_ref().map_or(0, id_to_u128))
-            .collect();
+        let ids: Vec<u128> = hits.iter().map(|h| h.doc_id).collect();
         if args.verbose {
             println!(
                 "query {q}: {:?}",
-                hits.iter()
-                    .map(|h| (h.doc_id.as_ref().map_or(0, id_to_u128), h.score))
-                    .collect::<Vec<_>>()
+                hits.iter().map(|h| (h.doc_id, h.score)).collect::<Vec<_>>()
             );
         }
         if let Some((width, rows)) = &truth {

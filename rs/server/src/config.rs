@@ -7,7 +7,10 @@ use serde::Deserialize;
 
 use crate::cli::ServeArgs;
 
+/// The settings of a server. Start from [`ServeConfig::resolve`] (what `tarn serve` does) or
+/// [`ServeConfig::in_process`] and change fields.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ServeConfig {
     pub data_dir: PathBuf,
     pub listen: String,
@@ -37,6 +40,24 @@ struct FileConfig {
 }
 
 impl ServeConfig {
+    /// `tarn serve`'s defaults for `data_dir`, but on an ephemeral loopback port and without
+    /// metrics: a server for tests and embedders ([`crate::start`]).
+    pub fn in_process(data_dir: impl Into<PathBuf>) -> ServeConfig {
+        ServeConfig {
+            data_dir: data_dir.into(),
+            listen: "127.0.0.1:0".to_owned(),
+            metrics_listen: None,
+            max_message_bytes: 64 << 20,
+            max_inflight_writes: 10_000,
+            api_keys: Vec::new(),
+            read_only_keys: Vec::new(),
+            tls: None,
+            log_json: false,
+        }
+    }
+
+    /// The settings from the command line and environment (`args`), then the TOML file it
+    /// names, then the defaults.
     pub fn resolve(args: ServeArgs) -> anyhow::Result<ServeConfig> {
         let file: FileConfig = match &args.config {
             Some(path) => {

@@ -1,19 +1,8 @@
-//! The `tarn` binary: `tarn serve` runs the server; the other commands are a client.
-
-mod auth;
-mod bench;
-mod cli;
-mod client;
-mod coalesce;
-mod config;
-mod convert;
-mod metrics;
-mod registry;
-mod server;
-mod service;
-mod status;
+//! The `tarn` binary: `tarn serve` runs the server; the other commands are a client. Everything
+//! is in the `tarn_server` library; this file picks the runtime and the logging.
 
 use clap::Parser;
+use tarn_server::cli;
 
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -54,13 +43,13 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             cli::Command::Serve(args) => {
-                let config = config::ServeConfig::resolve(args)?;
+                let config = tarn_server::ServeConfig::resolve(args)?;
                 init_logging(config.log_json);
-                server::serve(config).await
+                tarn_server::serve(config).await
             }
             command => {
                 init_logging(false);
-                client::run(command).await
+                tarn_server::run_client_command(command).await
             }
         }
     });

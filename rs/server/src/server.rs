@@ -66,9 +66,47 @@ impl ShutdownSignals {
     }
 }
 
-pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
-    let signals = ShutdownSignals::register()?;
-    let _lock = lock_data_dir(&config)?;
+/// A server started in this process ([`start`]): its addresses, and the means to stop it.
+#[derive(Debug)]
+pub struct RunningServer {
+    grpc_addr: String,
+    metrics_addr: Option<std::net::SocketAddr>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl RunningServer {
+    /// The gRPC address as clients give it: `host:port` (the port chosen if 0 was asked) or
+    /// `unix:/path`.
+    pub fn grpc_addr(&self) -> &str {
+        &self.grpc_addr
+    }
+
+    /// The Prometheus address, unless metrics are off.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Graceful shutdown: stop accepting, finish the requests in flight, close every
+    /// collection (syncing its log), release the data directory.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.task.await.context("the server task panicked")?
+    }
+
+    /// Waits until the server stops by itself (its listener failed).
+    async fn stopped(&mut self) -> anyhow::Result<()> {
+        (&mut self.task).await.context("the server task panicked")?
+    }
+}
+
+/// Starts a server in this process: locks the data directory, opens every collection, binds
+/// the gRPC (and metrics) listeners and serves in a background task until
+/// [`RunningServer::shutdown`]. Returns once the listeners are bound.
+pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
+    let lock = lock_data_dir(&config)?;
     let data_dir = config.data_dir.clone();
     let registry = Arc::new(tokio::task::spawn_blocking(move || Registry::open(&data_dir)).await??);
     let metrics = Arc::new(Metrics::new()?);
@@ -80,27 +118,25 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let listener = GrpcListener::bind(&config.listen).await?;
     let grpc_addr = listener.describe()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let metrics_task = match &config.metrics_listen {
+    let (metrics_task, metrics_addr) = match &config.metrics_listen {
         Some(addr) => {
             let metrics_listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding metrics address {addr}"))?;
-            println!(
-                "tarn: metrics listening on {}",
-                metrics_listener.local_addr()?
-            );
+            let metrics_addr = metrics_listener.local_addr()?;
             let mut stop = stop_rx.clone();
             let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
-            Some(tokio::spawn(metrics::serve(
+            let task = tokio::spawn(metrics::serve(
                 metrics_listener,
                 Arc::clone(&metrics),
                 Arc::clone(&registry),
                 shutdown,
-            )))
+            ));
+            (Some(task), Some(metrics_addr))
         }
-        None => None,
+        None => (None, None),
     };
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
@@ -139,11 +175,6 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         builder =
             builder.tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))?;
     }
-    println!(
-        "tarn: gRPC listening on {grpc_addr}{}",
-        if config.tls.is_some() { " (TLS)" } else { "" }
-    );
-    let _ = std::io::stdout().flush();
     tracing::info!(%grpc_addr, data_dir = %config.data_dir.display(), "serving");
 
     let health_task = tokio::spawn(watch_health(
@@ -151,9 +182,10 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         Arc::clone(&registry),
         stop_tx.subscribe(),
     ));
+    let (stop, stop_requested) = tokio::sync::oneshot::channel::<()>();
     let health = health_reporter.clone();
     let shutdown = async move {
-        signals.recv().await;
+        let _ = stop_requested.await;
         tracing::info!("shutting down: no new requests; finishing the ones in flight");
         health.set_not_serving::<TarnServer<TarnService>>().await;
     };
@@ -162,49 +194,81 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         .add_service(reflection)
         .add_service(reflection_alpha)
         .add_service(tarn);
-    match listener {
-        GrpcListener::Tcp(listener) => {
-            router
-                .serve_with_incoming_shutdown(
-                    // TCP_NODELAY on every connection: tonic sets it only on listeners it binds
-                    // itself, and with Nagle a small response waits for the client's delayed ACK.
-                    tokio_stream::StreamExt::map(
-                        tokio_stream::wrappers::TcpListenerStream::new(listener),
-                        |accepted| {
-                            accepted.inspect(|stream| {
-                                if let Err(error) = stream.set_nodelay(true) {
-                                    tracing::debug!(%error, "could not set TCP_NODELAY");
-                                }
-                            })
-                        },
-                    ),
-                    shutdown,
-                )
-                .await?
-        }
-        GrpcListener::Unix(listener, path) => {
-            let served = router
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(listener),
-                    shutdown,
-                )
-                .await;
-            if let Err(error) = std::fs::remove_file(&path) {
-                tracing::warn!(%error, path = %path.display(), "could not remove the socket file");
+    let task = tokio::spawn(async move {
+        // The data directory stays locked until every collection is closed.
+        let _lock = lock;
+        let served = match listener {
+            GrpcListener::Tcp(listener) => {
+                router
+                    .serve_with_incoming_shutdown(
+                        // TCP_NODELAY on every connection: tonic sets it only on listeners it
+                        // binds itself, and with Nagle a small response waits for the client's
+                        // delayed ACK.
+                        tokio_stream::StreamExt::map(
+                            tokio_stream::wrappers::TcpListenerStream::new(listener),
+                            |accepted| {
+                                accepted.inspect(|stream| {
+                                    if let Err(error) = stream.set_nodelay(true) {
+                                        tracing::debug!(%error, "could not set TCP_NODELAY");
+                                    }
+                                })
+                            },
+                        ),
+                        shutdown,
+                    )
+                    .await
             }
-            served?
+            GrpcListener::Unix(listener, path) => {
+                let served = router
+                    .serve_with_incoming_shutdown(
+                        tokio_stream::wrappers::UnixListenerStream::new(listener),
+                        shutdown,
+                    )
+                    .await;
+                if let Err(error) = std::fs::remove_file(&path) {
+                    tracing::warn!(%error, path = %path.display(), "could not remove the socket file");
+                }
+                served
+            }
+        };
+        let _ = stop_tx.send(true);
+        if let Some(task) = metrics_task {
+            let _ = task.await;
         }
-    }
+        let _ = health_task.await;
+        // In-flight requests are done: let ingestion finish and sync every WAL.
+        let closing = Arc::clone(&registry);
+        tokio::task::spawn_blocking(move || closing.close_all()).await?;
+        tracing::info!("stopped");
+        served.context("serving gRPC")
+    });
+    Ok(RunningServer {
+        grpc_addr,
+        metrics_addr,
+        stop: Some(stop),
+        task,
+    })
+}
 
-    let _ = stop_tx.send(true);
-    if let Some(task) = metrics_task {
-        let _ = task.await;
+/// `tarn serve`: [`start`], announce the addresses on stdout, and shut down gracefully on
+/// SIGTERM or SIGINT.
+pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
+    let signals = ShutdownSignals::register()?;
+    let tls = config.tls.is_some();
+    let mut server = start(config).await?;
+    if let Some(addr) = server.metrics_addr() {
+        println!("tarn: metrics listening on {addr}");
     }
-    let _ = health_task.await;
-    // In-flight requests are done: let ingestion finish and sync every WAL.
-    let closing = Arc::clone(&registry);
-    tokio::task::spawn_blocking(move || closing.close_all()).await?;
-    tracing::info!("stopped");
+    println!(
+        "tarn: gRPC listening on {}{}",
+        server.grpc_addr(),
+        if tls { " (TLS)" } else { "" }
+    );
+    let _ = std::io::stdout().flush();
+    tokio::select! {
+        () = signals.recv() => server.shutdown().await?,
+        stopped = server.stopped() => stopped?,
+    }
     println!("tarn: stopped");
     Ok(())
 }

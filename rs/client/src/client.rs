@@ -1,0 +1,348 @@
+//! [`Client`]: one connection to a tarn server, shared by every task that clones it.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tarn_proto::v1 as pb;
+use tarn_proto::v1::tarn_client::TarnClient;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::connect::{open_channel, Address, TlsOptions};
+use crate::error::{Code, Error, Result};
+use crate::types::{
+    id_to_wire, CollectionInfo, CollectionSpec, Document, Hit, Insert, Remove, Search, WriteAck,
+};
+
+/// Largest message the client sends or accepts (a large batch of vectors, a large `get`).
+const MAX_MESSAGE_BYTES: usize = 256 << 20;
+
+/// Adds `authorization: Bearer <key>` to every call when a key is set.
+#[derive(Clone)]
+struct Auth(Option<MetadataValue<Ascii>>);
+
+impl tonic::service::Interceptor for Auth {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+type Stub = TarnClient<InterceptedService<Channel, Auth>>;
+
+/// Settings of a [`Client`] before it connects: API key, TLS, deadlines.
+///
+/// ```no_run
+/// # async fn example() -> tarn_client::Result<()> {
+/// use std::time::Duration;
+/// let pem = std::fs::read("ca.pem").expect("the CA certificate");
+/// let client = tarn_client::Client::builder("https://tarn.internal:50051")
+///     .api_key("s3cret")
+///     .tls_ca_certificate(pem)
+///     .timeout(Duration::from_secs(5))
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    address: String,
+    api_key: Option<String>,
+    tls: TlsOptions,
+    timeout: Option<Duration>,
+    connect_timeout: Option<Duration>,
+}
+
+impl ClientBuilder {
+    /// Sends `authorization: Bearer <key>` with every call (servers started with `--api-key`).
+    pub fn api_key(mut self, key: impl Into<String>) -> ClientBuilder {
+        self.api_key = Some(key.into());
+        self
+    }
+
+    /// Trusts this certificate authority (PEM) for `https://` addresses, instead of the Mozilla
+    /// roots. May be called several times.
+    pub fn tls_ca_certificate(mut self, pem: impl Into<Vec<u8>>) -> ClientBuilder {
+        self.tls.ca_pem.push(pem.into());
+        self
+    }
+
+    /// The name the server's certificate must carry, when it is not the address's host.
+    pub fn tls_domain(mut self, domain: impl Into<String>) -> ClientBuilder {
+        self.tls.domain = Some(domain.into());
+        self
+    }
+
+    /// The deadline of every call that does not set its own (none by default). It is sent to the
+    /// server (`grpc-timeout`), which stops waiting (for a read token, say) in time.
+    pub fn timeout(mut self, timeout: Duration) -> ClientBuilder {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// How long connecting may take (none by default).
+    pub fn connect_timeout(mut self, timeout: Duration) -> ClientBuilder {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// Connects. Fails with INVALID_ARGUMENT for a malformed address or key, UNAVAILABLE if
+    /// the server cannot be reached.
+    pub async fn connect(self) -> Result<Client> {
+        let address = Address::parse(&self.address)?;
+        let auth = match &self.api_key {
+            Some(key) => Some(
+                format!("Bearer {key}")
+                    .parse()
+                    .map_err(|_| Error::invalid("api_key", "not valid header text"))?,
+            ),
+            None => None,
+        };
+        let channel = open_channel(&address, self.connect_timeout, &self.tls).await?;
+        let stub = TarnClient::with_interceptor(channel.clone(), Auth(auth.clone()))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(Client {
+            stub,
+            channel,
+            auth: Auth(auth),
+            timeout: self.timeout,
+            address: Arc::from(self.address.as_str()),
+        })
+    }
+}
+
+/// A connection to a tarn server. Cheap to clone; the clones share the connection (one HTTP/2
+/// connection multiplexes every call), and any number of tasks may use them at once.
+///
+/// ```no_run
+/// # async fn example() -> tarn_client::Result<()> {
+/// use tarn_client::{Client, CollectionSpec, Insert, Search};
+/// let client = Client::connect("127.0.0.1:50051").await?;
+/// client.create_collection(CollectionSpec::new("docs", 3)).await?;
+/// let ack = client
+///     .insert(Insert::new("docs", [1u128], vec![0.1f32, 0.2, 0.3]).users([7u128]))
+///     .await?; // durable when it returns
+/// let hits = client
+///     .search(Search::new("docs", vec![0.1f32, 0.2, 0.3]).users([7u128]).after(ack.read_token()))
+///     .await?;
+/// assert_eq!(hits[0].doc_id, 1);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    stub: Stub,
+    channel: Channel,
+    auth: Auth,
+    timeout: Option<Duration>,
+    address: Arc<str>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("address", &self.address)
+            .field("timeout", &self.timeout)
+            .field("api_key", &self.auth.0.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+impl Client {
+    /// Connects to `address` with the default settings: `host:port`, `http://host:port`,
+    /// `https://host:port` (trusting the Mozilla roots) or `unix:/path`.
+    pub async fn connect(address: impl Into<String>) -> Result<Client> {
+        Client::builder(address).connect().await
+    }
+
+    /// Settings before connecting (API key, TLS, deadlines).
+    pub fn builder(address: impl Into<String>) -> ClientBuilder {
+        ClientBuilder {
+            address: address.into(),
+            api_key: None,
+            tls: TlsOptions::default(),
+            timeout: None,
+            connect_timeout: None,
+        }
+    }
+
+    /// The address this client connected to, as given.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Runs one call with the call's deadline (or the client's), sent to the server as
+    /// `grpc-timeout` and enforced here too.
+    async fn call<T, R, F, Fut>(&self, message: T, timeout: Option<Duration>, rpc: F) -> Result<R>
+    where
+        F: FnOnce(Stub, tonic::Request<T>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+    {
+        let mut request = tonic::Request::new(message);
+        let timeout = timeout.or(self.timeout);
+        if let Some(timeout) = timeout {
+            request.set_timeout(timeout);
+        }
+        let answer = rpc(self.stub.clone(), request);
+        let answer = match timeout {
+            Some(timeout) => match tokio::time::timeout(timeout, answer).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    return Err(Error::new(
+                        Code::DeadlineExceeded,
+                        format!("no answer within {timeout:?}"),
+                    ))
+                }
+            },
+            None => answer.await,
+        };
+        Ok(answer?.into_inner())
+    }
+
+    /// Creates a collection; ALREADY_EXISTS if the name is taken.
+    pub async fn create_collection(&self, spec: CollectionSpec) -> Result<CollectionInfo> {
+        let reply = self
+            .call(spec.into_wire(), None, |mut stub, request| async move {
+                stub.create_collection(request).await
+            })
+            .await?;
+        CollectionInfo::from_wire(reply.collection)
+    }
+
+    /// Drops a collection and deletes its data; NOT_FOUND if there is none of that name.
+    pub async fn drop_collection(&self, name: &str) -> Result<()> {
+        let request = pb::DropCollectionRequest {
+            name: name.to_owned(),
+        };
+        self.call(request, None, |mut stub, request| async move {
+            stub.drop_collection(request).await
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// The names of every collection.
+    pub async fn list_collections(&self) -> Result<Vec<String>> {
+        let reply = self
+            .call(
+                pb::ListCollectionsRequest {},
+                None,
+                |mut stub, request| async move { stub.list_collections(request).await },
+            )
+            .await?;
+        Ok(reply.names)
+    }
+
+    /// A collection's settings and counters.
+    pub async fn collection_info(&self, name: &str) -> Result<CollectionInfo> {
+        let request = pb::GetCollectionRequest {
+            name: name.to_owned(),
+        };
+        let reply = self
+            .call(request, None, |mut stub, request| async move {
+                stub.get_collection(request).await
+            })
+            .await?;
+        CollectionInfo::from_wire(reply.collection)
+    }
+
+    /// Inserts (upserts) documents; returns once the write is durable in the mode asked for.
+    pub async fn insert(&self, insert: Insert) -> Result<WriteAck> {
+        let (request, timeout) = insert.into_wire();
+        let reply = self
+            .call(request, timeout, |mut stub, request| async move {
+                stub.insert(request).await
+            })
+            .await?;
+        Ok(WriteAck {
+            seq_no: reply.seq_no,
+            n_written: reply.n_inserted,
+        })
+    }
+
+    /// Removes documents; returns once the removal is durable in the mode asked for.
+    pub async fn remove(&self, remove: Remove) -> Result<WriteAck> {
+        let (request, timeout) = remove.into_wire();
+        let reply = self
+            .call(request, timeout, |mut stub, request| async move {
+                stub.remove(request).await
+            })
+            .await?;
+        Ok(WriteAck {
+            seq_no: reply.seq_no,
+            n_written: 0,
+        })
+    }
+
+    /// The nearest documents, best first.
+    pub async fn search(&self, search: Search) -> Result<Vec<Hit>> {
+        let (request, timeout) = search.into_wire();
+        let reply = self
+            .call(request, timeout, |mut stub, request| async move {
+                stub.search(request).await
+            })
+            .await?;
+        Ok(reply.hits.iter().map(Hit::from_wire).collect())
+    }
+
+    /// The stored documents of one tenant among `doc_ids`; ids not stored are absent.
+    pub async fn get(
+        &self,
+        collection: &str,
+        user_id: u128,
+        doc_ids: &[u128],
+    ) -> Result<Vec<Document>> {
+        let request = pb::GetRequest {
+            collection: collection.to_owned(),
+            user_id: Some(id_to_wire(user_id)),
+            doc_ids: doc_ids.iter().copied().map(id_to_wire).collect(),
+        };
+        let reply = self
+            .call(request, None, |mut stub, request| async move {
+                stub.get(request).await
+            })
+            .await?;
+        Ok(reply.docs.into_iter().map(Document::from_wire).collect())
+    }
+
+    /// Checkpoints a collection now; returns the sequence number everything up to which is in
+    /// the checkpoint.
+    pub async fn flush(&self, collection: &str) -> Result<u64> {
+        let request = pb::FlushRequest {
+            collection: collection.to_owned(),
+        };
+        let reply = self
+            .call(request, None, |mut stub, request| async move {
+                stub.flush(request).await
+            })
+            .await?;
+        Ok(reply.flushed_seq_no)
+    }
+
+    /// Whether the server reports SERVING (`grpc.health.v1`, the whole server). A server whose
+    /// collection's log failed reports NOT_SERVING until it restarts.
+    pub async fn is_serving(&self) -> Result<bool> {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        let mut health = tonic_health::pb::health_client::HealthClient::with_interceptor(
+            self.channel.clone(),
+            self.auth.clone(),
+        );
+        let mut request = tonic::Request::new(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        });
+        if let Some(timeout) = self.timeout {
+            request.set_timeout(timeout);
+        }
+        let reply = health.check(request).await?.into_inner();
+        Ok(reply.status == ServingStatus::Serving as i32)
+    }
+}

@@ -1,0 +1,163 @@
+//! The one error type of the client: a gRPC status code and the server's message, kept as sent.
+
+use std::fmt;
+
+/// What kind of failure an [`Error`] is: the gRPC status code the server (or the transport)
+/// answered with. tarn's codes and what they mean are listed in the server's README; the ones
+/// worth retrying are [`Code::Unavailable`] and [`Code::ResourceExhausted`] (see
+/// [`Error::is_retryable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Code {
+    /// The call was cancelled.
+    Cancelled,
+    /// An error with no better code (also: a status code this client does not know).
+    Unknown,
+    /// A request field is wrong; the message names it.
+    InvalidArgument,
+    /// The call's deadline passed (set with [`crate::ClientBuilder::timeout`] or per call).
+    DeadlineExceeded,
+    /// The collection does not exist.
+    NotFound,
+    /// The collection already exists.
+    AlreadyExists,
+    /// The API key is read-only.
+    PermissionDenied,
+    /// Too many writes in flight on the server, or its disk is full.
+    ResourceExhausted,
+    /// The request cannot be served in the server's current state.
+    FailedPrecondition,
+    /// The operation was aborted.
+    Aborted,
+    /// A value is out of range.
+    OutOfRange,
+    /// The server does not implement this call (an older server).
+    Unimplemented,
+    /// A bug or unexpected failure on the server.
+    Internal,
+    /// The server cannot be reached, or a collection's log refuses writes until a restart.
+    Unavailable,
+    /// Stored data is damaged.
+    DataLoss,
+    /// No API key, or an unknown one.
+    Unauthenticated,
+}
+
+impl Code {
+    fn from_tonic(code: tonic::Code) -> Code {
+        match code {
+            tonic::Code::Cancelled => Code::Cancelled,
+            tonic::Code::InvalidArgument => Code::InvalidArgument,
+            tonic::Code::DeadlineExceeded => Code::DeadlineExceeded,
+            tonic::Code::NotFound => Code::NotFound,
+            tonic::Code::AlreadyExists => Code::AlreadyExists,
+            tonic::Code::PermissionDenied => Code::PermissionDenied,
+            tonic::Code::ResourceExhausted => Code::ResourceExhausted,
+            tonic::Code::FailedPrecondition => Code::FailedPrecondition,
+            tonic::Code::Aborted => Code::Aborted,
+            tonic::Code::OutOfRange => Code::OutOfRange,
+            tonic::Code::Unimplemented => Code::Unimplemented,
+            tonic::Code::Internal => Code::Internal,
+            tonic::Code::Unavailable => Code::Unavailable,
+            tonic::Code::DataLoss => Code::DataLoss,
+            tonic::Code::Unauthenticated => Code::Unauthenticated,
+            tonic::Code::Ok | tonic::Code::Unknown => Code::Unknown,
+        }
+    }
+
+    /// The gRPC name of the code, as in `INVALID_ARGUMENT`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::Cancelled => "CANCELLED",
+            Code::Unknown => "UNKNOWN",
+            Code::InvalidArgument => "INVALID_ARGUMENT",
+            Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+            Code::NotFound => "NOT_FOUND",
+            Code::AlreadyExists => "ALREADY_EXISTS",
+            Code::PermissionDenied => "PERMISSION_DENIED",
+            Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+            Code::FailedPrecondition => "FAILED_PRECONDITION",
+            Code::Aborted => "ABORTED",
+            Code::OutOfRange => "OUT_OF_RANGE",
+            Code::Unimplemented => "UNIMPLEMENTED",
+            Code::Internal => "INTERNAL",
+            Code::Unavailable => "UNAVAILABLE",
+            Code::DataLoss => "DATA_LOSS",
+            Code::Unauthenticated => "UNAUTHENTICATED",
+        }
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A failed call: the status code and the message, as the server sent them (or as the client
+/// made them up for a failure of its own: a bad address, a connection refused, a deadline).
+///
+/// ```
+/// use tarn_client::{Code, Error};
+/// let error = Error::new(Code::NotFound, "collection 'docs' not found");
+/// assert_eq!(error.code(), Code::NotFound);
+/// assert_eq!(error.to_string(), "NOT_FOUND: collection 'docs' not found");
+/// assert!(!error.is_retryable());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct Error {
+    code: Code,
+    message: String,
+}
+
+impl Error {
+    /// An error with this code and message.
+    pub fn new(code: Code, message: impl Into<String>) -> Error {
+        Error {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The status code.
+    pub fn code(&self) -> Code {
+        self.code
+    }
+
+    /// The message: for an error from the server, its text exactly (it names the field or the
+    /// collection at fault).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether the same call may succeed later unchanged: the server was unreachable or
+    /// overloaded. A write that failed this way may or may not have been logged (the answer
+    /// may have been lost), so retrying an insert is safe (it is an upsert) and retrying a
+    /// remove is too.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.code, Code::Unavailable | Code::ResourceExhausted)
+    }
+
+    pub(crate) fn invalid(field: &str, reason: impl fmt::Display) -> Error {
+        Error::new(Code::InvalidArgument, format!("{field}: {reason}"))
+    }
+}
+
+impl From<tonic::Status> for Error {
+    fn from(status: tonic::Status) -> Error {
+        let message = if status.message().is_empty() {
+            // Transport failures come with an empty message and the cause as the source.
+            match std::error::Error::source(&status) {
+                Some(source) => source.to_string(),
+                None => status.code().description().to_owned(),
+            }
+        } else {
+            status.message().to_owned()
+        };
+        Error::new(Code::from_tonic(status.code()), message)
+    }
+}
+
+/// The client's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

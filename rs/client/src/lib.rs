@@ -1,0 +1,40 @@
+//! `tarn-client`: an async Rust client for [tarn](https://github.com/tarn-db/tarn), a durable
+//! vector database, over gRPC (tonic).
+//!
+//! Ids are `u128`, vectors are `f32` slices or vectors, and every failure is an [`Error`] that
+//! keeps the gRPC status [`Code`] and the server's message. A [`Client`] is cheap to clone and
+//! safe to share across tasks.
+//!
+//! ```no_run
+//! use tarn_client::{Client, CollectionSpec, Insert, Metric, Search};
+//!
+//! # async fn example() -> tarn_client::Result<()> {
+//! // host:port, http://host:port, https://host:port or unix:/path
+//! let client = Client::connect("127.0.0.1:50051").await?;
+//! client
+//!     .create_collection(CollectionSpec::new("docs", 4).metric(Metric::Cosine))
+//!     .await?;
+//! let ack = client
+//!     .insert(Insert::new("docs", [1u128, 2], vec![1.0f32, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]).users([7u128]))
+//!     .await?; // durable (fdatasync) when it returns
+//! let hits = client
+//!     .search(Search::new("docs", vec![1.0f32, 0.1, 0.0, 0.0]).users([7u128]).top_k(1).after(ack.read_token()))
+//!     .await?; // waits until the insert is searchable
+//! assert_eq!(hits[0].doc_id, 1);
+//! # Ok(()) }
+//! ```
+//!
+//! `examples/quickstart.rs` runs the whole cycle against a server given on its command line.
+
+mod client;
+mod coalesce;
+mod connect;
+mod error;
+mod types;
+
+pub use client::{Client, ClientBuilder};
+pub use error::{Code, Error, Result};
+pub use types::{
+    CollectionInfo, CollectionSpec, Document, Durability, Hit, Insert, Metric, ReadToken, Remove,
+    Search, WriteAck,
+};

@@ -1,0 +1,584 @@
+//! tarn's values on the client side: ids as `u128`, vectors as `f32` slices, and the requests
+//! and answers of each call. Conversions to and from the wire types stay in this crate.
+
+use std::time::Duration;
+
+use tarn_proto::v1 as pb;
+
+use crate::error::{Error, Result};
+
+/// How vectors are compared. Fixed when the collection is created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Metric {
+    /// Cosine similarity (higher is better); vectors are stored at unit length.
+    Cosine,
+    /// Euclidean distance (lower is better).
+    L2,
+    /// Inner product (higher is better).
+    Dot,
+}
+
+impl Metric {
+    /// `cosine`, `l2` or `dot`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Metric::Cosine => "cosine",
+            Metric::L2 => "l2",
+            Metric::Dot => "dot",
+        }
+    }
+
+    pub(crate) fn to_wire(self) -> i32 {
+        let metric = match self {
+            Metric::Cosine => pb::Metric::Cosine,
+            Metric::L2 => pb::Metric::L2,
+            Metric::Dot => pb::Metric::Dot,
+        };
+        metric as i32
+    }
+
+    fn from_wire(value: i32) -> Result<Metric> {
+        match pb::Metric::try_from(value) {
+            Ok(pb::Metric::Cosine) => Ok(Metric::Cosine),
+            Ok(pb::Metric::L2) => Ok(Metric::L2),
+            Ok(pb::Metric::Dot) => Ok(Metric::Dot),
+            _ => Err(Error::invalid(
+                "metric",
+                format!("the server sent unknown value {value}"),
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for Metric {
+    type Err = Error;
+
+    /// `cosine`, `l2` or `dot`, in any case.
+    fn from_str(name: &str) -> Result<Metric> {
+        match name.to_ascii_lowercase().as_str() {
+            "cosine" => Ok(Metric::Cosine),
+            "l2" => Ok(Metric::L2),
+            "dot" => Ok(Metric::Dot),
+            _ => Err(Error::invalid(
+                "metric",
+                format!("unknown metric {name:?} (cosine, l2 or dot)"),
+            )),
+        }
+    }
+}
+
+/// When a write is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Durability {
+    /// After an `fdatasync` that covers the write: survives power loss.
+    Fsync,
+    /// After `write(2)`: survives a crash of the server process; a power loss can lose up to
+    /// the server's background sync interval (100 ms).
+    Written,
+}
+
+impl Durability {
+    /// `fsync` or `written`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Fsync => "fsync",
+            Durability::Written => "written",
+        }
+    }
+
+    pub(crate) fn to_wire(durability: Option<Durability>) -> i32 {
+        let durability = match durability {
+            None => pb::Durability::Unspecified,
+            Some(Durability::Fsync) => pb::Durability::Fsync,
+            Some(Durability::Written) => pb::Durability::Written,
+        };
+        durability as i32
+    }
+
+    fn from_wire(value: i32) -> Durability {
+        match pb::Durability::try_from(value) {
+            Ok(pb::Durability::Written) => Durability::Written,
+            _ => Durability::Fsync,
+        }
+    }
+}
+
+impl std::str::FromStr for Durability {
+    type Err = Error;
+
+    /// `fsync` or `written`, in any case.
+    fn from_str(name: &str) -> Result<Durability> {
+        match name.to_ascii_lowercase().as_str() {
+            "fsync" => Ok(Durability::Fsync),
+            "written" => Ok(Durability::Written),
+            _ => Err(Error::invalid(
+                "durability",
+                format!("unknown durability {name:?} (fsync or written)"),
+            )),
+        }
+    }
+}
+
+pub(crate) fn id_to_wire(value: u128) -> pb::Id {
+    pb::Id {
+        high: (value >> 64) as u64,
+        low: value as u64,
+    }
+}
+
+pub(crate) fn id_from_wire(id: Option<&pb::Id>) -> u128 {
+    id.map_or(0, |id| (u128::from(id.high) << 64) | u128::from(id.low))
+}
+
+/// A collection to create: name, dimension and metric, and optionally the HNSW parameters and
+/// the default durability (zero and `None` take the server's defaults).
+///
+/// ```
+/// use tarn_client::{CollectionSpec, Durability, Metric};
+/// let spec = CollectionSpec::new("docs", 384)
+///     .metric(Metric::L2)
+///     .hnsw(16, 200, 64)
+///     .default_durability(Durability::Written);
+/// assert_eq!(spec.name(), "docs");
+/// ```
+#[derive(Debug, Clone)]
+pub struct CollectionSpec {
+    name: String,
+    dimension: u32,
+    metric: Metric,
+    m: u32,
+    ef_construction: u32,
+    ef_search: u32,
+    default_durability: Option<Durability>,
+}
+
+impl CollectionSpec {
+    /// A cosine collection of `dimension`-long vectors named `name` (`[A-Za-z0-9_-]{1,64}`).
+    pub fn new(name: impl Into<String>, dimension: u32) -> CollectionSpec {
+        CollectionSpec {
+            name: name.into(),
+            dimension,
+            metric: Metric::Cosine,
+            m: 0,
+            ef_construction: 0,
+            ef_search: 0,
+            default_durability: None,
+        }
+    }
+
+    /// The metric (cosine unless set).
+    pub fn metric(mut self, metric: Metric) -> CollectionSpec {
+        self.metric = metric;
+        self
+    }
+
+    /// HNSW links per node, build-time and default search-time `ef` (0 = the server's default).
+    pub fn hnsw(mut self, m: u32, ef_construction: u32, ef_search: u32) -> CollectionSpec {
+        (self.m, self.ef_construction, self.ef_search) = (m, ef_construction, ef_search);
+        self
+    }
+
+    /// What writes that do not choose get (fsync unless set).
+    pub fn default_durability(mut self, durability: Durability) -> CollectionSpec {
+        self.default_durability = Some(durability);
+        self
+    }
+
+    /// The collection's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn into_wire(self) -> pb::CreateCollectionRequest {
+        pb::CreateCollectionRequest {
+            name: self.name,
+            dimension: self.dimension,
+            metric: self.metric.to_wire(),
+            hnsw: Some(pb::HnswParams {
+                m: self.m,
+                ef_construction: self.ef_construction,
+                ef_search: self.ef_search,
+            }),
+            default_durability: Durability::to_wire(self.default_durability),
+        }
+    }
+}
+
+/// What the server reports about a collection.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct CollectionInfo {
+    pub name: String,
+    pub dimension: u32,
+    pub metric: Metric,
+    /// HNSW links per node.
+    pub m: u32,
+    pub ef_construction: u32,
+    /// The default `ef` of searches.
+    pub ef_search: u32,
+    pub default_durability: Durability,
+    /// Live (tenant, document) pairs.
+    pub n_documents: u64,
+    pub n_tenants: u32,
+    /// Last operation appended to the log.
+    pub last_seq_no: u64,
+    /// Last operation known to be on disk.
+    pub durable_seq_no: u64,
+    /// Last operation searchable.
+    pub applied_seq_no: u64,
+    /// Last operation in a checkpoint.
+    pub checkpoint_seq_no: u64,
+    pub n_sealed_segments: u32,
+    pub n_removed_not_compacted: u64,
+    pub bytes_on_disk: u64,
+}
+
+impl CollectionInfo {
+    pub(crate) fn from_wire(info: Option<pb::CollectionInfo>) -> Result<CollectionInfo> {
+        let info = info.ok_or_else(|| {
+            Error::new(
+                crate::Code::Internal,
+                "the server's answer has no collection",
+            )
+        })?;
+        let hnsw = info.hnsw.unwrap_or_default();
+        Ok(CollectionInfo {
+            metric: Metric::from_wire(info.metric)?,
+            name: info.name,
+            dimension: info.dimension,
+            m: hnsw.m,
+            ef_construction: hnsw.ef_construction,
+            ef_search: hnsw.ef_search,
+            default_durability: Durability::from_wire(info.default_durability),
+            n_documents: info.n_documents,
+            n_tenants: info.n_tenants,
+            last_seq_no: info.last_seq_no,
+            durable_seq_no: info.durable_seq_no,
+            applied_seq_no: info.applied_seq_no,
+            checkpoint_seq_no: info.checkpoint_seq_no,
+            n_sealed_segments: info.n_sealed_segments,
+            n_removed_not_compacted: info.n_removed_not_compacted,
+            bytes_on_disk: info.bytes_on_disk,
+        })
+    }
+}
+
+/// The read-your-writes handle of an acknowledged write: pass it to [`Search::after`] and the
+/// search waits (within its deadline) until the write is searchable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ReadToken {
+    seq_no: u64,
+}
+
+impl ReadToken {
+    /// The token of the write with this sequence number (as `tarn insert` prints it).
+    pub fn from_seq_no(seq_no: u64) -> ReadToken {
+        ReadToken { seq_no }
+    }
+
+    /// The write's sequence number in its collection.
+    pub fn seq_no(&self) -> u64 {
+        self.seq_no
+    }
+
+    /// The later of two tokens of the same collection: waiting for it waits for both writes.
+    pub fn max(self, other: ReadToken) -> ReadToken {
+        ReadToken {
+            seq_no: self.seq_no.max(other.seq_no),
+        }
+    }
+}
+
+/// An acknowledged write: durable on the server in the mode asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WriteAck {
+    /// The write's sequence number in its collection.
+    pub seq_no: u64,
+    /// For an insert, the (tenant, document) pairs stored; 0 for a remove.
+    pub n_written: u64,
+}
+
+impl WriteAck {
+    /// The handle to pass to [`Search::after`] to read this write.
+    pub fn read_token(&self) -> ReadToken {
+        ReadToken::from_seq_no(self.seq_no)
+    }
+}
+
+/// Inserts (upserts) documents for tenants: every listed document for every listed tenant
+/// (none listed: tenant 0), replacing what they had under those ids.
+///
+/// ```
+/// use tarn_client::{Durability, Insert};
+/// let vectors: Vec<f32> = vec![0.0; 2 * 4]; // two documents of dimension 4, row after row
+/// let insert = Insert::new("docs", [10u128, 11], vectors)
+///     .users([7u128])
+///     .durability(Durability::Fsync);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Insert {
+    collection: String,
+    doc_ids: Vec<u128>,
+    user_ids: Vec<u128>,
+    vectors: Vec<f32>,
+    durability: Option<Durability>,
+    timeout: Option<Duration>,
+}
+
+impl Insert {
+    /// `vectors` holds one vector per document, row after row (`doc_ids.len() x dimension`).
+    /// An owned `Vec<f32>` is moved into the request; a slice is copied once.
+    pub fn new(
+        collection: impl Into<String>,
+        doc_ids: impl Into<Vec<u128>>,
+        vectors: impl Into<Vec<f32>>,
+    ) -> Insert {
+        Insert {
+            collection: collection.into(),
+            doc_ids: doc_ids.into(),
+            user_ids: Vec::new(),
+            vectors: vectors.into(),
+            durability: None,
+            timeout: None,
+        }
+    }
+
+    /// The tenants that own the documents.
+    pub fn users(mut self, user_ids: impl Into<Vec<u128>>) -> Insert {
+        self.user_ids = user_ids.into();
+        self
+    }
+
+    /// The durability (the collection's default unless set).
+    pub fn durability(mut self, durability: Durability) -> Insert {
+        self.durability = Some(durability);
+        self
+    }
+
+    /// The deadline of this call (the client's default unless set).
+    pub fn timeout(mut self, timeout: Duration) -> Insert {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    pub(crate) fn into_wire(self) -> (pb::InsertRequest, Option<Duration>) {
+        let request = pb::InsertRequest {
+            collection: self.collection,
+            doc_ids: self.doc_ids.into_iter().map(id_to_wire).collect(),
+            user_ids: self.user_ids.into_iter().map(id_to_wire).collect(),
+            vectors: self.vectors,
+            durability: Durability::to_wire(self.durability),
+        };
+        (request, self.timeout)
+    }
+}
+
+/// Removes documents from tenants (none listed: tenant 0). Ids that are not stored are ignored.
+#[derive(Debug, Clone)]
+pub struct Remove {
+    collection: String,
+    doc_ids: Vec<u128>,
+    user_ids: Vec<u128>,
+    durability: Option<Durability>,
+    timeout: Option<Duration>,
+}
+
+impl Remove {
+    /// Removes `doc_ids` from tenant 0 unless [`Remove::users`] says otherwise.
+    pub fn new(collection: impl Into<String>, doc_ids: impl Into<Vec<u128>>) -> Remove {
+        Remove {
+            collection: collection.into(),
+            doc_ids: doc_ids.into(),
+            user_ids: Vec::new(),
+            durability: None,
+            timeout: None,
+        }
+    }
+
+    /// The tenants to remove the documents from.
+    pub fn users(mut self, user_ids: impl Into<Vec<u128>>) -> Remove {
+        self.user_ids = user_ids.into();
+        self
+    }
+
+    /// The durability (the collection's default unless set).
+    pub fn durability(mut self, durability: Durability) -> Remove {
+        self.durability = Some(durability);
+        self
+    }
+
+    /// The deadline of this call (the client's default unless set).
+    pub fn timeout(mut self, timeout: Duration) -> Remove {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    pub(crate) fn into_wire(self) -> (pb::RemoveRequest, Option<Duration>) {
+        let request = pb::RemoveRequest {
+            collection: self.collection,
+            doc_ids: self.doc_ids.into_iter().map(id_to_wire).collect(),
+            user_ids: self.user_ids.into_iter().map(id_to_wire).collect(),
+            durability: Durability::to_wire(self.durability),
+        };
+        (request, self.timeout)
+    }
+}
+
+/// A top-k search over some tenants' documents (none listed: tenant 0).
+///
+/// ```
+/// use tarn_client::{ReadToken, Search};
+/// let query = [0.1f32, 0.2, 0.3, 0.4];
+/// let search = Search::new("docs", &query[..])
+///     .top_k(5)
+///     .users([7u128])
+///     .ef(128)
+///     .after(ReadToken::from_seq_no(42));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Search {
+    collection: String,
+    vector: Vec<f32>,
+    user_ids: Vec<u128>,
+    top_k: u32,
+    ef: u32,
+    exact: bool,
+    after: ReadToken,
+    timeout: Option<Duration>,
+}
+
+impl Search {
+    /// The 10 documents nearest to `vector`.
+    pub fn new(collection: impl Into<String>, vector: impl Into<Vec<f32>>) -> Search {
+        Search {
+            collection: collection.into(),
+            vector: vector.into(),
+            user_ids: Vec::new(),
+            top_k: 10,
+            ef: 0,
+            exact: false,
+            after: ReadToken::default(),
+            timeout: None,
+        }
+    }
+
+    /// How many hits, at most (1..10,000).
+    pub fn top_k(mut self, top_k: u32) -> Search {
+        self.top_k = top_k;
+        self
+    }
+
+    /// The tenants whose documents are searched.
+    pub fn users(mut self, user_ids: impl Into<Vec<u128>>) -> Search {
+        self.user_ids = user_ids.into();
+        self
+    }
+
+    /// The graph search's breadth (0: the collection's default). Higher finds more of the true
+    /// neighbours, more slowly.
+    pub fn ef(mut self, ef: u32) -> Search {
+        self.ef = ef;
+        self
+    }
+
+    /// Compare with every stored vector instead of searching the graph: exact, and slow on a
+    /// large collection.
+    pub fn exact(mut self, exact: bool) -> Search {
+        self.exact = exact;
+        self
+    }
+
+    /// Read your writes: wait until the write behind `token` is searchable (within the call's
+    /// deadline; DEADLINE_EXCEEDED otherwise).
+    pub fn after(mut self, token: ReadToken) -> Search {
+        self.after = token;
+        self
+    }
+
+    /// The deadline of this call (the client's default unless set).
+    pub fn timeout(mut self, timeout: Duration) -> Search {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    pub(crate) fn into_wire(self) -> (pb::SearchRequest, Option<Duration>) {
+        let request = pb::SearchRequest {
+            collection: self.collection,
+            user_ids: self.user_ids.into_iter().map(id_to_wire).collect(),
+            vector: self.vector,
+            top_k: self.top_k,
+            ef: self.ef,
+            exact: self.exact,
+            min_seq_no: self.after.seq_no,
+        };
+        (request, self.timeout)
+    }
+}
+
+/// One search result.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct Hit {
+    pub doc_id: u128,
+    pub user_id: u128,
+    /// Cosine similarity or inner product (higher is better), or Euclidean distance (lower is
+    /// better), by the collection's metric.
+    pub score: f32,
+}
+
+impl Hit {
+    pub(crate) fn from_wire(hit: &pb::Hit) -> Hit {
+        Hit {
+            doc_id: id_from_wire(hit.doc_id.as_ref()),
+            user_id: id_from_wire(hit.user_id.as_ref()),
+            score: hit.score,
+        }
+    }
+}
+
+/// A stored document.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Document {
+    pub doc_id: u128,
+    pub user_id: u128,
+    /// As stored: unit length in a cosine collection.
+    pub vector: Vec<f32>,
+}
+
+impl Document {
+    pub(crate) fn from_wire(doc: pb::Document) -> Document {
+        Document {
+            doc_id: id_from_wire(doc.doc_id.as_ref()),
+            user_id: id_from_wire(doc.user_id.as_ref()),
+            vector: doc.vector,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_through_the_wire_form() {
+        for value in [0u128, 1, u64::MAX as u128, (7u128 << 64) | 9, u128::MAX] {
+            assert_eq!(id_from_wire(Some(&id_to_wire(value))), value);
+        }
+    }
+
+    #[test]
+    fn names_parse_in_any_case_and_unknown_ones_name_the_field() {
+        assert_eq!("COSINE".parse::<Metric>(), Ok(Metric::Cosine));
+        assert_eq!("l2".parse::<Metric>(), Ok(Metric::L2));
+        assert_eq!("Written".parse::<Durability>(), Ok(Durability::Written));
+        let error = "hamming".parse::<Metric>().unwrap_err();
+        assert_eq!(error.code(), crate::Code::InvalidArgument);
+        assert!(error.message().starts_with("metric:"), "{error}");
+        let error = "never".parse::<Durability>().unwrap_err();
+        assert!(error.message().starts_with("durability:"), "{error}");
+    }
+}

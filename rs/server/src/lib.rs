@@ -1,0 +1,22 @@
+//! `tarn-server`: the tarn server as a library (the gRPC service, its configuration, metrics
+//! and the data directory's collections) and the client commands of the `tarn` binary, which
+//! is a thin `main` over this crate.
+//!
+//! Tests and embedders start a server in-process with [`start`] and stop it with
+//! [`RunningServer::shutdown`]; `tarn serve` is [`serve`] (the same, plus signals).
+
+mod auth;
+mod bench;
+pub mod cli;
+mod client;
+mod config;
+mod convert;
+mod metrics;
+mod registry;
+mod server;
+mod service;
+mod status;
+
+pub use client::run as run_client_command;
+pub use config::ServeConfig;
+pub use server::{serve, start, RunningServer};
