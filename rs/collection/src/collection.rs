@@ -22,6 +22,7 @@ use crate::ingest::{
 };
 use crate::manifest::{self, Manifest, CONFIG_FILE};
 use crate::op;
+use crate::retention::Retention;
 use crate::segments::SegmentSet;
 
 /// Largest number of (tenant, document) pairs one insert or remove may touch.
@@ -42,6 +43,8 @@ pub(crate) struct Shared {
     pub(crate) indexer: IndexerSignal,
     /// Set when the collection shuts down: pending checkpoint work is abandoned.
     pub(crate) stopping: AtomicBool,
+    /// Files and WAL that open snapshots still read; checkpoints keep them.
+    pub(crate) retention: Arc<Retention>,
 }
 
 impl Shared {
@@ -212,6 +215,7 @@ impl Collection {
             n_ingest_errors: AtomicU64::new(0),
             indexer: IndexerSignal::default(),
             stopping: AtomicBool::new(false),
+            retention: Arc::new(Retention::new(state.current.clone())),
         });
         let indexer_shared = Arc::clone(&shared);
         let indexer = std::thread::Builder::new()

@@ -8,6 +8,7 @@ mod ingest;
 mod manifest;
 mod memory;
 mod op;
+mod retention;
 mod segments;
 
 pub use collection::{
