@@ -20,9 +20,11 @@ use crate::ingest::{
     run_indexer, CheckpointState, Checkpointer, IndexerSignal, IngestFeeder, IngestSignal,
     IngestWorker,
 };
-use crate::manifest::{self, Manifest, CONFIG_FILE};
+use crate::manifest::{self, Manifest, SegmentEntry, CONFIG_FILE};
 use crate::op;
+use crate::retention::Retention;
 use crate::segments::SegmentSet;
+use crate::snapshot::Snapshot;
 
 /// Largest number of (tenant, document) pairs one insert or remove may touch.
 pub const MAX_PAIRS_PER_REQUEST: usize = 1_000_000;
@@ -42,6 +44,8 @@ pub(crate) struct Shared {
     pub(crate) indexer: IndexerSignal,
     /// Set when the collection shuts down: pending checkpoint work is abandoned.
     pub(crate) stopping: AtomicBool,
+    /// Files and WAL that open snapshots still read; checkpoints keep them.
+    pub(crate) retention: Arc<Retention>,
 }
 
 impl Shared {
@@ -172,7 +176,16 @@ impl Collection {
         };
 
         let (signals, receiver) = sync_channel(config.ingest_queue);
-        let wal_config = WalConfig::default();
+        #[allow(unused_mut)]
+        let mut wal_config = WalConfig::default();
+        // Tests only: small WAL segments, so that truncation deletes files in a small test
+        // (`collection::wal_segment_bytes=return(<bytes>)`, tests/snapshot_wal_pin.rs).
+        #[cfg(feature = "failpoints")]
+        if let Some(Some(bytes)) = fail::eval("collection::wal_segment_bytes", |arg| {
+            arg.and_then(|bytes| bytes.parse::<u64>().ok())
+        }) {
+            wal_config.segment_bytes = bytes;
+        }
         let (wal, report) = Wal::open_with_observer(
             dir.join("wal"),
             wal_config,
@@ -212,6 +225,7 @@ impl Collection {
             n_ingest_errors: AtomicU64::new(0),
             indexer: IndexerSignal::default(),
             stopping: AtomicBool::new(false),
+            retention: Arc::new(Retention::new(state.current.clone())),
         });
         let indexer_shared = Arc::clone(&shared);
         let indexer = std::thread::Builder::new()
@@ -502,6 +516,24 @@ impl Collection {
         stats
     }
 
+    /// Starts a snapshot of the collection, consistent at the WAL's durable sequence number
+    /// when it is called: it holds exactly the operations up to [`Snapshot::seq_no`], all of
+    /// them durable on this collection's disk (under either durability mode: a sync barrier
+    /// makes everything appended before the call durable first), and every operation
+    /// acknowledged before the call. Read it as the bytes of a `.tsnap` file. Writes,
+    /// searches, checkpoints and merges go on meanwhile; until the snapshot is dropped,
+    /// checkpoints keep the files and WAL entries it reads. Blocking (a WAL sync, and one pass
+    /// over the WAL entries after the checkpoint, whose lengths the file's framing needs).
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        Snapshot::take(self.shared(), &self.handle.wal)
+    }
+
+    /// Snapshots pinning files right now (for tests and metrics).
+    #[doc(hidden)]
+    pub fn n_snapshot_pins(&self) -> usize {
+        self.shared().retention.n_pins()
+    }
+
     /// The WAL's counters and histograms (for metrics).
     pub fn wal_stats(&self) -> tarn_wal::WalStats {
         self.handle.wal.stats()
@@ -612,20 +644,30 @@ fn load_manifest(
     let manifest: Manifest = manifest::read_checked(path)?;
     let mut sealed = Vec::with_capacity(manifest.segments.len());
     for entry in &manifest.segments {
-        let segment = SealedSegment::open(&dir.join(&entry.file), config.index_config())?;
-        if segment.id() != entry.id {
-            return Err(CollectionError::Corrupt(format!(
-                "{} holds segment {}, not {}",
-                entry.file,
-                segment.id(),
-                entry.id
-            )));
-        }
-        if let Some(tombstones) = &entry.tombstones {
-            segment.apply_tombstones(&dir.join(tombstones))?;
-        }
-        sealed.push(Arc::new(segment));
+        sealed.push(Arc::new(open_sealed_segment(dir, entry, config)?));
     }
     SegmentSet::sort_sealed(&mut sealed);
     Ok((manifest, sealed))
+}
+
+/// Opens one segment a manifest lists, with its tombstone file, checking that it is the
+/// segment the manifest says.
+pub(crate) fn open_sealed_segment(
+    dir: &Path,
+    entry: &SegmentEntry,
+    config: &CollectionConfig,
+) -> Result<SealedSegment> {
+    let segment = SealedSegment::open(&dir.join(&entry.file), config.index_config())?;
+    if segment.id() != entry.id {
+        return Err(CollectionError::Corrupt(format!(
+            "{} holds segment {}, not {}",
+            entry.file,
+            segment.id(),
+            entry.id
+        )));
+    }
+    if let Some(tombstones) = &entry.tombstones {
+        segment.apply_tombstones(&dir.join(tombstones))?;
+    }
+    Ok(segment)
 }

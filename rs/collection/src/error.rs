@@ -47,6 +47,17 @@ pub enum CollectionError {
     /// The collection was closed.
     #[error("collection is closed")]
     Closed,
+    /// A snapshot file is damaged, truncated, not a tarn snapshot, or inconsistent. `what` names
+    /// the part (number, kind, file name, byte offset) and the defect, with expected and found
+    /// values; it never holds a server path. Nothing was restored.
+    #[error("snapshot refused: {what}")]
+    SnapshotDamaged { what: String },
+    /// A snapshot written in a newer format than this tarn reads. Nothing was restored.
+    #[error(
+        "snapshot format version {found} is newer than this tarn reads (up to {supported}); \
+         use a newer tarn"
+    )]
+    SnapshotVersion { found: u32, supported: u32 },
 }
 
 impl CollectionError {

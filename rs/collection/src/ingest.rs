@@ -23,6 +23,7 @@ use crate::collection::Shared;
 use crate::error::{CollectionError, Result};
 use crate::manifest::{self, Manifest, SegmentEntry};
 use crate::op;
+use crate::retention::Retention;
 use crate::segments::SegmentSet;
 
 /// Wakes the indexing thread, which moves stored vectors into the mutable segment's graphs.
@@ -454,6 +455,8 @@ impl Checkpointer {
             };
             manifest::write_checked(&manifest::manifest_path(&dir, generation), &manifest)?;
             fail::fail_point!("checkpoint::after_manifest", |_| abort_for_test());
+            // New snapshots read this one from now on (before anything below is deleted).
+            self.shared.retention.publish(manifest.clone());
             let previous = std::mem::replace(&mut self.state.current, manifest);
             self.state.previous = Some(previous);
             self.state.next_generation = generation + 1;
@@ -467,14 +470,16 @@ impl Checkpointer {
             return Ok(seq);
         }
 
-        // 6. The WAL is kept from the previous manifest on, so that it stays a valid fallback.
-        //    The ticket is not awaited: nothing here depends on when the files go.
-        let keep_from = self.state.previous.as_ref().map_or(0, |m| m.checkpoint_seq) + 1;
+        // 6. The WAL is kept from the previous manifest on, so that it stays a valid fallback,
+        //    and from wherever an open snapshot reads it (`retention.rs`). The ticket is not
+        //    awaited: nothing here depends on when the files go.
+        let fallback_from = self.state.previous.as_ref().map_or(0, |m| m.checkpoint_seq) + 1;
+        let keep_from = self.shared.retention.wal_keep_from(fallback_from);
         drop(self.wal.truncate_before(keep_from));
         fail::fail_point!("checkpoint::after_truncate", |_| abort_for_test());
 
-        // 7. Delete what neither the current nor the previous manifest needs.
-        if let Err(error) = collect_garbage(&dir, &self.state) {
+        // 7. Delete what neither the current nor the previous manifest nor a snapshot needs.
+        if let Err(error) = collect_garbage(&dir, &self.state, &self.shared.retention) {
             tracing::warn!(%error, "could not delete unreferenced collection files");
         }
         tracing::info!(
@@ -621,8 +626,22 @@ fn abort_for_test() -> Result<u64> {
     unreachable!("fail points are compiled out")
 }
 
-/// Deletes segment, tombstone, temp and manifest files that neither kept manifest references.
-pub(crate) fn collect_garbage(dir: &Path, state: &CheckpointState) -> Result<()> {
+/// Deletes segment, tombstone, temp and manifest files that neither kept manifest references
+/// and no snapshot has pinned. Holds the retention lock throughout, so no pin is taken while
+/// files are deleted.
+pub(crate) fn collect_garbage(
+    dir: &Path,
+    state: &CheckpointState,
+    retention: &Retention,
+) -> Result<()> {
+    retention.keep_pinned_files(|pinned| collect_unpinned_garbage(dir, state, pinned))
+}
+
+fn collect_unpinned_garbage(
+    dir: &Path,
+    state: &CheckpointState,
+    pinned: &HashSet<&str>,
+) -> Result<()> {
     let kept: Vec<&Manifest> = std::iter::once(&state.current)
         .chain(state.previous.as_ref())
         .collect();
@@ -631,6 +650,7 @@ pub(crate) fn collect_garbage(dir: &Path, state: &CheckpointState) -> Result<()>
         .flat_map(|m| m.files().map(str::to_owned))
         .collect();
     keep.extend(kept.iter().map(|m| Manifest::file_name(m.generation)));
+    keep.extend(pinned.iter().map(|name| (*name).to_owned()));
     let mut removed: Vec<PathBuf> = Vec::new();
     for entry in
         std::fs::read_dir(dir).map_err(|e| CollectionError::io("list directory", dir, e))?

@@ -8,7 +8,11 @@ mod ingest;
 mod manifest;
 mod memory;
 mod op;
+mod restore;
+mod retention;
 mod segments;
+mod snapshot;
+mod snapshot_format;
 
 pub use collection::{
     Collection, CollectionStats, SearchHit, SearchRequest, MAX_PAIRS_PER_REQUEST,
@@ -17,6 +21,9 @@ pub use config::{
     CollectionConfig, DurabilityName, HnswConfig, MetricName, MAX_DIMENSION, MAX_TOP_K,
 };
 pub use error::{CollectionError, Result};
+pub use restore::{remove_interrupted_restores, verify_snapshot, SnapshotRestore};
+pub use snapshot::Snapshot;
+pub use snapshot_format::SnapshotInfo;
 pub use tarn_wal::Durability;
 
 /// Entry points for the fuzz targets in `fuzz/` (not part of the API): each decodes untrusted

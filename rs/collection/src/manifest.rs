@@ -65,6 +65,36 @@ pub(crate) fn tombstone_file_name(id: u64, generation: u64) -> String {
     format!("seg-{id:012}-{generation:020}.tomb")
 }
 
+/// The segment id of a `.tseg` file name, if `name` is exactly one (`seg-<12 digits>.tseg`).
+pub(crate) fn parse_segment_file_name(name: &str) -> Option<u64> {
+    let id = parse_digits(name.strip_prefix("seg-")?.strip_suffix(".tseg")?, 12)?;
+    (segment_file_name(id) == name).then_some(id)
+}
+
+/// The segment id and generation of a `.tomb` file name, if `name` is exactly one
+/// (`seg-<12 digits>-<20 digits>.tomb`).
+pub(crate) fn parse_tombstone_file_name(name: &str) -> Option<(u64, u64)> {
+    let (id, generation) = name
+        .strip_prefix("seg-")?
+        .strip_suffix(".tomb")?
+        .split_once('-')?;
+    let (id, generation) = (parse_digits(id, 12)?, parse_digits(generation, 20)?);
+    (tombstone_file_name(id, generation) == name).then_some((id, generation))
+}
+
+/// The generation of a manifest file name, if `name` is exactly one (`MANIFEST-<20 digits>`).
+pub(crate) fn parse_manifest_file_name(name: &str) -> Option<u64> {
+    let generation = parse_digits(name.strip_prefix(MANIFEST_PREFIX)?, 20)?;
+    (Manifest::file_name(generation) == name).then_some(generation)
+}
+
+fn parse_digits(digits: &str, n_digits: usize) -> Option<u64> {
+    if digits.len() != n_digits || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 /// Manifest generations present in `dir`, newest first.
 pub(crate) fn list_manifests(dir: &Path) -> Result<Vec<u64>> {
     let mut generations = Vec::new();
@@ -115,4 +145,35 @@ pub(crate) fn write_checked<T: Serialize>(path: &Path, value: &T) -> Result<()> 
 
 pub(crate) fn manifest_path(dir: &Path, generation: u64) -> PathBuf {
     dir.join(Manifest::file_name(generation))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names_round_trip_and_strangers_are_refused() {
+        assert_eq!(parse_segment_file_name(&segment_file_name(7)), Some(7));
+        assert_eq!(
+            parse_tombstone_file_name(&tombstone_file_name(7, 12)),
+            Some((7, 12))
+        );
+        assert_eq!(parse_manifest_file_name(&Manifest::file_name(3)), Some(3));
+        for stranger in [
+            "",
+            "seg-7.tseg",
+            "seg-000000000007.tseg.tmp",
+            "../seg-000000000007.tseg",
+            "seg-00000000000+.tseg",
+            "seg-000000000007-00000000000000000012.tseg",
+            "seg-000000000007.tomb",
+            "MANIFEST-3",
+            "MANIFEST-0000000000000000000/",
+            "collection.json",
+        ] {
+            assert_eq!(parse_segment_file_name(stranger), None, "{stranger}");
+            assert_eq!(parse_tombstone_file_name(stranger), None, "{stranger}");
+            assert_eq!(parse_manifest_file_name(stranger), None, "{stranger}");
+        }
+    }
 }

@@ -49,6 +49,12 @@ pub enum WalError {
         requested: u64,
         first_available: u64,
     },
+    /// Replay asked for entries past the last one appended.
+    #[error("WAL entries up to {requested} were requested; the log ends at {last_appended}")]
+    BeyondEnd { requested: u64, last_appended: u64 },
+    /// [`crate::Wal::create_at`] was given a directory that is not empty.
+    #[error("cannot create a WAL in {}: the directory is not empty", path.display())]
+    NotEmpty { path: PathBuf },
     /// The log was closed (its writer thread has stopped).
     #[error("WAL is closed")]
     Closed,

@@ -230,12 +230,32 @@ impl Wal {
         Self::open_inner(dir.as_ref(), config, Some(observer))
     }
 
+    /// Creates a new, empty log in `dir` (which must be missing or empty) whose first entry
+    /// gets sequence number `first_seq` (at least 1), and starts its writer thread. For a log
+    /// that continues another one's numbering: a collection restored from a snapshot replays
+    /// the entries after its checkpoint from here, and its next write continues the source's
+    /// numbers. Blocking.
+    pub fn create_at(dir: impl AsRef<Path>, config: WalConfig, first_seq: u64) -> Result<Wal> {
+        let dir = dir.as_ref();
+        let log = SegmentedLog::create_at(dir, config.clone(), first_seq)?;
+        Self::start(dir, config, log, None)
+    }
+
     fn open_inner(
         dir: &Path,
         config: WalConfig,
         observer: Option<Box<dyn AppendObserver>>,
     ) -> Result<(Wal, RecoveryReport)> {
         let (log, report) = SegmentedLog::open(dir, config.clone())?;
+        Ok((Self::start(dir, config, log, observer)?, report))
+    }
+
+    fn start(
+        dir: &Path,
+        config: WalConfig,
+        log: SegmentedLog,
+        observer: Option<Box<dyn AppendObserver>>,
+    ) -> Result<Wal> {
         let shared = Arc::new(Shared {
             queue: GroupQueue::new(),
             config,
@@ -251,13 +271,12 @@ impl Wal {
             .name("tarn-wal-writer".to_owned())
             .spawn(move || run_writer(&thread_shared, log, observer))
             .map_err(|e| WalError::io("spawn writer thread", dir, e))?;
-        let wal = Wal {
+        Ok(Wal {
             handle: Arc::new(Handle {
                 shared,
                 writer_thread: Mutex::new(Some(writer_thread)),
             }),
-        };
-        Ok((wal, report))
+        })
     }
 
     fn shared(&self) -> &Shared {
@@ -305,6 +324,22 @@ impl Wal {
 
     /// Reads back entries from `from_seq` up to the last one appended now.
     pub fn replay(&self, from_seq: u64) -> Result<Replay> {
+        self.replay_range(from_seq, self.last_appended_seq())
+    }
+
+    /// Reads back entries `from_seq..=last_seq` (every one of them appended already), with
+    /// their payloads as appended: what a reader needs to re-append them elsewhere under the
+    /// same sequence numbers. The replay works from the segment list as it is now; a
+    /// truncation that deletes a segment it has not read yet makes it fail (`Io`), so a caller
+    /// that reads while the log is truncated keeps truncation behind `from_seq` itself.
+    pub fn replay_range(&self, from_seq: u64, last_seq: u64) -> Result<Replay> {
+        let last_appended = self.last_appended_seq();
+        if last_seq > last_appended {
+            return Err(WalError::BeyondEnd {
+                requested: last_seq,
+                last_appended,
+            });
+        }
         let segments = self
             .shared()
             .segments
@@ -314,7 +349,7 @@ impl Wal {
         Replay::new(
             segments,
             from_seq,
-            self.last_appended_seq(),
+            last_seq,
             self.shared().config.max_entry_bytes,
         )
     }

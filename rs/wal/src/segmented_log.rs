@@ -50,8 +50,38 @@ pub(crate) struct SegmentedLog {
 }
 
 impl SegmentedLog {
-    /// Opens (recovering) or creates the log in `dir`.
+    /// Opens (recovering) or creates the log in `dir`. A new log starts at sequence number 1.
     pub(crate) fn open(dir: &Path, config: WalConfig) -> Result<(Self, RecoveryReport)> {
+        Self::open_or_create(dir, config, None)
+    }
+
+    /// Creates a new, empty log in `dir` (missing or empty) whose first entry gets `first_seq`.
+    pub(crate) fn create_at(dir: &Path, config: WalConfig, first_seq: u64) -> Result<Self> {
+        if first_seq == 0 {
+            return Err(WalError::InvalidConfig(
+                "the first sequence number of a log must be at least 1".to_owned(),
+            ));
+        }
+        if dir.exists() {
+            let mut entries =
+                std::fs::read_dir(dir).map_err(|e| WalError::io("list directory", dir, e))?;
+            if entries.next().is_some() {
+                return Err(WalError::NotEmpty {
+                    path: dir.to_owned(),
+                });
+            }
+        }
+        let (log, _) = Self::open_or_create(dir, config, Some(first_seq))?;
+        Ok(log)
+    }
+
+    /// `first_seq`: where a log without segments starts (`None`: 1, or after a salvage that set
+    /// every segment aside, the first number those held).
+    fn open_or_create(
+        dir: &Path,
+        config: WalConfig,
+        first_seq: Option<u64>,
+    ) -> Result<(Self, RecoveryReport)> {
         config.validate()?;
         if !dir.exists() {
             std::fs::create_dir_all(dir).map_err(|e| WalError::io("create directory", dir, e))?;
@@ -81,7 +111,7 @@ impl SegmentedLog {
                 }
             }
             None => {
-                let first_seq = recovered.first_seq_if_empty;
+                let first_seq = first_seq.unwrap_or(recovered.first_seq_if_empty);
                 let (file, path) = create_segment(dir, first_seq, config.segment_bytes)?;
                 report.first_seq = first_seq;
                 report.n_segments = 1;

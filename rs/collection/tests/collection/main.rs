@@ -1,5 +1,6 @@
 //! Integration tests of `tarn-collection` through its public API: writes, validation, tenants,
-//! read-your-writes, checkpoints, recovery (with fallback), merges and rebuilds.
+//! read-your-writes, checkpoints, recovery (with fallback), merges and rebuilds; snapshots and
+//! restores (`snapshot.rs`).
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
 use std::collections::HashSet;
@@ -10,6 +11,8 @@ use tarn_collection::{
 };
 use tarn_index::Metric;
 use tarn_testkit::{brute_force_top_k, clustered_vectors, recall};
+
+mod snapshot;
 
 const DIM: usize = 16;
 
