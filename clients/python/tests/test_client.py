@@ -108,3 +108,45 @@ def test_a_unix_socket_address_works(unix_address):
         seq = c.insert("sock", doc_ids=[1, 2], vectors=[[0.0, 1.0], [1.0, 0.0]], user_ids=7)
         hits = c.search("sock", [0.1, 0.9], top_k=1, user_ids=7, min_seq_no=seq)
         assert [h.doc_id for h in hits] == [1]
+
+
+def test_snapshot_and_restore_round_trip(client, tmp_path):
+    rng = np.random.default_rng(11)
+    name = "py_snap"
+    client.create_collection(name, dimension=8, metric="l2")
+    vectors = rng.standard_normal((100, 8)).astype(np.float32)
+    client.insert(name, doc_ids=range(100), vectors=vectors, user_ids=[1, 2])
+    seq = client.remove(name, doc_ids=[3, 4], user_ids=2)
+
+    path = tmp_path / "py_snap.tsnap"
+    snap_seq = client.snapshot(name, path)
+    assert snap_seq >= seq
+    assert not (tmp_path / "py_snap.tsnap.partial").exists()
+    # A write after the snapshot is not in it.
+    client.insert(name, doc_ids=[5000], vectors=vectors[:1], user_ids=1)
+
+    info = client.restore("py_snap_copy", path)
+    assert info.name == "py_snap_copy" and info.dimension == 8 and info.metric == "l2"
+    assert info.n_documents == 198
+    assert client.get("py_snap_copy", [5000], user_id=1) == []
+    assert [d.doc_id for d in client.get("py_snap_copy", [3, 4, 5], user_id=2)] == [5]
+    for q in (0, 42, 99):
+        want = client.search(name, vectors[q], top_k=6, user_ids=1, exact=True)
+        got = client.search("py_snap_copy", vectors[q], top_k=5, user_ids=1, exact=True)
+        assert [h.doc_id for h in got] == [h.doc_id for h in want if h.doc_id != 5000][:5]
+
+    # The same file from a file object, onto a taken name: refused, nothing changes.
+    with open(path, "rb") as f, pytest.raises(grpc.RpcError) as taken:
+        client.restore("py_snap_copy", f)
+    assert taken.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+    # A damaged file is refused naming the damage, and no collection appears.
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    damaged = tmp_path / "damaged.tsnap"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(grpc.RpcError) as refused:
+        client.restore("py_snap_bad", damaged)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "snapshot" in refused.value.details()
+    assert "py_snap_bad" not in client.list_collections()

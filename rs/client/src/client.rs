@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use tarn_proto::v1 as pb;
 use tarn_proto::v1::tarn_client::TarnClient;
+use tokio::io::AsyncRead;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::connect::{open_channel, Address, TlsOptions};
 use crate::error::{Code, Error, Result};
+use crate::snapshot::{feed_restore, Restored, SnapshotStream};
 use crate::types::{
     id_to_wire, CollectionInfo, CollectionSpec, Document, Hit, Insert, Remove, Search, WriteAck,
 };
@@ -326,6 +328,81 @@ impl Client {
             })
             .await?;
         Ok(reply.flushed_seq_no)
+    }
+
+    /// Starts a snapshot of a live collection: a copy consistent at one sequence number, which
+    /// [`SnapshotStream`] streams (write it to a file with [`SnapshotStream::write_to`]).
+    /// Writes and searches go on meanwhile. The client's deadline applies to starting the
+    /// snapshot, not to streaming it.
+    pub async fn create_snapshot(&self, collection: &str) -> Result<SnapshotStream> {
+        let request = pb::CreateSnapshotRequest {
+            collection: collection.to_owned(),
+        };
+        let stream = self
+            .call(request, None, |mut stub, request| async move {
+                stub.create_snapshot(request).await
+            })
+            .await?;
+        let start = SnapshotStream::start(stream);
+        match self.timeout {
+            Some(timeout) => tokio::time::timeout(timeout, start).await.map_err(|_| {
+                Error::new(
+                    Code::DeadlineExceeded,
+                    format!("the snapshot did not start within {timeout:?}"),
+                )
+            })?,
+            None => start.await,
+        }
+    }
+
+    /// Restores a snapshot file (as [`Client::create_snapshot`] wrote it) from `reader` as a new
+    /// collection named `collection`. The collection appears only once the whole file has been
+    /// received and verified; a damaged file is refused (INVALID_ARGUMENT naming the damage) and
+    /// a taken name too (ALREADY_EXISTS), leaving nothing behind. No deadline applies (a large
+    /// snapshot takes as long as it takes); drop the future to abandon the restore.
+    pub async fn restore_snapshot(
+        &self,
+        collection: &str,
+        reader: impl AsyncRead + Unpin + Send + 'static,
+    ) -> Result<Restored> {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let mut feeder = tokio::spawn(feed_restore(collection.to_owned(), reader, tx));
+        let mut stub = self.stub.clone();
+        let rpc = stub.restore_snapshot(tokio_stream::wrappers::ReceiverStream::new(rx));
+        tokio::pin!(rpc);
+        let mut sent = None;
+        let reply = loop {
+            tokio::select! {
+                reply = &mut rpc => break reply,
+                fed = &mut feeder, if sent.is_none() => match fed {
+                    Ok(Ok(n)) => sent = Some(n),
+                    // A read error abandons the call (dropping it resets the stream), so the
+                    // server never mistakes a short file for the whole of it.
+                    Ok(Err(error)) => {
+                        return Err(Error::new(
+                            Code::Cancelled,
+                            format!("reading the snapshot: {error}"),
+                        ))
+                    }
+                    Err(error) => {
+                        return Err(Error::new(Code::Internal, format!("the reader task: {error}")))
+                    }
+                },
+            }
+        };
+        let reply = reply?.into_inner();
+        let bytes = match sent {
+            Some(n) => n,
+            None => match feeder.await {
+                Ok(Ok(n)) => n,
+                _ => 0,
+            },
+        };
+        Ok(Restored {
+            collection: CollectionInfo::from_wire(reply.collection)?,
+            seq_no: reply.seq_no,
+            bytes,
+        })
     }
 
     /// Whether the server reports SERVING (`grpc.health.v1`, the whole server). A server whose

@@ -26,14 +26,18 @@
 //!
 //! `examples/quickstart.rs` runs the whole cycle against a server given on its command line.
 
+#![warn(missing_docs)]
+
 mod client;
 mod coalesce;
 mod connect;
 mod error;
+mod snapshot;
 mod types;
 
 pub use client::{Client, ClientBuilder};
 pub use error::{Code, Error, Result};
+pub use snapshot::{Restored, SnapshotStream};
 pub use types::{
     CollectionInfo, CollectionSpec, Document, Durability, Hit, Insert, Metric, ReadToken, Remove,
     Search, WriteAck,

@@ -210,17 +210,23 @@ impl CollectionSpec {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct CollectionInfo {
+    /// The collection's name.
     pub name: String,
+    /// The length of every vector.
     pub dimension: u32,
+    /// How vectors are compared.
     pub metric: Metric,
     /// HNSW links per node.
     pub m: u32,
+    /// The breadth of the graph search when a vector is indexed.
     pub ef_construction: u32,
     /// The default `ef` of searches.
     pub ef_search: u32,
+    /// What writes that do not choose get.
     pub default_durability: Durability,
     /// Live (tenant, document) pairs.
     pub n_documents: u64,
+    /// Tenants with at least one live document.
     pub n_tenants: u32,
     /// Last operation appended to the log.
     pub last_seq_no: u64,
@@ -230,8 +236,11 @@ pub struct CollectionInfo {
     pub applied_seq_no: u64,
     /// Last operation in a checkpoint.
     pub checkpoint_seq_no: u64,
+    /// Immutable segments on disk.
     pub n_sealed_segments: u32,
+    /// Removed or replaced documents still taking space in sealed segments.
     pub n_removed_not_compacted: u64,
+    /// The collection's files: segments, log, manifests.
     pub bytes_on_disk: u64,
 }
 
@@ -522,7 +531,9 @@ impl Search {
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub struct Hit {
+    /// The document.
     pub doc_id: u128,
+    /// The tenant it belongs to (one of those searched).
     pub user_id: u128,
     /// Cosine similarity or inner product (higher is better), or Euclidean distance (lower is
     /// better), by the collection's metric.
@@ -543,7 +554,9 @@ impl Hit {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Document {
+    /// The document.
     pub doc_id: u128,
+    /// The tenant it belongs to.
     pub user_id: u128,
     /// As stored: unit length in a cosine collection.
     pub vector: Vec<f32>,

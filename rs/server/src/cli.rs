@@ -60,6 +60,44 @@ pub enum Command {
     /// Load generators against a running server: durable inserts, search, freshness.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Back up and restore collections: consistent snapshots of live collections.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Stream a snapshot of a live collection into a file on this machine (writes go on).
+    Create {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[arg(long)]
+        collection: String,
+        /// The snapshot file to write (replaced only once the snapshot is complete).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Restore a snapshot file as a new collection: into a running server (--addr), or, with
+    /// --data-dir, offline into a stopped server's data directory.
+    Restore {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The snapshot file.
+        #[arg(long = "in")]
+        input: PathBuf,
+        /// The new collection's name (refused if it exists).
+        #[arg(long)]
+        collection: String,
+        /// Restore offline into this data directory (the server must be stopped).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+    /// Check a snapshot file (every checksum, the parts, completeness) without restoring it.
+    Verify {
+        /// The snapshot file.
+        #[arg(long = "in")]
+        input: PathBuf,
+    },
 }
 
 impl Command {
@@ -236,8 +274,8 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args, Clone)]
 pub struct ClientArgs {
-    /// Server address: http://host:port, https://host:port, or unix:/path (a server started
-    /// with --listen unix:/path).
+    /// Server address: host:port, http://host:port, https://host:port, or unix:/path (a server
+    /// started with --listen unix:/path).
     #[arg(long, env = "TARN_ADDR", default_value = "http://127.0.0.1:50051")]
     pub addr: String,
     /// API key (sent as `authorization: Bearer <key>`).

@@ -164,6 +164,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         },
         Command::Insert(args) => insert(args).await?,
         Command::Bench(command) => crate::bench::run(command).await?,
+        Command::Snapshot(command) => crate::backup::run(command).await?,
         Command::Search(args) => search(args).await?,
         Command::Get {
             client,

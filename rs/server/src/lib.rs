@@ -6,6 +6,7 @@
 //! [`RunningServer::shutdown`]; `tarn serve` is [`serve`] (the same, plus signals).
 
 mod auth;
+mod backup;
 mod bench;
 pub mod cli;
 mod client;
@@ -15,6 +16,7 @@ mod metrics;
 mod registry;
 mod server;
 mod service;
+mod snapshots;
 mod status;
 
 pub use client::run as run_client_command;

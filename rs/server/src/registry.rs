@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dashmap::DashMap;
-use tarn_collection::{Collection, CollectionConfig};
+use tarn_collection::{Collection, CollectionConfig, SnapshotInfo, SnapshotRestore};
 
 use crate::status::ApiError;
 
@@ -38,6 +38,15 @@ impl Registry {
     pub fn open(data_dir: &Path) -> anyhow::Result<Registry> {
         let root = data_dir.join("collections");
         std::fs::create_dir_all(&root)?;
+        // Restores killed before their collection appeared left only a staging directory.
+        let n_interrupted = tarn_collection::remove_interrupted_restores(&root)
+            .map_err(|e| anyhow::anyhow!("cleaning up interrupted restores: {e}"))?;
+        if n_interrupted > 0 {
+            tracing::warn!(
+                n_interrupted,
+                "removed the staging directories of interrupted restores"
+            );
+        }
         let collections = DashMap::new();
         for entry in std::fs::read_dir(&root)? {
             let entry = entry?;
@@ -117,17 +126,55 @@ impl Registry {
         let (root, name) = (self.root.clone(), name.to_owned());
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             collection.close();
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos());
-            let aside = root.join(format!(".drop-{name}-{nanos}"));
-            std::fs::rename(root.join(&name), &aside)?;
-            std::fs::File::open(&root)?.sync_all()?;
-            std::fs::remove_dir_all(&aside)
+            remove_aside(&root, &name)
         })
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))?
         .map_err(|e| ApiError::Internal(format!("dropping {}: {e}", self.root.display())))
+    }
+
+    /// Where a restore of `name` writes its collection; ALREADY_EXISTS if the name is taken
+    /// (checked again when the restore is adopted).
+    pub fn restore_target(&self, name: &str) -> Result<PathBuf, ApiError> {
+        validate_name(name)?;
+        if self.collections.contains_key(name) {
+            return Err(ApiError::AlreadyExists(name.to_owned()));
+        }
+        Ok(self.root.join(name))
+    }
+
+    /// Makes a fully written restore the collection `name`: under the create/drop lock, checks
+    /// that the name is still free, verifies and renames it into place
+    /// ([`SnapshotRestore::finish`]), opens it and serves it. On any failure nothing appears
+    /// (a collection that fails to open after the rename is moved aside and deleted).
+    pub async fn adopt_restore(
+        &self,
+        name: &str,
+        restore: SnapshotRestore,
+    ) -> Result<(Collection, SnapshotInfo), ApiError> {
+        let _admin = self.admin.lock().await;
+        if self.collections.contains_key(name) {
+            return Err(ApiError::AlreadyExists(name.to_owned()));
+        }
+        let (root, owned_name) = (self.root.clone(), name.to_owned());
+        let (collection, info) = tokio::task::spawn_blocking(move || {
+            let info = restore.finish()?;
+            let path = root.join(&owned_name);
+            match Collection::open(&path) {
+                Ok(collection) => Ok((collection, info)),
+                Err(error) => {
+                    tracing::error!(collection = %owned_name, %error, "a verified restore failed to open; removing it");
+                    if let Err(e) = remove_aside(&root, &owned_name) {
+                        tracing::error!(collection = %owned_name, error = %e, "could not remove the failed restore");
+                    }
+                    Err(error)
+                }
+            }
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+        self.collections.insert(name.to_owned(), collection.clone());
+        Ok((collection, info))
     }
 
     /// Closes every collection: ingestion finishes, WALs are synced.
@@ -137,6 +184,18 @@ impl Registry {
             tracing::info!(%name, "closed collection");
         }
     }
+}
+
+/// Deletes `root/name` after renaming it aside (`.drop-<name>-<nanos>`, finished at the next
+/// open if a crash interrupts the delete), so a half-deleted collection is never opened.
+fn remove_aside(root: &Path, name: &str) -> std::io::Result<()> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let aside = root.join(format!(".drop-{name}-{nanos}"));
+    std::fs::rename(root.join(name), &aside)?;
+    std::fs::File::open(root)?.sync_all()?;
+    std::fs::remove_dir_all(&aside)
 }
 
 #[cfg(test)]

@@ -19,10 +19,10 @@ use crate::registry::Registry;
 use crate::service::TarnService;
 
 /// Holds an exclusive lock on `<data_dir>/LOCK` for the life of the server.
-fn lock_data_dir(config: &ServeConfig) -> anyhow::Result<File> {
-    std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
-    let path = config.data_dir.join("LOCK");
+pub(crate) fn lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<File> {
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating data directory {}", data_dir.display()))?;
+    let path = data_dir.join("LOCK");
     let file = File::options()
         .create(true)
         .truncate(false)
@@ -33,7 +33,7 @@ fn lock_data_dir(config: &ServeConfig) -> anyhow::Result<File> {
         Ok(()) => Ok(file),
         Err(TryLockError::WouldBlock) => bail!(
             "another tarn server is using {} (it holds {}); stop it or choose another --data-dir",
-            config.data_dir.display(),
+            data_dir.display(),
             path.display()
         ),
         Err(TryLockError::Error(e)) => {
@@ -106,7 +106,7 @@ impl RunningServer {
 /// the gRPC (and metrics) listeners and serves in a background task until
 /// [`RunningServer::shutdown`]. Returns once the listeners are bound.
 pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
-    let lock = lock_data_dir(&config)?;
+    let lock = lock_data_dir(&config.data_dir)?;
     let data_dir = config.data_dir.clone();
     let registry = Arc::new(tokio::task::spawn_blocking(move || Registry::open(&data_dir)).await??);
     let metrics = Arc::new(Metrics::new()?);
@@ -157,6 +157,8 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         metrics,
         write_slots: Arc::new(Semaphore::new(config.max_inflight_writes)),
         max_inflight_writes: config.max_inflight_writes,
+        snapshot_slots: Arc::new(Semaphore::new(crate::snapshots::MAX_CONCURRENT_SNAPSHOTS)),
+        restore_slots: Arc::new(Semaphore::new(crate::snapshots::MAX_CONCURRENT_SNAPSHOTS)),
     };
     let tarn = TarnServer::new(service)
         .accept_compressed(CompressionEncoding::Gzip)

@@ -13,6 +13,7 @@ use crate::auth::{Access, ApiKeys};
 use crate::convert;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
+use crate::snapshots;
 use crate::status::ApiError;
 
 /// How long a search waits for `min_seq_no` when the client set no deadline.
@@ -26,6 +27,10 @@ pub struct TarnService {
     /// Bounds writes waiting for their WAL group; past it, RESOURCE_EXHAUSTED.
     pub write_slots: Arc<Semaphore>,
     pub max_inflight_writes: usize,
+    /// Bounds snapshots streaming at once; past it, RESOURCE_EXHAUSTED.
+    pub snapshot_slots: Arc<Semaphore>,
+    /// Bounds restores receiving at once; past it, RESOURCE_EXHAUSTED.
+    pub restore_slots: Arc<Semaphore>,
 }
 
 type RpcResult<T> = Result<Response<T>, Status>;
@@ -97,6 +102,51 @@ fn client_deadline<T>(request: &Request<T>) -> Option<Duration> {
 
 #[tonic::async_trait]
 impl Tarn for TarnService {
+    type CreateSnapshotStream = snapshots::ChunkStream;
+
+    async fn create_snapshot(
+        &self,
+        request: Request<pb::CreateSnapshotRequest>,
+    ) -> RpcResult<Self::CreateSnapshotStream> {
+        let started = Instant::now();
+        let result = async {
+            self.keys.check(&request, Access::Read)?;
+            let name = request.into_inner().collection;
+            let collection = self.registry.get(&name)?;
+            let permit = Arc::clone(&self.snapshot_slots)
+                .try_acquire_owned()
+                .map_err(|_| ApiError::TooManySnapshots(snapshots::MAX_CONCURRENT_SNAPSHOTS))?;
+            snapshots::stream_snapshot(name, collection, permit).await
+        }
+        .await;
+        self.observe("CreateSnapshot", started, result)
+    }
+
+    async fn restore_snapshot(
+        &self,
+        request: Request<tonic::Streaming<pb::RestoreSnapshotRequest>>,
+    ) -> RpcResult<pb::RestoreSnapshotResponse> {
+        let started = Instant::now();
+        let result = async {
+            self.keys.check(&request, Access::Write)?;
+            let _permit = Arc::clone(&self.restore_slots)
+                .try_acquire_owned()
+                .map_err(|_| ApiError::TooManySnapshots(snapshots::MAX_CONCURRENT_SNAPSHOTS))?;
+            let (name, collection, info) =
+                snapshots::restore_from_stream(&self.registry, request.into_inner()).await?;
+            Ok(pb::RestoreSnapshotResponse {
+                collection: Some(convert::collection_info(
+                    &name,
+                    collection.config(),
+                    &collection.stats(),
+                )),
+                seq_no: info.seq_no,
+            })
+        }
+        .await;
+        self.observe("RestoreSnapshot", started, result)
+    }
+
     async fn create_collection(
         &self,
         request: Request<pb::CreateCollectionRequest>,

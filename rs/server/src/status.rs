@@ -19,6 +19,10 @@ pub enum ApiError {
     Unauthenticated,
     #[error("this API key is read-only")]
     PermissionDenied,
+    #[error("{0}")]
+    Aborted(String),
+    #[error("too many snapshots or restores running ({0}); retry later")]
+    TooManySnapshots(usize),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -46,6 +50,9 @@ impl From<ApiError> for Status {
                 CollectionError::OutOfSpace(_) => Status::resource_exhausted(message),
                 CollectionError::DeadlineExceeded { .. } => Status::deadline_exceeded(message),
                 CollectionError::Corrupt(_) => Status::data_loss(message),
+                // An uploaded snapshot file is bad: the client's input, not the server's data.
+                CollectionError::SnapshotDamaged { .. }
+                | CollectionError::SnapshotVersion { .. } => Status::invalid_argument(message),
                 _ => Status::internal(message),
             },
             ApiError::NotFound(_) => Status::not_found(message),
@@ -54,6 +61,8 @@ impl From<ApiError> for Status {
             ApiError::Overloaded(_) => Status::resource_exhausted(message),
             ApiError::Unauthenticated => Status::unauthenticated(message),
             ApiError::PermissionDenied => Status::permission_denied(message),
+            ApiError::Aborted(_) => Status::aborted(message),
+            ApiError::TooManySnapshots(_) => Status::resource_exhausted(message),
             ApiError::Internal(_) => Status::internal(message),
         }
     }
