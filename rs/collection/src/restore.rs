@@ -51,7 +51,7 @@ pub fn verify_snapshot(mut reader: impl Read) -> Result<SnapshotInfo> {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(CollectionError::io("read a snapshot", PathBuf::new(), e)),
+            Err(e) => return Err(CollectionError::io("read", "<snapshot stream>", e)),
         };
         decoder.push(&buffer[..n], &mut DiscardSink)?;
     }

@@ -150,8 +150,13 @@ impl Snapshot {
         let mut body_len = 0u64;
         let mut first_seq = checkpoint_seq + 1;
         let mut last_seq = checkpoint_seq;
-        for entry in wal.replay_range(checkpoint_seq + 1, seq_no)? {
-            let (seq, payload) = entry?;
+        // WAL read errors keep their own variant: `From<WalError>` would call an I/O error
+        // `Unavailable` (for writes), which a read is not.
+        for entry in wal
+            .replay_range(checkpoint_seq + 1, seq_no)
+            .map_err(CollectionError::Wal)?
+        {
+            let (seq, payload) = entry.map_err(CollectionError::Wal)?;
             let record_len = WAL_RECORD_HEADER_BYTES + payload.len() as u64;
             if body_len > 0 && body_len + record_len > WAL_PART_TARGET_BYTES {
                 wal_parts.push((first_seq, last_seq, body_len));
@@ -169,7 +174,9 @@ impl Snapshot {
                 "the WAL replay for a snapshot ended at {last_seq}, not at {seq_no}"
             )));
         }
-        let replay = wal.replay_range(checkpoint_seq + 1, seq_no)?;
+        let replay = wal
+            .replay_range(checkpoint_seq + 1, seq_no)
+            .map_err(CollectionError::Wal)?;
 
         let header_body_len = SnapshotHeader::body_len(&shared.config);
         let mut total_bytes =
@@ -298,7 +305,7 @@ impl Snapshot {
                 mut crc,
             }) => {
                 let (seq, payload) = match self.replay.next() {
-                    Some(entry) => entry?,
+                    Some(entry) => entry.map_err(CollectionError::Wal)?,
                     None => {
                         return Err(CollectionError::Corrupt(format!(
                             "the WAL ended at entry {} while a snapshot read it",

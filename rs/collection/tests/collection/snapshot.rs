@@ -999,6 +999,14 @@ fn restores_are_atomic_and_leave_nothing_when_refused_or_abandoned() {
 }
 
 #[test]
+fn snapshots_and_restores_can_move_to_a_blocking_thread() {
+    fn send<T: Send + 'static>() {}
+    send::<Snapshot>();
+    send::<SnapshotRestore>();
+    send::<SnapshotInfo>();
+}
+
+#[test]
 fn a_config_is_carried_whole() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg: CollectionConfig = config();
