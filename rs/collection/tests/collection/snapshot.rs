@@ -911,6 +911,83 @@ fn foreign_newer_and_hostile_files_are_refused_with_what_is_wrong() {
     }
 }
 
+/// Hands out a file in chunks of random sizes (1 byte to 1 KiB).
+struct Dribble<'a> {
+    bytes: &'a [u8],
+    rng: StdRng,
+}
+
+impl Read for Dribble<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self
+            .rng
+            .random_range(1..=1024)
+            .min(buf.len())
+            .min(self.bytes.len());
+        buf[..n].copy_from_slice(&self.bytes[..n]);
+        self.bytes = &self.bytes[n..];
+        Ok(n)
+    }
+}
+
+#[test]
+fn random_damage_is_always_refused_and_never_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = snapshot_with_every_part(dir.path());
+    let restores = dir.path().join("restores");
+    std::fs::create_dir(&restores).unwrap();
+    let mut rng = StdRng::seed_from_u64(99);
+    let intact = Dribble {
+        bytes: &bytes,
+        rng: StdRng::seed_from_u64(1),
+    };
+    assert!(verify_snapshot(intact).is_ok(), "any chunking reads it");
+    let mut n_cases = 0;
+    for case in 0..3000 {
+        let mut damaged = bytes.clone();
+        let len = damaged.len();
+        let at = rng.random_range(0..len);
+        match rng.random_range(0..5) {
+            0 => {
+                for _ in 0..rng.random_range(1..4) {
+                    let at = rng.random_range(0..len);
+                    damaged[at] = rng.random();
+                }
+            }
+            1 => damaged.truncate(at),
+            2 => {
+                let extra: Vec<u8> = (0..rng.random_range(1..64)).map(|_| rng.random()).collect();
+                damaged.splice(at..at, extra);
+            }
+            3 => {
+                let end = (at + rng.random_range(1..256)).min(len);
+                damaged.drain(at..end);
+            }
+            _ => {
+                let from = rng.random_range(0..len);
+                let n = rng.random_range(1..64).min(len - from).min(len - at);
+                damaged.copy_within(from..from + n, at);
+            }
+        }
+        if damaged == bytes {
+            continue;
+        }
+        n_cases += 1;
+        let reader = Dribble {
+            bytes: &damaged,
+            rng: StdRng::seed_from_u64(case),
+        };
+        assert!(
+            verify_snapshot(reader).is_err(),
+            "case {case}: a damaged file was accepted"
+        );
+        if case % 30 == 0 {
+            refused(&damaged, &restores, &format!("case {case}"));
+        }
+    }
+    assert!(n_cases > 2900, "{n_cases}");
+}
+
 /// verify accepts it (segment contents are not decoded there), restore refuses it.
 fn refused_by_restore(bytes: &[u8], dir: &Path) -> String {
     verify_snapshot(bytes).unwrap();
