@@ -58,6 +58,8 @@ pub struct Snapshot {
     /// CRC32 of every byte produced, for the end marker.
     file_crc: Hasher,
     n_produced: u64,
+    /// Every byte was produced (the end marker included).
+    produced_all: bool,
     failed: Option<String>,
     _pin: RetentionPin,
 }
@@ -243,6 +245,7 @@ impl Snapshot {
             out_read: 0,
             file_crc: Hasher::new(),
             n_produced: 0,
+            produced_all: false,
             failed: None,
             _pin: pin,
         })
@@ -408,12 +411,16 @@ impl Read for Snapshot {
                 "the snapshot already failed: {error}"
             ))));
         }
-        while self.out_read == self.out.len() {
-            self.out.clear();
+        // Produce until the caller's buffer can be filled (WAL records are produced one at a
+        // time and may be small), dropping what was already read out first.
+        if self.out.len() - self.out_read < buf.len() && self.out_read > 0 {
+            self.out.drain(..self.out_read);
             self.out_read = 0;
+        }
+        while self.out.len() - self.out_read < buf.len() && !self.produced_all {
             match self.produce() {
                 Ok(true) => {}
-                Ok(false) => return Ok(0),
+                Ok(false) => self.produced_all = true,
                 Err(error) => {
                     tracing::error!(%error, seq_no = self.seq_no, "snapshot failed");
                     self.failed = Some(error.to_string());

@@ -469,6 +469,18 @@ fn a_restored_collection_continues_at_the_next_sequence_number_and_survives_reop
         }
     });
     let with_tail = read_all(&mut c.snapshot().unwrap());
+    // An idle collection snapshots to the same bytes, whatever the reads' sizes.
+    let mut again = c.snapshot().unwrap();
+    let mut by_sevens = Vec::new();
+    let mut buf = [0u8; 7];
+    loop {
+        let n = again.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        by_sevens.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(by_sevens, with_tail);
     for (bytes, name, n_tail) in [
         (at_checkpoint, "at-checkpoint", 0),
         (with_tail, "with-tail", 20),
