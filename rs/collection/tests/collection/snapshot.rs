@@ -237,9 +237,9 @@ fn a_snapshot_under_concurrent_writes_holds_exactly_the_operations_up_to_its_seq
     );
     // Read while the writers go on.
     let bytes = read_all(&mut snapshot);
-    assert_eq!(c.n_snapshot_pins(), 1);
+    assert_eq!(c.n_open_snapshots(), 1);
     drop(snapshot);
-    assert_eq!(c.n_snapshot_pins(), 0);
+    assert_eq!(c.n_open_snapshots(), 0);
     for writer in writers {
         writer.join().unwrap();
     }
@@ -379,7 +379,7 @@ fn files_a_snapshot_reads_outlive_the_checkpoints_and_merges_that_run_meanwhile(
     first.read_to_end(&mut first_bytes).unwrap();
     writer.join().unwrap();
     let second_bytes = read_all(&mut second);
-    assert_eq!(c.n_snapshot_pins(), 2);
+    assert_eq!(c.n_open_snapshots(), 2);
 
     // With the writes and flushes done, every file both snapshots name is still on disk,
     // though some are no longer needed by the collection itself.
@@ -403,7 +403,7 @@ fn files_a_snapshot_reads_outlive_the_checkpoints_and_merges_that_run_meanwhile(
     // Dropped, the next checkpoint deletes what only the snapshots kept.
     drop(first);
     drop(second);
-    assert_eq!(c.n_snapshot_pins(), 0);
+    assert_eq!(c.n_open_snapshots(), 0);
     let mut rng = StdRng::seed_from_u64(8);
     rt.block_on(async {
         let op = random_op(&mut rng);
