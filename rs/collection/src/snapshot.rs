@@ -145,9 +145,8 @@ impl Snapshot {
             });
         }
 
-        // The WAL parts' boundaries, from a first pass over the entries (their lengths are in
-        // each part's prefix, and the total in the header).
-        // (first_seq, last_seq, body_len) of each part.
+        // The WAL parts' (first_seq, last_seq, body_len), from a first pass over the entries:
+        // each part's length comes before its body, and the file's total is in the header.
         let mut wal_parts: Vec<(u64, u64, u64)> = Vec::new();
         let mut body_len = 0u64;
         let mut first_seq = checkpoint_seq + 1;

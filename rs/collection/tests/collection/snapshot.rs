@@ -1053,6 +1053,29 @@ fn restores_are_atomic_and_leave_nothing_when_refused_or_abandoned() {
     assert!(staging_dirs(&parent).is_empty());
     let listing = before(&parent);
 
+    // Refused half way: the staging directory goes at once, and later calls are refused.
+    let mut damaged = bytes.clone();
+    damaged[bytes.len() / 2] ^= 1;
+    let mut refused_restore = SnapshotRestore::begin(&parent.join("damaged")).unwrap();
+    let error = refused_restore.write(&damaged).unwrap_err();
+    assert!(
+        matches!(error, CollectionError::SnapshotDamaged { .. }),
+        "{error:?}"
+    );
+    assert_eq!(
+        before(&parent),
+        listing,
+        "nothing left while the restore is held"
+    );
+    assert!(matches!(
+        refused_restore.write(&damaged[..10]),
+        Err(CollectionError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        refused_restore.finish(),
+        Err(CollectionError::InvalidArgument { .. })
+    ));
+
     // Abandoned half way: dropping it removes everything it wrote.
     for cut in [20, bytes.len() / 2, bytes.len()] {
         let mut abandoned = SnapshotRestore::begin(&parent.join("abandoned")).unwrap();
