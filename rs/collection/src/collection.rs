@@ -528,9 +528,8 @@ impl Collection {
         Snapshot::take(self.shared(), &self.handle.wal)
     }
 
-    /// Snapshots pinning files right now (for tests and metrics).
-    #[doc(hidden)]
-    pub fn n_snapshot_pins(&self) -> usize {
+    /// Snapshots of this collection not yet dropped (each pins files and WAL; for metrics).
+    pub fn n_open_snapshots(&self) -> usize {
         self.shared().retention.n_pins()
     }
 

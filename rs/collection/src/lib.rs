@@ -1,5 +1,6 @@
 //! `tarn-collection`: a collection of tenant-owned vectors: the WAL, the segments, the
-//! ingestion worker and checkpoints. The only crate that knows both the log and the index.
+//! ingestion worker, checkpoints, and snapshots (taking, restoring, verifying). The only crate
+//! that knows both the log and the index.
 
 mod collection;
 mod config;
@@ -39,6 +40,18 @@ pub mod fuzzing {
     pub fn decode_config(bytes: &[u8]) -> bool {
         crate::manifest::decode_checked::<crate::config::CollectionConfig>(bytes)
             .is_ok_and(|c| c.validate().is_ok())
+    }
+
+    /// A snapshot file's bytes, checked as `verify_snapshot` checks them (in chunks of 61
+    /// bytes, so that fields split across pushes are exercised too).
+    pub fn decode_snapshot(bytes: &[u8]) -> bool {
+        let mut decoder = crate::snapshot_format::SnapshotDecoder::new();
+        let mut sink = crate::snapshot_format::DiscardSink;
+        bytes
+            .chunks(61)
+            .try_for_each(|chunk| decoder.push(chunk, &mut sink))
+            .and_then(|()| decoder.finish())
+            .is_ok()
     }
 
     /// A WAL entry's payload, decoded into an operation for a collection of `dimension`.

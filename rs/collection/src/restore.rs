@@ -51,7 +51,7 @@ pub fn verify_snapshot(mut reader: impl Read) -> Result<SnapshotInfo> {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(CollectionError::io("read a snapshot", PathBuf::new(), e)),
+            Err(e) => return Err(CollectionError::io("read", "<snapshot stream>", e)),
         };
         decoder.push(&buffer[..n], &mut DiscardSink)?;
     }
@@ -158,11 +158,7 @@ impl SnapshotRestore {
     /// Takes the next bytes of the snapshot file. Fails as soon as damage is seen; the restore
     /// is then over (its staging directory already removed), and so is every later call.
     pub fn write(&mut self, bytes: &[u8]) -> Result<()> {
-        if let Some(error) = &self.failed {
-            return Err(CollectionError::SnapshotDamaged {
-                what: format!("the restore already failed: {error}"),
-            });
-        }
+        self.check_not_failed()?;
         let result = self.decoder.push(bytes, &mut self.sink);
         self.fail_on_error(result)
     }
@@ -173,11 +169,7 @@ impl SnapshotRestore {
     /// replace anything there), and syncs the parent directory. Afterwards
     /// `Collection::open(target_dir)` gives exactly the snapshot's state.
     pub fn finish(mut self) -> Result<SnapshotInfo> {
-        if let Some(error) = &self.failed {
-            return Err(CollectionError::SnapshotDamaged {
-                what: format!("the restore already failed: {error}"),
-            });
-        }
+        self.check_not_failed()?;
         let result = self.finish_inner();
         let info = self.fail_on_error(result)?;
         self.done = true;
@@ -209,6 +201,17 @@ impl SnapshotRestore {
             return Err(error);
         }
         Ok(info)
+    }
+
+    /// A call after the restore failed is the caller's mistake, whatever the first error was.
+    fn check_not_failed(&self) -> Result<()> {
+        match &self.failed {
+            Some(first) => Err(CollectionError::invalid(
+                "snapshot",
+                format!("this restore already failed ({first}); start a new one"),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// On an error: remember it, and remove the staging directory now.

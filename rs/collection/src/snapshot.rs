@@ -58,6 +58,8 @@ pub struct Snapshot {
     /// CRC32 of every byte produced, for the end marker.
     file_crc: Hasher,
     n_produced: u64,
+    /// Every byte was produced (the end marker included).
+    produced_all: bool,
     failed: Option<String>,
     _pin: RetentionPin,
 }
@@ -143,15 +145,19 @@ impl Snapshot {
             });
         }
 
-        // The WAL parts' boundaries, from a first pass over the entries (their lengths are in
-        // each part's prefix, and the total in the header).
-        // (first_seq, last_seq, body_len) of each part.
+        // The WAL parts' (first_seq, last_seq, body_len), from a first pass over the entries:
+        // each part's length comes before its body, and the file's total is in the header.
         let mut wal_parts: Vec<(u64, u64, u64)> = Vec::new();
         let mut body_len = 0u64;
         let mut first_seq = checkpoint_seq + 1;
         let mut last_seq = checkpoint_seq;
-        for entry in wal.replay_range(checkpoint_seq + 1, seq_no)? {
-            let (seq, payload) = entry?;
+        // WAL read errors keep their own variant: `From<WalError>` would call an I/O error
+        // `Unavailable` (for writes), which a read is not.
+        for entry in wal
+            .replay_range(checkpoint_seq + 1, seq_no)
+            .map_err(CollectionError::Wal)?
+        {
+            let (seq, payload) = entry.map_err(CollectionError::Wal)?;
             let record_len = WAL_RECORD_HEADER_BYTES + payload.len() as u64;
             if body_len > 0 && body_len + record_len > WAL_PART_TARGET_BYTES {
                 wal_parts.push((first_seq, last_seq, body_len));
@@ -169,7 +175,9 @@ impl Snapshot {
                 "the WAL replay for a snapshot ended at {last_seq}, not at {seq_no}"
             )));
         }
-        let replay = wal.replay_range(checkpoint_seq + 1, seq_no)?;
+        let replay = wal
+            .replay_range(checkpoint_seq + 1, seq_no)
+            .map_err(CollectionError::Wal)?;
 
         let header_body_len = SnapshotHeader::body_len(&shared.config);
         let mut total_bytes =
@@ -236,6 +244,7 @@ impl Snapshot {
             out_read: 0,
             file_crc: Hasher::new(),
             n_produced: 0,
+            produced_all: false,
             failed: None,
             _pin: pin,
         })
@@ -298,7 +307,7 @@ impl Snapshot {
                 mut crc,
             }) => {
                 let (seq, payload) = match self.replay.next() {
-                    Some(entry) => entry?,
+                    Some(entry) => entry.map_err(CollectionError::Wal)?,
                     None => {
                         return Err(CollectionError::Corrupt(format!(
                             "the WAL ended at entry {} while a snapshot read it",
@@ -401,12 +410,16 @@ impl Read for Snapshot {
                 "the snapshot already failed: {error}"
             ))));
         }
-        while self.out_read == self.out.len() {
-            self.out.clear();
+        // Produce until the caller's buffer can be filled (WAL records are produced one at a
+        // time and may be small), dropping what was already read out first.
+        if self.out.len() - self.out_read < buf.len() && self.out_read > 0 {
+            self.out.drain(..self.out_read);
             self.out_read = 0;
+        }
+        while self.out.len() - self.out_read < buf.len() && !self.produced_all {
             match self.produce() {
                 Ok(true) => {}
-                Ok(false) => return Ok(0),
+                Ok(false) => self.produced_all = true,
                 Err(error) => {
                     tracing::error!(%error, seq_no = self.seq_no, "snapshot failed");
                     self.failed = Some(error.to_string());

@@ -237,9 +237,9 @@ fn a_snapshot_under_concurrent_writes_holds_exactly_the_operations_up_to_its_seq
     );
     // Read while the writers go on.
     let bytes = read_all(&mut snapshot);
-    assert_eq!(c.n_snapshot_pins(), 1);
+    assert_eq!(c.n_open_snapshots(), 1);
     drop(snapshot);
-    assert_eq!(c.n_snapshot_pins(), 0);
+    assert_eq!(c.n_open_snapshots(), 0);
     for writer in writers {
         writer.join().unwrap();
     }
@@ -379,7 +379,7 @@ fn files_a_snapshot_reads_outlive_the_checkpoints_and_merges_that_run_meanwhile(
     first.read_to_end(&mut first_bytes).unwrap();
     writer.join().unwrap();
     let second_bytes = read_all(&mut second);
-    assert_eq!(c.n_snapshot_pins(), 2);
+    assert_eq!(c.n_open_snapshots(), 2);
 
     // With the writes and flushes done, every file both snapshots name is still on disk,
     // though some are no longer needed by the collection itself.
@@ -403,7 +403,7 @@ fn files_a_snapshot_reads_outlive_the_checkpoints_and_merges_that_run_meanwhile(
     // Dropped, the next checkpoint deletes what only the snapshots kept.
     drop(first);
     drop(second);
-    assert_eq!(c.n_snapshot_pins(), 0);
+    assert_eq!(c.n_open_snapshots(), 0);
     let mut rng = StdRng::seed_from_u64(8);
     rt.block_on(async {
         let op = random_op(&mut rng);
@@ -469,6 +469,18 @@ fn a_restored_collection_continues_at_the_next_sequence_number_and_survives_reop
         }
     });
     let with_tail = read_all(&mut c.snapshot().unwrap());
+    // An idle collection snapshots to the same bytes, whatever the reads' sizes.
+    let mut again = c.snapshot().unwrap();
+    let mut by_sevens = Vec::new();
+    let mut buf = [0u8; 7];
+    loop {
+        let n = again.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        by_sevens.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(by_sevens, with_tail);
     for (bytes, name, n_tail) in [
         (at_checkpoint, "at-checkpoint", 0),
         (with_tail, "with-tail", 20),
@@ -911,6 +923,83 @@ fn foreign_newer_and_hostile_files_are_refused_with_what_is_wrong() {
     }
 }
 
+/// Hands out a file in chunks of random sizes (1 byte to 1 KiB).
+struct Dribble<'a> {
+    bytes: &'a [u8],
+    rng: StdRng,
+}
+
+impl Read for Dribble<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self
+            .rng
+            .random_range(1..=1024)
+            .min(buf.len())
+            .min(self.bytes.len());
+        buf[..n].copy_from_slice(&self.bytes[..n]);
+        self.bytes = &self.bytes[n..];
+        Ok(n)
+    }
+}
+
+#[test]
+fn random_damage_is_always_refused_and_never_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = snapshot_with_every_part(dir.path());
+    let restores = dir.path().join("restores");
+    std::fs::create_dir(&restores).unwrap();
+    let mut rng = StdRng::seed_from_u64(99);
+    let intact = Dribble {
+        bytes: &bytes,
+        rng: StdRng::seed_from_u64(1),
+    };
+    assert!(verify_snapshot(intact).is_ok(), "any chunking reads it");
+    let mut n_cases = 0;
+    for case in 0..3000 {
+        let mut damaged = bytes.clone();
+        let len = damaged.len();
+        let at = rng.random_range(0..len);
+        match rng.random_range(0..5) {
+            0 => {
+                for _ in 0..rng.random_range(1..4) {
+                    let at = rng.random_range(0..len);
+                    damaged[at] = rng.random();
+                }
+            }
+            1 => damaged.truncate(at),
+            2 => {
+                let extra: Vec<u8> = (0..rng.random_range(1..64)).map(|_| rng.random()).collect();
+                damaged.splice(at..at, extra);
+            }
+            3 => {
+                let end = (at + rng.random_range(1..256)).min(len);
+                damaged.drain(at..end);
+            }
+            _ => {
+                let from = rng.random_range(0..len);
+                let n = rng.random_range(1..64).min(len - from).min(len - at);
+                damaged.copy_within(from..from + n, at);
+            }
+        }
+        if damaged == bytes {
+            continue;
+        }
+        n_cases += 1;
+        let reader = Dribble {
+            bytes: &damaged,
+            rng: StdRng::seed_from_u64(case),
+        };
+        assert!(
+            verify_snapshot(reader).is_err(),
+            "case {case}: a damaged file was accepted"
+        );
+        if case % 30 == 0 {
+            refused(&damaged, &restores, &format!("case {case}"));
+        }
+    }
+    assert!(n_cases > 2900, "{n_cases}");
+}
+
 /// verify accepts it (segment contents are not decoded there), restore refuses it.
 fn refused_by_restore(bytes: &[u8], dir: &Path) -> String {
     verify_snapshot(bytes).unwrap();
@@ -964,6 +1053,29 @@ fn restores_are_atomic_and_leave_nothing_when_refused_or_abandoned() {
     assert!(staging_dirs(&parent).is_empty());
     let listing = before(&parent);
 
+    // Refused half way: the staging directory goes at once, and later calls are refused.
+    let mut damaged = bytes.clone();
+    damaged[bytes.len() / 2] ^= 1;
+    let mut refused_restore = SnapshotRestore::begin(&parent.join("damaged")).unwrap();
+    let error = refused_restore.write(&damaged).unwrap_err();
+    assert!(
+        matches!(error, CollectionError::SnapshotDamaged { .. }),
+        "{error:?}"
+    );
+    assert_eq!(
+        before(&parent),
+        listing,
+        "nothing left while the restore is held"
+    );
+    assert!(matches!(
+        refused_restore.write(&damaged[..10]),
+        Err(CollectionError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        refused_restore.finish(),
+        Err(CollectionError::InvalidArgument { .. })
+    ));
+
     // Abandoned half way: dropping it removes everything it wrote.
     for cut in [20, bytes.len() / 2, bytes.len()] {
         let mut abandoned = SnapshotRestore::begin(&parent.join("abandoned")).unwrap();
@@ -996,6 +1108,14 @@ fn restores_are_atomic_and_leave_nothing_when_refused_or_abandoned() {
     let info = restore(&bytes, &parent.join("good"), 1 << 20).unwrap();
     let r = Collection::open(&parent.join("good")).unwrap();
     assert_eq!(r.stats().last_appended_seq, info.seq_no);
+}
+
+#[test]
+fn snapshots_and_restores_can_move_to_a_blocking_thread() {
+    fn send<T: Send + 'static>() {}
+    send::<Snapshot>();
+    send::<SnapshotRestore>();
+    send::<SnapshotInfo>();
 }
 
 #[test]
