@@ -3,11 +3,16 @@
 # the Python client's tests against a real server, and the Docker end-to-end test when a Docker
 # engine answers (it says SKIPPED otherwise). This is the command the README gives and the one CI
 # (.ci/run) calls. Needs Rust (rustup's default profile: cargo, rustfmt, clippy) and python3 with
-# venv; the Python packages come from PyPI, into virtualenvs under target/.
+# venv; the Python packages come from PyPI, into virtualenvs under target/; Debian's
+# protobuf-compiler (for etcd-client's build) and etcd-server (for the cluster tests) are
+# installed when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/ensure-protoc.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+# The cluster tests run a real etcd (Debian's etcd-server); they print SKIPPED without one.
+bash -c 'source scripts/lib-etcd.sh && ensure_etcd' || echo "check: no etcd: the cluster tests will say SKIPPED"
 cargo test --workspace --all-features --locked
 scripts/test-rust-client.sh
 scripts/test-python-client.sh

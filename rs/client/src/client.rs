@@ -15,7 +15,8 @@ use crate::connect::{open_channel, Address, TlsOptions};
 use crate::error::{Code, Error, Result};
 use crate::snapshot::{feed_restore, Restored, SnapshotStream};
 use crate::types::{
-    id_to_wire, CollectionInfo, CollectionSpec, Document, Hit, Insert, Remove, Search, WriteAck,
+    id_to_wire, ClusterStatus, CollectionInfo, CollectionSpec, Document, Hit, Insert, Remove,
+    Search, WriteAck,
 };
 
 /// Largest message the client sends or accepts (a large batch of vectors, a large `get`).
@@ -268,6 +269,7 @@ impl Client {
         Ok(WriteAck {
             seq_no: reply.seq_no,
             n_written: reply.n_inserted,
+            token: reply.read_token,
         })
     }
 
@@ -282,6 +284,7 @@ impl Client {
         Ok(WriteAck {
             seq_no: reply.seq_no,
             n_written: 0,
+            token: reply.read_token,
         })
     }
 
@@ -294,6 +297,36 @@ impl Client {
             })
             .await?;
         Ok(reply.hits.iter().map(Hit::from_wire).collect())
+    }
+
+    /// A search that may answer from part of the shards (cluster mode, with
+    /// [`Search::allow_partial`]): the hits, and the shards that did not answer.
+    pub async fn search_partial(&self, search: Search) -> Result<(Vec<Hit>, Vec<u32>)> {
+        let (request, timeout) = search.into_wire();
+        let reply = self
+            .call(request, timeout, |mut stub, request| async move {
+                stub.search(request).await
+            })
+            .await?;
+        Ok((
+            reply.hits.iter().map(Hit::from_wire).collect(),
+            reply.missing_shards,
+        ))
+    }
+
+    /// Cluster mode: the nodes and where every shard is, as the server asked sees them.
+    /// FAILED_PRECONDITION from a server that is not in a cluster.
+    pub async fn cluster_status(&self) -> Result<ClusterStatus> {
+        let mut stub = tarn_proto::v1::cluster_client::ClusterClient::with_interceptor(
+            self.channel.clone(),
+            self.auth.clone(),
+        );
+        let mut request = tonic::Request::new(pb::ClusterStatusRequest {});
+        if let Some(timeout) = self.timeout {
+            request.set_timeout(timeout);
+        }
+        let reply = stub.status(request).await?.into_inner();
+        Ok(ClusterStatus::from_wire(reply))
     }
 
     /// The stored documents of one tenant among `doc_ids`; ids not stored are absent.

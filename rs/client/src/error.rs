@@ -155,7 +155,17 @@ impl From<tonic::Status> for Error {
         } else {
             status.message().to_owned()
         };
-        Error::new(Code::from_tonic(status.code()), message)
+        // A connection that broke mid-call comes back from tonic as UNKNOWN or CANCELLED with
+        // the transport error as its source: for the caller, the server became unreachable.
+        let code = match status.code() {
+            tonic::Code::Unknown | tonic::Code::Cancelled
+                if std::error::Error::source(&status).is_some() =>
+            {
+                Code::Unavailable
+            }
+            code => Code::from_tonic(code),
+        };
+        Error::new(code, message)
     }
 }
 

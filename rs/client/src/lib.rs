@@ -39,6 +39,6 @@ pub use client::{Client, ClientBuilder};
 pub use error::{Code, Error, Result};
 pub use snapshot::{Restored, SnapshotStream};
 pub use types::{
-    CollectionInfo, CollectionSpec, Document, Durability, Hit, Insert, Metric, ReadToken, Remove,
-    Search, WriteAck,
+    ClusterStatus, CollectionInfo, CollectionSpec, Document, Durability, Hit, Insert, Metric,
+    NodeStatus, ReadToken, Remove, Search, ShardKey, ShardStatus, WriteAck,
 };

@@ -132,8 +132,53 @@ pub(crate) fn id_from_wire(id: Option<&pb::Id>) -> u128 {
     id.map_or(0, |id| (u128::from(id.high) << 64) | u128::from(id.low))
 }
 
-/// A collection to create: name, dimension and metric, and optionally the HNSW parameters and
-/// the default durability (zero and `None` take the server's defaults).
+/// Cluster mode: what decides a document's shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum ShardKey {
+    /// The tenant: a tenant's documents share one shard, so its searches touch one node.
+    #[default]
+    User,
+    /// The document: a large tenant spreads over every shard; searches fan out.
+    Doc,
+}
+
+impl ShardKey {
+    fn to_wire(self) -> i32 {
+        let key = match self {
+            ShardKey::User => pb::ShardKey::User,
+            ShardKey::Doc => pb::ShardKey::Doc,
+        };
+        key as i32
+    }
+
+    fn from_wire(value: i32) -> ShardKey {
+        match pb::ShardKey::try_from(value) {
+            Ok(pb::ShardKey::Doc) => ShardKey::Doc,
+            _ => ShardKey::User,
+        }
+    }
+}
+
+impl std::str::FromStr for ShardKey {
+    type Err = Error;
+
+    /// `user` or `doc`, in any case.
+    fn from_str(name: &str) -> Result<ShardKey> {
+        match name.to_ascii_lowercase().as_str() {
+            "user" => Ok(ShardKey::User),
+            "doc" => Ok(ShardKey::Doc),
+            _ => Err(Error::invalid(
+                "shard_key",
+                format!("unknown shard key {name:?} (user or doc)"),
+            )),
+        }
+    }
+}
+
+/// A collection to create: name, dimension and metric, and optionally the HNSW parameters, the
+/// default durability and (cluster mode) the shards (zero and `None` take the server's
+/// defaults).
 ///
 /// ```
 /// use tarn_client::{CollectionSpec, Durability, Metric};
@@ -152,6 +197,8 @@ pub struct CollectionSpec {
     ef_construction: u32,
     ef_search: u32,
     default_durability: Option<Durability>,
+    shards: u32,
+    shard_key: ShardKey,
 }
 
 impl CollectionSpec {
@@ -165,7 +212,16 @@ impl CollectionSpec {
             ef_construction: 0,
             ef_search: 0,
             default_durability: None,
+            shards: 0,
+            shard_key: ShardKey::User,
         }
+    }
+
+    /// Cluster mode: how many shards (0: the server's default, 8) and what places a document.
+    pub fn shards(mut self, shards: u32, shard_key: ShardKey) -> CollectionSpec {
+        self.shards = shards;
+        self.shard_key = shard_key;
+        self
     }
 
     /// The metric (cosine unless set).
@@ -202,6 +258,8 @@ impl CollectionSpec {
                 ef_search: self.ef_search,
             }),
             default_durability: Durability::to_wire(self.default_durability),
+            shards: self.shards,
+            shard_key: self.shard_key.to_wire(),
         }
     }
 }
@@ -242,6 +300,11 @@ pub struct CollectionInfo {
     pub n_removed_not_compacted: u64,
     /// The collection's files: segments, log, manifests.
     pub bytes_on_disk: u64,
+    /// Cluster mode: the collection's shards (1 on a single node). The counters above are then
+    /// sums over the shards.
+    pub shards: u32,
+    /// Cluster mode: what places a document.
+    pub shard_key: ShardKey,
 }
 
 impl CollectionInfo {
@@ -270,50 +333,61 @@ impl CollectionInfo {
             n_sealed_segments: info.n_sealed_segments,
             n_removed_not_compacted: info.n_removed_not_compacted,
             bytes_on_disk: info.bytes_on_disk,
+            shards: info.shards.max(1),
+            shard_key: ShardKey::from_wire(info.shard_key),
         })
     }
 }
 
 /// The read-your-writes handle of an acknowledged write: pass it to [`Search::after`] and the
-/// search waits (within its deadline) until the write is searchable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// search waits (within its deadline) until the write is searchable, on every shard it touched
+/// in cluster mode.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct ReadToken {
     seq_no: u64,
+    bytes: Vec<u8>,
 }
 
 impl ReadToken {
-    /// The token of the write with this sequence number (as `tarn insert` prints it).
+    /// The token of the write with this sequence number (as `tarn insert` prints it): a
+    /// single-node collection's, or a one-shard collection's.
     pub fn from_seq_no(seq_no: u64) -> ReadToken {
-        ReadToken { seq_no }
+        ReadToken {
+            seq_no,
+            bytes: Vec::new(),
+        }
     }
 
-    /// The write's sequence number in its collection.
+    /// The write's sequence number in its collection (0 for a write to several shards).
     pub fn seq_no(&self) -> u64 {
         self.seq_no
     }
 
-    /// The later of two tokens of the same collection: waiting for it waits for both writes.
-    pub fn max(self, other: ReadToken) -> ReadToken {
-        ReadToken {
-            seq_no: self.seq_no.max(other.seq_no),
-        }
+    /// The server's opaque token (the position of every shard the write touched).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
     }
 }
 
-/// An acknowledged write: durable on the server in the mode asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// An acknowledged write: durable on the server in the mode asked for (on every shard it
+/// touched, in cluster mode).
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WriteAck {
-    /// The write's sequence number in its collection.
+    /// The write's sequence number in its collection (0 for a write to several shards).
     pub seq_no: u64,
     /// For an insert, the (tenant, document) pairs stored; 0 for a remove.
     pub n_written: u64,
+    pub(crate) token: Vec<u8>,
 }
 
 impl WriteAck {
     /// The handle to pass to [`Search::after`] to read this write.
     pub fn read_token(&self) -> ReadToken {
-        ReadToken::from_seq_no(self.seq_no)
+        ReadToken {
+            seq_no: self.seq_no,
+            bytes: self.token.clone(),
+        }
     }
 }
 
@@ -456,6 +530,7 @@ pub struct Search {
     ef: u32,
     exact: bool,
     after: ReadToken,
+    allow_partial: bool,
     timeout: Option<Duration>,
 }
 
@@ -470,6 +545,7 @@ impl Search {
             ef: 0,
             exact: false,
             after: ReadToken::default(),
+            allow_partial: false,
             timeout: None,
         }
     }
@@ -507,6 +583,13 @@ impl Search {
         self
     }
 
+    /// Cluster mode: answer from the shards that answer when some owner is down (see
+    /// [`crate::Client::search_partial`]), instead of failing with UNAVAILABLE.
+    pub fn allow_partial(mut self, allow: bool) -> Search {
+        self.allow_partial = allow;
+        self
+    }
+
     /// The deadline of this call (the client's default unless set).
     pub fn timeout(mut self, timeout: Duration) -> Search {
         self.timeout = Some(timeout);
@@ -521,7 +604,13 @@ impl Search {
             top_k: self.top_k,
             ef: self.ef,
             exact: self.exact,
-            min_seq_no: self.after.seq_no,
+            min_seq_no: if self.after.bytes.is_empty() {
+                self.after.seq_no
+            } else {
+                0
+            },
+            read_token: self.after.bytes,
+            allow_partial: self.allow_partial,
         };
         (request, self.timeout)
     }
@@ -593,5 +682,73 @@ mod tests {
         assert!(error.message().starts_with("metric:"), "{error}");
         let error = "never".parse::<Durability>().unwrap_err();
         assert!(error.message().starts_with("durability:"), "{error}");
+    }
+}
+
+/// Cluster mode: the nodes and the shard placement ([`crate::Client::cluster_status`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClusterStatus {
+    /// Every node that is alive or still owns shards.
+    pub nodes: Vec<NodeStatus>,
+    /// Every shard of every collection.
+    pub shards: Vec<ShardStatus>,
+    /// Whether the node asked reaches etcd now.
+    pub etcd_connected: bool,
+}
+
+/// One node of a [`ClusterStatus`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeStatus {
+    /// Its `--node-id`.
+    pub node_id: String,
+    /// Its `--advertise` address (empty for a dead node).
+    pub address: String,
+    /// Whether its lease in etcd is alive.
+    pub alive: bool,
+}
+
+/// One shard of a [`ClusterStatus`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardStatus {
+    /// The collection.
+    pub collection: String,
+    /// The shard's number.
+    pub shard: u32,
+    /// The node that owns it.
+    pub node_id: String,
+    /// Its epoch (bumped by every change of owner).
+    pub epoch: u64,
+    /// `serving`, or `unavailable` while its owner is down.
+    pub state: String,
+}
+
+impl ClusterStatus {
+    pub(crate) fn from_wire(reply: pb::ClusterStatusResponse) -> ClusterStatus {
+        ClusterStatus {
+            nodes: reply
+                .nodes
+                .into_iter()
+                .map(|n| NodeStatus {
+                    node_id: n.node_id,
+                    address: n.address,
+                    alive: n.alive,
+                })
+                .collect(),
+            shards: reply
+                .shards
+                .into_iter()
+                .map(|s| ShardStatus {
+                    collection: s.collection,
+                    shard: s.shard,
+                    node_id: s.node_id,
+                    epoch: s.epoch,
+                    state: s.state,
+                })
+                .collect(),
+            etcd_connected: reply.etcd_connected,
+        }
     }
 }

@@ -401,7 +401,7 @@ async fn the_default_deadline_applies_to_every_call_and_a_call_can_override_it()
     let never = ReadToken::from_seq_no(u64::MAX / 2);
     let started = std::time::Instant::now();
     let error = client
-        .search(Search::new("d", vec![1.0f32, 0.0]).after(never))
+        .search(Search::new("d", vec![1.0f32, 0.0]).after(never.clone()))
         .await
         .unwrap_err();
     assert_eq!(error.code(), Code::DeadlineExceeded);

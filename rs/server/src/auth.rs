@@ -12,6 +12,17 @@ pub enum Access {
     Write,
 }
 
+/// The API key a request carries (`authorization: Bearer <key>`), if any: a cluster router
+/// forwards calls to other nodes with the caller's own key.
+pub fn api_key<T>(request: &Request<T>) -> Option<String> {
+    request
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned)
+}
+
 /// No keys configured = auth off (every request allowed).
 #[derive(Debug, Clone, Default)]
 pub struct ApiKeys {

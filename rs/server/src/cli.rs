@@ -63,6 +63,21 @@ pub enum Command {
     /// Back up and restore collections: consistent snapshots of live collections.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Cluster mode: nodes and shard placement.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Nodes (alive or not) and every shard's owner, epoch and state.
+    Status {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -270,6 +285,20 @@ pub struct ServeArgs {
     /// Log as JSON lines (level from RUST_LOG).
     #[arg(long, env = "TARN_LOG_JSON")]
     pub log_json: Option<bool>,
+    /// Cluster mode: etcd endpoints (comma-separated), e.g. http://127.0.0.1:2379. Without it the
+    /// server runs alone (the embedded default).
+    #[arg(long, env = "TARN_ETCD", value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// Cluster mode: this node's id, unique in the cluster.
+    #[arg(long, env = "TARN_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Cluster mode: the gRPC address other nodes and clients reach this node at (host:port).
+    #[arg(long, env = "TARN_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Cluster mode: seconds without a keep-alive after which the node is dead to the cluster
+    /// [default: 5].
+    #[arg(long, env = "TARN_LEASE_SECONDS")]
+    pub lease_seconds: Option<u64>,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -303,6 +332,12 @@ pub enum CollectionCommand {
         /// fsync or written.
         #[arg(long, default_value = "fsync")]
         durability: String,
+        /// Cluster mode: shards (0 = 8).
+        #[arg(long, default_value_t = 0)]
+        shards: u32,
+        /// Cluster mode: user (a tenant's documents on one shard) or doc (spread by document).
+        #[arg(long, default_value = "user")]
+        shard_key: String,
     },
     List {
         #[command(flatten)]

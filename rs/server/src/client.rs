@@ -10,7 +10,7 @@ use tarn_client::{
     Client, CollectionInfo, CollectionSpec, Durability, Insert, Metric, Remove, Search,
 };
 
-use crate::cli::{ClientArgs, CollectionCommand, Command, InsertArgs, SearchArgs};
+use crate::cli::{ClientArgs, ClusterCommand, CollectionCommand, Command, InsertArgs, SearchArgs};
 
 /// Connects to the server the command names (`--addr`, `--api-key`).
 pub(crate) async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
@@ -86,6 +86,51 @@ fn print_info(info: &CollectionInfo) {
         info.n_sealed_segments, info.n_removed_not_compacted
     );
     println!("bytes on disk:      {}", info.bytes_on_disk);
+    if info.shards > 1 {
+        println!(
+            "shards:             {} (by {:?}; counters are sums over the shards)",
+            info.shards, info.shard_key
+        );
+    }
+}
+
+fn print_cluster_status(status: &tarn_client::ClusterStatus, json: bool) {
+    if json {
+        let value = serde_json::json!({
+            "etcd_connected": status.etcd_connected,
+            "nodes": status.nodes.iter().map(|n| serde_json::json!({
+                "node_id": n.node_id, "address": n.address, "alive": n.alive,
+            })).collect::<Vec<_>>(),
+            "shards": status.shards.iter().map(|s| serde_json::json!({
+                "collection": s.collection, "shard": s.shard, "node_id": s.node_id,
+                "epoch": s.epoch, "state": s.state,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{value}");
+        return;
+    }
+    println!(
+        "etcd: {}",
+        if status.etcd_connected {
+            "connected"
+        } else {
+            "unreachable (serving with the last shard map)"
+        }
+    );
+    println!("{:<16} {:<24} alive", "node", "address");
+    for node in &status.nodes {
+        println!("{:<16} {:<24} {}", node.node_id, node.address, node.alive);
+    }
+    println!(
+        "{:<20} {:>5} {:<16} {:>6} state",
+        "collection", "shard", "node", "epoch"
+    );
+    for shard in &status.shards {
+        println!(
+            "{:<20} {:>5} {:<16} {:>6} {}",
+            shard.collection, shard.shard, shard.node_id, shard.epoch, shard.state
+        );
+    }
 }
 
 /// Recall bookkeeping for query `q` against an ivecs ground truth of `width` ids per row:
@@ -135,13 +180,14 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 ef_construction,
                 ef_search,
                 durability: d,
+                shards,
+                shard_key,
             } => {
                 let metric: Metric = metric.parse()?;
-                let mut spec = CollectionSpec::new(name, dimension).metric(metric).hnsw(
-                    m,
-                    ef_construction,
-                    ef_search,
-                );
+                let mut spec = CollectionSpec::new(name, dimension)
+                    .metric(metric)
+                    .hnsw(m, ef_construction, ef_search)
+                    .shards(shards, shard_key.parse()?);
                 if let Some(d) = durability(Some(&d))? {
                     spec = spec.default_durability(d);
                 }
@@ -165,6 +211,10 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Insert(args) => insert(args).await?,
         Command::Bench(command) => crate::bench::run(command).await?,
         Command::Snapshot(command) => crate::backup::run(command).await?,
+        Command::Cluster(ClusterCommand::Status { client, json }) => {
+            let status = connect(&client).await?.cluster_status().await?;
+            print_cluster_status(&status, json);
+        }
         Command::Search(args) => search(args).await?,
         Command::Get {
             client,

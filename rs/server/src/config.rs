@@ -21,6 +21,8 @@ pub struct ServeConfig {
     pub read_only_keys: Vec<String>,
     pub tls: Option<(PathBuf, PathBuf)>,
     pub log_json: bool,
+    /// Cluster mode, when etcd endpoints are given.
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 /// The TOML file: the same settings, all optional.
@@ -37,6 +39,10 @@ struct FileConfig {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     log_json: Option<bool>,
+    etcd: Option<Vec<String>>,
+    node_id: Option<String>,
+    advertise: Option<String>,
+    lease_seconds: Option<u64>,
 }
 
 impl ServeConfig {
@@ -53,6 +59,7 @@ impl ServeConfig {
             read_only_keys: Vec::new(),
             tls: None,
             log_json: false,
+            cluster: None,
         }
     }
 
@@ -87,7 +94,39 @@ impl ServeConfig {
             (None, None) => None,
             _ => anyhow::bail!("TLS needs both --tls-cert and --tls-key"),
         };
+        let etcd = list(args.etcd, file.etcd);
+        let cluster = if etcd.is_empty() {
+            None
+        } else {
+            let node_id = args
+                .node_id
+                .or(file.node_id)
+                .context("cluster mode (--etcd) needs --node-id, unique in the cluster")?;
+            anyhow::ensure!(
+                !node_id.is_empty()
+                    && node_id
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+                "node id {node_id:?} must match [A-Za-z0-9_-]+"
+            );
+            let advertise = args.advertise.or(file.advertise).context(
+                "cluster mode (--etcd) needs --advertise host:port (where other nodes reach this one)",
+            )?;
+            Some(crate::cluster::ClusterConfig {
+                etcd,
+                node_id,
+                advertise,
+                lease_ttl: std::time::Duration::from_secs(
+                    args.lease_seconds
+                        .or(file.lease_seconds)
+                        .unwrap_or(5)
+                        .max(1),
+                ),
+                store: None,
+            })
+        };
         Ok(ServeConfig {
+            cluster,
             data_dir: args
                 .data_dir
                 .or(file.data_dir)

@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, Registry as PromRegistry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry as PromRegistry,
+    TextEncoder,
 };
 
+use crate::cluster::ClusterNode;
 use crate::registry::Registry;
 
 #[derive(Debug)]
@@ -17,6 +19,10 @@ pub struct Metrics {
     /// Insert/remove: from handing the operation to the WAL to its acknowledgement.
     pub append_ack: Histogram,
     pub search: Histogram,
+    /// Cluster mode: calls a router sent to another node, by RPC.
+    pub forwarded: IntCounterVec,
+    /// Cluster mode: a routed call from start to its merged answer, by RPC.
+    pub fan_out: HistogramVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -49,6 +55,23 @@ impl Metrics {
             )
             .buckets(LATENCY_BUCKETS.to_vec()),
         )?;
+        let forwarded = IntCounterVec::new(
+            Opts::new(
+                "tarn_cluster_forwarded_total",
+                "cluster mode: shard calls sent to another node, by RPC",
+            ),
+            &["method"],
+        )?;
+        let fan_out = HistogramVec::new(
+            HistogramOpts::new(
+                "tarn_cluster_fan_out_seconds",
+                "cluster mode: a routed call over its shards, start to merged answer, by RPC",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["method"],
+        )?;
+        registry.register(Box::new(forwarded.clone()))?;
+        registry.register(Box::new(fan_out.clone()))?;
         registry.register(Box::new(rpc.clone()))?;
         registry.register(Box::new(append_ack.clone()))?;
         registry.register(Box::new(search.clone()))?;
@@ -57,6 +80,8 @@ impl Metrics {
             rpc,
             append_ack,
             search,
+            forwarded,
+            fan_out,
         })
     }
 
@@ -67,12 +92,30 @@ impl Metrics {
     }
 
     /// The text exposition: the registered metrics, then per-collection figures read now.
-    pub fn render(&self, collections: &Registry) -> String {
+    pub fn render(&self, collections: &Registry, cluster: Option<&ClusterNode>) -> String {
         let mut out = Vec::new();
         if let Err(error) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
             tracing::warn!(%error, "could not encode metrics");
         }
         let mut text = String::from_utf8_lossy(&out).into_owned();
+        if let Some(cluster) = cluster {
+            let state = cluster.state();
+            let _ = writeln!(
+                text,
+                "# HELP tarn_cluster_shards_owned shards this node owns\n\
+                 # TYPE tarn_cluster_shards_owned gauge\n\
+                 tarn_cluster_shards_owned {}\n\
+                 # HELP tarn_cluster_nodes_alive nodes whose lease is alive\n\
+                 # TYPE tarn_cluster_nodes_alive gauge\n\
+                 tarn_cluster_nodes_alive {}\n\
+                 # HELP tarn_cluster_etcd_connected 1 while this node reaches etcd\n\
+                 # TYPE tarn_cluster_etcd_connected gauge\n\
+                 tarn_cluster_etcd_connected {}",
+                state.shards_owned_by(&cluster.node_id).count(),
+                state.nodes.len(),
+                u8::from(cluster.store_connected())
+            );
+        }
         let all = collections.all();
         let gauge = |text: &mut String,
                      name: &str,
@@ -158,13 +201,15 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     collections: Arc<Registry>,
+    cluster: Option<Arc<ClusterNode>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
             let (metrics, collections) = (Arc::clone(&metrics), Arc::clone(&collections));
-            async move { metrics.render(&collections) }
+            let cluster = cluster.clone();
+            async move { metrics.render(&collections, cluster.as_deref()) }
         }),
     );
     axum::serve(listener, app)

@@ -60,7 +60,11 @@ impl Registry {
                 std::fs::remove_dir_all(entry.path())?;
                 continue;
             }
-            if validate_name(&name).is_err() || !entry.path().join("collection.json").exists() {
+            let is_shard = tarn_cluster::ShardName::parse(&name)
+                .is_some_and(|(n, epoch)| epoch.is_none() && validate_name(&n.collection).is_ok());
+            if (validate_name(&name).is_err() && !is_shard)
+                || !entry.path().join("collection.json").exists()
+            {
                 tracing::warn!(path = %entry.path().display(), "ignoring a directory that is not a collection");
                 continue;
             }
@@ -84,8 +88,64 @@ impl Registry {
             .ok_or_else(|| ApiError::NotFound(name.to_owned()))
     }
 
+    /// The local collection of a cluster shard (`<collection>.<uid>.<shard>`), created with
+    /// `config` if this node has none yet (the shard was just assigned to it).
+    pub async fn shard(
+        &self,
+        local_name: &str,
+        config: impl FnOnce() -> Result<CollectionConfig, ApiError>,
+    ) -> Result<Collection, ApiError> {
+        if let Some(collection) = self.collections.get(local_name) {
+            return Ok(collection.clone());
+        }
+        let config = config()?;
+        let _admin = self.admin.lock().await;
+        if let Some(collection) = self.collections.get(local_name) {
+            return Ok(collection.clone());
+        }
+        let path = self.root.join(local_name);
+        let collection = tokio::task::spawn_blocking(move || Collection::create(&path, config))
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))??;
+        tracing::info!(shard = %local_name, "created a local shard");
+        self.collections
+            .insert(local_name.to_owned(), collection.clone());
+        Ok(collection)
+    }
+
+    /// Drops a local shard collection (its collection was dropped from the cluster).
+    pub async fn drop_shard(&self, local_name: &str) -> Result<(), ApiError> {
+        let _admin = self.admin.lock().await;
+        let Some((_, collection)) = self.collections.remove(local_name) else {
+            return Ok(());
+        };
+        let (root, name) = (self.root.clone(), local_name.to_owned());
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            collection.close();
+            remove_aside(&root, &name)
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .map_err(|e| ApiError::Internal(format!("dropping shard {local_name}: {e}")))
+    }
+
+    /// The local cluster shards (`<collection>.<uid>.<shard>`).
+    pub fn shard_names(&self) -> Vec<String> {
+        self.collections
+            .iter()
+            .map(|e| e.key().clone())
+            .filter(|name| validate_name(name).is_err())
+            .collect()
+    }
+
+    /// User collections (not cluster shards), sorted.
     pub fn names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.collections.iter().map(|e| e.key().clone()).collect();
+        let mut names: Vec<String> = self
+            .collections
+            .iter()
+            .map(|e| e.key().clone())
+            .filter(|name| validate_name(name).is_ok())
+            .collect();
         names.sort();
         names
     }

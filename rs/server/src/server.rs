@@ -117,6 +117,29 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
 
     let listener = GrpcListener::bind(&config.listen).await?;
     let grpc_addr = listener.describe()?;
+    let cluster = match &config.cluster {
+        Some(cluster) => {
+            let store: Arc<dyn tarn_cluster::ClusterStore> = match &cluster.store {
+                Some(store) => Arc::clone(store),
+                None => Arc::new(
+                    tarn_cluster::EtcdStore::connect(&cluster.etcd, tarn_cluster::DEFAULT_PREFIX)
+                        .await
+                        .context("connecting to etcd")?,
+                ),
+            };
+            let node = crate::cluster::ClusterNode::join(
+                store,
+                cluster.node_id.clone(),
+                cluster.advertise.clone(),
+                cluster.lease_ttl,
+                Arc::clone(&registry),
+            )
+            .await
+            .context("joining the cluster")?;
+            Some(node)
+        }
+        None => None,
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (metrics_task, metrics_addr) = match &config.metrics_listen {
         Some(addr) => {
@@ -132,6 +155,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
                 metrics_listener,
                 Arc::clone(&metrics),
                 Arc::clone(&registry),
+                cluster.clone(),
                 shutdown,
             ));
             (Some(task), Some(metrics_addr))
@@ -159,7 +183,13 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         max_inflight_writes: config.max_inflight_writes,
         snapshot_slots: Arc::new(Semaphore::new(crate::snapshots::MAX_CONCURRENT_SNAPSHOTS)),
         restore_slots: Arc::new(Semaphore::new(crate::snapshots::MAX_CONCURRENT_SNAPSHOTS)),
+        cluster: cluster.clone(),
     };
+    let cluster_admin =
+        tarn_proto::v1::cluster_server::ClusterServer::new(crate::cluster_admin::ClusterAdmin {
+            cluster: cluster.clone(),
+            keys: ApiKeys::new(&config.api_keys, &config.read_only_keys),
+        });
     let tarn = TarnServer::new(service)
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Zstd)
@@ -195,6 +225,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
+        .add_service(cluster_admin)
         .add_service(tarn);
     let task = tokio::spawn(async move {
         // The data directory stays locked until every collection is closed.

@@ -10,6 +10,7 @@ use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Access, ApiKeys};
+use crate::cluster::ClusterNode;
 use crate::convert;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
@@ -31,6 +32,8 @@ pub struct TarnService {
     pub snapshot_slots: Arc<Semaphore>,
     /// Bounds restores receiving at once; past it, RESOURCE_EXHAUSTED.
     pub restore_slots: Arc<Semaphore>,
+    /// Cluster mode: this node's membership and view of the shard map.
+    pub cluster: Option<Arc<ClusterNode>>,
 }
 
 type RpcResult<T> = Result<Response<T>, Status>;
@@ -66,7 +69,7 @@ impl TarnService {
         F: FnOnce(tarn_collection::Collection, Option<tarn_wal::Durability>) -> Fut,
         Fut: std::future::Future<Output = tarn_collection::Result<u64>>,
     {
-        let collection = self.registry.get(collection)?;
+        let collection = self.resolve(collection).await?;
         let durability = convert::durability(durability)?;
         let _permit = self.write_permit()?;
         let append_started = Instant::now();
@@ -75,6 +78,28 @@ impl TarnService {
             .append_ack
             .observe(append_started.elapsed().as_secs_f64());
         Ok(seq_no)
+    }
+
+    /// The cluster router for a call naming `collection`, unless this node serves the call
+    /// itself: single-node mode, or a shard address sent by a router.
+    pub(crate) fn router(&self, collection: &str) -> Option<&Arc<ClusterNode>> {
+        self.cluster
+            .as_ref()
+            .filter(|_| tarn_cluster::ShardName::parse(collection).is_none())
+    }
+
+    /// The local collection a call names: a user collection, or (cluster mode) a shard
+    /// address, served only at the epoch it names.
+    pub(crate) async fn resolve(
+        &self,
+        name: &str,
+    ) -> Result<tarn_collection::Collection, ApiError> {
+        if let (Some(cluster), Some((shard, Some(epoch)))) =
+            (&self.cluster, tarn_cluster::ShardName::parse(name))
+        {
+            return cluster.local_shard(&self.registry, &shard, epoch).await;
+        }
+        self.registry.get(name)
     }
 
     fn write_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
@@ -112,6 +137,12 @@ impl Tarn for TarnService {
         let result = async {
             self.keys.check(&request, Access::Read)?;
             let name = request.into_inner().collection;
+            if self.router(&name).is_some() {
+                return Err(ApiError::Unsupported(format!(
+                    "collection '{name}' is sharded over the cluster: snapshots of sharded \
+                     collections are not supported yet (docs/CLUSTER.md)"
+                )));
+            }
             let collection = self.registry.get(&name)?;
             let permit = Arc::clone(&self.snapshot_slots)
                 .try_acquire_owned()
@@ -132,6 +163,13 @@ impl Tarn for TarnService {
             let _permit = Arc::clone(&self.restore_slots)
                 .try_acquire_owned()
                 .map_err(|_| ApiError::TooManySnapshots(snapshots::MAX_CONCURRENT_SNAPSHOTS))?;
+            if self.cluster.is_some() {
+                return Err(ApiError::Unsupported(
+                    "this server is in a cluster: restoring a snapshot as a sharded collection \
+                     is not supported yet (docs/CLUSTER.md)"
+                        .to_owned(),
+                ));
+            }
             let (name, collection, info) =
                 snapshots::restore_from_stream(&self.registry, request.into_inner()).await?;
             Ok(pb::RestoreSnapshotResponse {
@@ -154,8 +192,22 @@ impl Tarn for TarnService {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Write)?;
+            let api_key = crate::auth::api_key(&request);
             let request = request.into_inner();
             let config = convert::collection_config(&request)?;
+            if let Some(cluster) = &self.cluster {
+                let map = cluster.create_collection(&request, config).await?;
+                let info = self.routed_info(cluster, &map, api_key.as_deref()).await?;
+                return Ok(pb::CreateCollectionResponse {
+                    collection: Some(info),
+                });
+            }
+            if request.shards > 1 {
+                return Err(ApiError::invalid(
+                    "shards",
+                    "a single node holds one shard; start the server with --etcd for more",
+                ));
+            }
             let collection = self.registry.create(&request.name, config).await?;
             Ok(pb::CreateCollectionResponse {
                 collection: Some(convert::collection_info(
@@ -176,9 +228,11 @@ impl Tarn for TarnService {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Write)?;
-            self.registry
-                .drop_collection(&request.get_ref().name)
-                .await?;
+            let name = &request.get_ref().name;
+            match &self.cluster {
+                Some(cluster) => cluster.drop_collection(name).await?,
+                None => self.registry.drop_collection(name).await?,
+            }
             Ok(pb::DropCollectionResponse {})
         }
         .await;
@@ -190,12 +244,13 @@ impl Tarn for TarnService {
         request: Request<pb::ListCollectionsRequest>,
     ) -> RpcResult<pb::ListCollectionsResponse> {
         let started = Instant::now();
-        let result =
-            self.keys
-                .check(&request, Access::Read)
-                .map(|()| pb::ListCollectionsResponse {
-                    names: self.registry.names(),
-                });
+        let result = self.keys.check(&request, Access::Read).map(|()| {
+            let names = match &self.cluster {
+                Some(cluster) => cluster.list(),
+                None => self.registry.names(),
+            };
+            pb::ListCollectionsResponse { names }
+        });
         self.observe("ListCollections", started, result)
     }
 
@@ -204,18 +259,22 @@ impl Tarn for TarnService {
         request: Request<pb::GetCollectionRequest>,
     ) -> RpcResult<pb::GetCollectionResponse> {
         let started = Instant::now();
-        let result = (|| {
+        let result = async {
             self.keys.check(&request, Access::Read)?;
+            let api_key = crate::auth::api_key(&request);
             let name = &request.get_ref().name;
-            let collection = self.registry.get(name)?;
+            if let Some(cluster) = self.router(name) {
+                let map = cluster.map(name).await?;
+                let info = self.routed_info(cluster, &map, api_key.as_deref()).await?;
+                return Ok(pb::GetCollectionResponse {
+                    collection: Some(info),
+                });
+            }
             Ok(pb::GetCollectionResponse {
-                collection: Some(convert::collection_info(
-                    name,
-                    collection.config(),
-                    &collection.stats(),
-                )),
+                collection: Some(self.local_info(name).await?),
             })
-        })();
+        }
+        .await;
         self.observe("GetCollection", started, result)
     }
 
@@ -223,23 +282,29 @@ impl Tarn for TarnService {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Write)?;
+            let deadline = client_deadline(&request);
+            let api_key = crate::auth::api_key(&request);
             let request = request.into_inner();
+            if let Some(cluster) = self.router(&request.collection) {
+                return self
+                    .routed_insert(cluster, request, deadline, api_key.as_deref())
+                    .await;
+            }
             let doc_ids = convert::ids(&request.doc_ids);
             let user_ids = convert::ids(&request.user_ids);
             let seq_no = self
-                .logged_write(
+                .local_insert(
                     &request.collection,
+                    doc_ids,
+                    user_ids,
+                    request.vectors,
                     request.durability,
-                    |collection, durability| async move {
-                        collection
-                            .insert(&doc_ids, &user_ids, &request.vectors, durability)
-                            .await
-                    },
                 )
                 .await?;
             Ok(pb::InsertResponse {
                 seq_no,
                 n_inserted: (request.doc_ids.len() * request.user_ids.len().max(1)) as u64,
+                read_token: single_node_token(seq_no),
             })
         }
         .await;
@@ -250,19 +315,23 @@ impl Tarn for TarnService {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Write)?;
+            let deadline = client_deadline(&request);
+            let api_key = crate::auth::api_key(&request);
             let request = request.into_inner();
+            if let Some(cluster) = self.router(&request.collection) {
+                return self
+                    .routed_remove(cluster, request, deadline, api_key.as_deref())
+                    .await;
+            }
             let doc_ids = convert::ids(&request.doc_ids);
             let user_ids = convert::ids(&request.user_ids);
             let seq_no = self
-                .logged_write(
-                    &request.collection,
-                    request.durability,
-                    |collection, durability| async move {
-                        collection.remove(&doc_ids, &user_ids, durability).await
-                    },
-                )
+                .local_remove(&request.collection, doc_ids, user_ids, request.durability)
                 .await?;
-            Ok(pb::RemoveResponse { seq_no })
+            Ok(pb::RemoveResponse {
+                seq_no,
+                read_token: single_node_token(seq_no),
+            })
         }
         .await;
         self.observe("Remove", started, result)
@@ -272,38 +341,37 @@ impl Tarn for TarnService {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Read)?;
-            // Answer DEADLINE_EXCEEDED a little before the client's deadline, so that the
-            // status is ours and not the transport's cancellation.
-            let wait = client_deadline(&request).map_or(DEFAULT_MIN_SEQ_WAIT, |d| {
-                d.saturating_sub(
-                    (d / 5).clamp(Duration::from_millis(20), Duration::from_millis(200)),
-                )
-            });
+            let deadline = client_deadline(&request);
+            let api_key = crate::auth::api_key(&request);
             let request = request.into_inner();
-            let collection = self.registry.get(&request.collection)?;
+            if let Some(cluster) = self.router(&request.collection) {
+                return self
+                    .routed_search(cluster, request, deadline, api_key.as_deref())
+                    .await;
+            }
+            let mut min_seq = request.min_seq_no;
+            if !request.read_token.is_empty() {
+                let token = tarn_cluster::ReadPositions::decode(&request.read_token)
+                    .map_err(|e| ApiError::invalid("read_token", e))?;
+                if token.uid != 0 {
+                    return Err(ApiError::invalid(
+                        "read_token",
+                        "this token is from a cluster collection",
+                    ));
+                }
+                min_seq = min_seq.max(token.position(0));
+            }
             let search = SearchRequest {
                 user_ids: convert::ids(&request.user_ids),
                 vector: request.vector,
                 top_k: request.top_k as usize,
                 ef: request.ef as usize,
                 exact: request.exact,
-                min_seq: request.min_seq_no,
+                min_seq,
             };
-            collection.validate_search(&search)?;
-            if search.min_seq > 0 {
-                collection.wait_applied(search.min_seq, wait).await?;
-            }
-            // A graph search takes a fraction of a millisecond: it runs on this worker, since
-            // handing it to another thread and back costs two thread wake-ups, more than the
-            // search itself here (measured: docs/BENCHMARKS.md, "through gRPC"). An exact
-            // search scans every vector of the tenants (milliseconds): off the workers.
-            let hits = if search.exact {
-                tokio::task::spawn_blocking(move || collection.search(&search))
-                    .await
-                    .map_err(|e| ApiError::Internal(e.to_string()))??
-            } else {
-                collection.search(&search)?
-            };
+            let hits = self
+                .local_search(&request.collection, search, deadline)
+                .await?;
             Ok(pb::SearchResponse {
                 hits: hits
                     .into_iter()
@@ -313,6 +381,7 @@ impl Tarn for TarnService {
                         score: h.score,
                     })
                     .collect(),
+                missing_shards: Vec::new(),
             })
         }
         .await;
@@ -322,25 +391,51 @@ impl Tarn for TarnService {
 
     async fn get(&self, request: Request<pb::GetRequest>) -> RpcResult<pb::GetResponse> {
         let started = Instant::now();
-        let result = (|| {
+        let result = async {
             self.keys.check(&request, Access::Read)?;
-            let request = request.get_ref();
-            let collection = self.registry.get(&request.collection)?;
+            let deadline = client_deadline(&request);
+            let api_key = crate::auth::api_key(&request);
+            let request = request.into_inner();
+            // The collection first (NOT_FOUND), then the request's size, as a single node always
+            // answered.
+            match self.router(&request.collection) {
+                Some(cluster) => drop(cluster.map(&request.collection).await?),
+                None => drop(self.resolve(&request.collection).await?),
+            }
             if request.doc_ids.len() > 10_000 {
                 return Err(ApiError::invalid("doc_ids", "at most 10000 per call"));
             }
             let user_id = request.user_id.as_ref().map_or(0, convert::id_to_u128);
-            let docs = collection
-                .get(user_id, &convert::ids(&request.doc_ids))
-                .into_iter()
-                .map(|(doc_id, vector)| pb::Document {
-                    doc_id: Some(convert::u128_to_id(doc_id)),
-                    user_id: Some(convert::u128_to_id(user_id)),
-                    vector,
-                })
-                .collect();
-            Ok(pb::GetResponse { docs })
-        })();
+            let doc_ids = convert::ids(&request.doc_ids);
+            let docs = match self.router(&request.collection) {
+                Some(cluster) => {
+                    self.routed_get(
+                        cluster,
+                        &request.collection,
+                        user_id,
+                        &doc_ids,
+                        deadline,
+                        api_key.as_deref(),
+                    )
+                    .await?
+                }
+                None => {
+                    self.local_get(&request.collection, user_id, &doc_ids)
+                        .await?
+                }
+            };
+            Ok(pb::GetResponse {
+                docs: docs
+                    .into_iter()
+                    .map(|(doc_id, vector)| pb::Document {
+                        doc_id: Some(convert::u128_to_id(doc_id)),
+                        user_id: Some(convert::u128_to_id(user_id)),
+                        vector,
+                    })
+                    .collect(),
+            })
+        }
+        .await;
         self.observe("Get", started, result)
     }
 
@@ -348,11 +443,109 @@ impl Tarn for TarnService {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Write)?;
-            let collection = self.registry.get(&request.get_ref().collection)?;
-            let flushed_seq_no = collection.flush().await?;
+            let api_key = crate::auth::api_key(&request);
+            let name = &request.get_ref().collection;
+            let flushed_seq_no = match self.router(name) {
+                Some(cluster) => self.routed_flush(cluster, name, api_key.as_deref()).await?,
+                None => self.local_flush(name).await?,
+            };
             Ok(pb::FlushResponse { flushed_seq_no })
         }
         .await;
         self.observe("Flush", started, result)
+    }
+}
+
+/// The read token of a single-node write: its sequence number as shard 0's position.
+fn single_node_token(seq_no: u64) -> Vec<u8> {
+    tarn_cluster::ReadPositions {
+        uid: 0,
+        positions: vec![(0, seq_no)],
+    }
+    .encode()
+}
+
+/// The operations on this node's own collections (a user collection, or a shard it owns), as
+/// the handlers and the cluster router both use them.
+impl TarnService {
+    pub(crate) async fn local_insert(
+        &self,
+        name: &str,
+        doc_ids: Vec<u128>,
+        user_ids: Vec<u128>,
+        vectors: Vec<f32>,
+        durability: i32,
+    ) -> Result<u64, ApiError> {
+        self.logged_write(name, durability, |collection, durability| async move {
+            collection
+                .insert(&doc_ids, &user_ids, &vectors, durability)
+                .await
+        })
+        .await
+    }
+
+    pub(crate) async fn local_remove(
+        &self,
+        name: &str,
+        doc_ids: Vec<u128>,
+        user_ids: Vec<u128>,
+        durability: i32,
+    ) -> Result<u64, ApiError> {
+        self.logged_write(name, durability, |collection, durability| async move {
+            collection.remove(&doc_ids, &user_ids, durability).await
+        })
+        .await
+    }
+
+    /// A search of one local collection; a `min_seq` wait ends a little before `deadline`.
+    pub(crate) async fn local_search(
+        &self,
+        name: &str,
+        search: SearchRequest,
+        deadline: Option<Duration>,
+    ) -> Result<Vec<tarn_collection::SearchHit>, ApiError> {
+        // Answer DEADLINE_EXCEEDED a little before the client's deadline, so that the
+        // status is ours and not the transport's cancellation.
+        let wait = deadline.map_or(DEFAULT_MIN_SEQ_WAIT, |d| {
+            d.saturating_sub((d / 5).clamp(Duration::from_millis(20), Duration::from_millis(200)))
+        });
+        let collection = self.resolve(name).await?;
+        collection.validate_search(&search)?;
+        if search.min_seq > 0 {
+            collection.wait_applied(search.min_seq, wait).await?;
+        }
+        // A graph search takes a fraction of a millisecond: it runs on this worker, since
+        // handing it to another thread and back costs two thread wake-ups, more than the
+        // search itself here (measured: docs/BENCHMARKS.md, "through gRPC"). An exact
+        // search scans every vector of the tenants (milliseconds): off the workers.
+        Ok(if search.exact {
+            tokio::task::spawn_blocking(move || collection.search(&search))
+                .await
+                .map_err(|e| ApiError::Internal(e.to_string()))??
+        } else {
+            collection.search(&search)?
+        })
+    }
+
+    pub(crate) async fn local_get(
+        &self,
+        name: &str,
+        user_id: u128,
+        doc_ids: &[u128],
+    ) -> Result<Vec<(u128, Vec<f32>)>, ApiError> {
+        Ok(self.resolve(name).await?.get(user_id, doc_ids))
+    }
+
+    pub(crate) async fn local_info(&self, name: &str) -> Result<pb::CollectionInfo, ApiError> {
+        let collection = self.resolve(name).await?;
+        Ok(convert::collection_info(
+            name,
+            collection.config(),
+            &collection.stats(),
+        ))
+    }
+
+    pub(crate) async fn local_flush(&self, name: &str) -> Result<u64, ApiError> {
+        Ok(self.resolve(name).await?.flush().await?)
     }
 }

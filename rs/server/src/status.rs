@@ -23,6 +23,26 @@ pub enum ApiError {
     Aborted(String),
     #[error("too many snapshots or restores running ({0}); retry later")]
     TooManySnapshots(usize),
+    /// Cluster mode: a forwarded call named a shard at an epoch its owner is no longer at.
+    #[error("{0}")]
+    StaleShardMap(String),
+    /// Cluster mode: a shard's owner is down or unreachable.
+    #[error("shard {shard} of collection '{collection}' is unavailable: its node {node} cannot be reached ({why})")]
+    ShardUnavailable {
+        collection: String,
+        shard: u32,
+        node: String,
+        why: String,
+    },
+    /// Cluster mode: another node's answer, passed on with its code.
+    #[error("{}", .0.message())]
+    Forwarded(tarn_client::Error),
+    /// A call this server cannot serve in its mode (said plainly, with what to do instead).
+    #[error("{0}")]
+    Unsupported(String),
+    /// Cluster mode: etcd cannot be reached (placement waits until it is back).
+    #[error("cluster coordination unavailable: {0}")]
+    ClusterStore(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -63,7 +83,36 @@ impl From<ApiError> for Status {
             ApiError::PermissionDenied => Status::permission_denied(message),
             ApiError::Aborted(_) => Status::aborted(message),
             ApiError::TooManySnapshots(_) => Status::resource_exhausted(message),
+            ApiError::StaleShardMap(_) => Status::aborted(message),
+            ApiError::Unsupported(_) => Status::failed_precondition(message),
+            ApiError::ShardUnavailable { .. } | ApiError::ClusterStore(_) => {
+                Status::unavailable(message)
+            }
+            ApiError::Forwarded(error) => Status::new(forwarded_code(error.code()), message),
             ApiError::Internal(_) => Status::internal(message),
         }
+    }
+}
+
+/// The gRPC code of another node's answer, passed on unchanged.
+fn forwarded_code(code: tarn_client::Code) -> tonic::Code {
+    use tarn_client::Code as C;
+    match code {
+        C::Cancelled => tonic::Code::Cancelled,
+        C::InvalidArgument => tonic::Code::InvalidArgument,
+        C::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+        C::NotFound => tonic::Code::NotFound,
+        C::AlreadyExists => tonic::Code::AlreadyExists,
+        C::PermissionDenied => tonic::Code::PermissionDenied,
+        C::ResourceExhausted => tonic::Code::ResourceExhausted,
+        C::FailedPrecondition => tonic::Code::FailedPrecondition,
+        C::Aborted => tonic::Code::Aborted,
+        C::OutOfRange => tonic::Code::OutOfRange,
+        C::Unimplemented => tonic::Code::Unimplemented,
+        C::Internal => tonic::Code::Internal,
+        C::Unavailable => tonic::Code::Unavailable,
+        C::DataLoss => tonic::Code::DataLoss,
+        C::Unauthenticated => tonic::Code::Unauthenticated,
+        _ => tonic::Code::Unknown,
     }
 }

@@ -293,6 +293,7 @@ async fn send(
                     metric,
                     hnsw: None,
                     default_durability: 0,
+                    ..Default::default()
                 })
                 .await
                 .map(|_| ());

@@ -126,6 +126,7 @@ pub fn create(name: &str, dimension: u32, metric: pb::Metric) -> pb::CreateColle
         metric: metric as i32,
         hnsw: None,
         default_durability: 0,
+        ..Default::default()
     }
 }
 
@@ -153,6 +154,7 @@ pub fn search(collection: &str, users: &[u128], vector: Vec<f32>, top_k: u32) ->
         ef: 0,
         exact: false,
         min_seq_no: 0,
+        ..Default::default()
     }
 }
 

@@ -1,0 +1,18 @@
+//! The one error type of the cluster crate.
+
+/// What can go wrong talking to the coordination store or routing to shards.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// Another live node is registered under this node id.
+    #[error("node id {0:?} is already registered by a live node")]
+    DuplicateNode(String),
+    /// The coordination store (etcd) cannot be reached or refused a request. Retriable.
+    #[error("coordination store unavailable: {0}")]
+    StoreUnavailable(String),
+    /// A value in the store does not decode (written by a newer or broken tarn).
+    #[error("coordination store holds a bad value at {key}: {reason}")]
+    BadValue { key: String, reason: String },
+}
+
+pub type Result<T, E = ClusterError> = std::result::Result<T, E>;

@@ -1,0 +1,1121 @@
+//! [`EtcdStore`]: the [`ClusterStore`] of a real cluster, in etcd (v3 API, through the
+//! `etcd-client` crate). etcd does all the agreeing: membership is keys under leases, every
+//! change is one etcd transaction, each node follows the state with one etcd watch, and the
+//! placement coordinator is chosen by etcd's election API ([`EtcdStore::campaign`]). Nothing here
+//! votes, elects or times out a peer by itself.
+//!
+//! # Key layout
+//!
+//! Every key lives under a prefix ([`DEFAULT_PREFIX`], `/tarn/`, unless told otherwise), so that
+//! several clusters can share one etcd:
+//!
+//! ```text
+//! <prefix>nodes/<node_id>                   NodeInfo JSON, attached to the node's lease
+//! <prefix>collections/<name>                CollectionDef JSON
+//! <prefix>shards/<name>/<shard, 5 digits>   ShardAssignment JSON ("00000" to "01023")
+//! <prefix>elections/<election>/...          etcd's election keys (EtcdStore::campaign)
+//! ```
+//!
+//! A collection is in the watched [`ClusterState`] once its definition and all its `n_shards`
+//! shard keys are present. A collection of up to 127 shards is written in one transaction; a
+//! larger one does not fit in one (etcd allows 128 operations per transaction by default), so its
+//! definition and first 127 shards are written by one transaction that claims the name, and the
+//! rest by transactions that each check that the definition is still the one written. Until the
+//! last one lands the collection is invisible; if the writer dies between them, the name stays
+//! taken by an invisible collection until `drop_collection` removes it.
+//!
+//! # Failures
+//!
+//! Every request has a deadline ([`REQUEST_TIMEOUT`]; a campaign waits as long as the election
+//! takes). An etcd that does not answer, or answers with an error, gives
+//! [`ClusterError::StoreUnavailable`] naming the endpoints, and `connected()` turns false until
+//! a call or the watch succeeds again. The watched state stays as it last was while etcd is away
+//! (the data plane goes on with it); the watch task retries with backoff and reloads the whole
+//! prefix when etcd is back. A node's keep-alive task retries the same way; if it finds its lease
+//! expired when etcd is back, it registers the node again under a new lease, if the id is still
+//! free (and logs an error, retrying, if not). A value that does not decode is
+//! [`ClusterError::BadValue`] where it is read on purpose, and is logged and left out of the
+//! watched state.
+//!
+//! Node ids and collection names are validated by the caller; they must not contain `/`.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaderKey,
+    LeaseKeepAliveStream, LeaseKeeper, PutOptions, ResignOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
+};
+use parking_lot::Mutex;
+use tokio::sync::{watch, OnceCell};
+use tokio::task::JoinHandle;
+
+use crate::error::{ClusterError, Result};
+use crate::map::{ClusterState, CollectionDef, CollectionMap, NodeInfo, ShardAssignment};
+use crate::store::{ClusterStore, Registration};
+
+/// The key prefix of a cluster when none is given.
+pub const DEFAULT_PREFIX: &str = "/tarn/";
+/// How long one etcd request may take before it counts as failed.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long opening a TCP connection to an endpoint may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// The first and the longest wait between two attempts to reach etcd again.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+/// etcd's default `--max-txn-ops`: the most operations in one branch of a transaction.
+const MAX_TXN_OPS: usize = 128;
+/// The lease of a candidate in an election: a coordinator that dies is replaced this long after.
+pub const ELECTION_TTL: Duration = Duration::from_secs(5);
+/// Largest gRPC message accepted from etcd (the full state of a large cluster in one range read).
+const MAX_MESSAGE_BYTES: usize = 64 << 20;
+/// HTTP/2 pings on open streams, so that a silent (not closed) connection is found dead. etcd
+/// refuses pings more often than every 5 s (`--grpc-keepalive-min-time`).
+const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(10);
+const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// gRPC status codes that mean "etcd was not reached" rather than "etcd refused": Cancelled,
+/// Unknown (a broken connection), DeadlineExceeded and Unavailable.
+const UNREACHED_GRPC_CODES: [i32; 4] = [1, 2, 4, 14];
+
+/// Membership, collection definitions and the shard map in etcd. Shared behind an `Arc`; one
+/// background task per store follows the state once [`ClusterStore::watch`] is first called,
+/// and every `watch()` subscribes to it. Dropping the store stops that task: receivers keep the
+/// last state, and their `changed()` ends with an error.
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+    watcher: OnceCell<Watcher>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("endpoints", &self.inner.endpoints)
+            .field("prefix", &self.inner.prefix)
+            .field("connected", &self.connected())
+            .finish()
+    }
+}
+
+/// What the store and its background tasks share.
+struct Inner {
+    client: Client,
+    /// Ends with `/`.
+    prefix: String,
+    /// The endpoints as given, comma-separated, for error messages.
+    endpoints: String,
+    /// Whether the last call, keep-alive or watch step reached etcd.
+    connected: AtomicBool,
+}
+
+/// The watch task and the channel it publishes on.
+struct Watcher {
+    tx: Arc<watch::Sender<Arc<ClusterState>>>,
+    _task: AbortOnDrop,
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl EtcdStore {
+    /// Connects to etcd at `endpoints` (`http://host:port`, several for an etcd cluster) and
+    /// checks that it answers; the cluster's keys live under `prefix` (a `/` is appended when it
+    /// does not end with one). [`ClusterError::StoreUnavailable`] names the endpoints when they
+    /// are malformed or etcd does not answer.
+    pub async fn connect(endpoints: &[String], prefix: &str) -> Result<EtcdStore> {
+        let joined = endpoints.join(",");
+        if endpoints.is_empty() {
+            return Err(ClusterError::StoreUnavailable(
+                "no etcd endpoint given".to_owned(),
+            ));
+        }
+        let options = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_keep_alive(HTTP2_PING_INTERVAL, HTTP2_PING_TIMEOUT)
+            .with_require_leader(true);
+        let client = Client::connect(endpoints, Some(options))
+            .await
+            .map_err(|e| ClusterError::StoreUnavailable(format!("etcd at {joined}: {e}")))?;
+        let mut prefix = prefix.to_owned();
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        let inner = Arc::new(Inner {
+            client,
+            prefix,
+            endpoints: joined,
+            connected: AtomicBool::new(false),
+        });
+        // A cheap read proves that etcd answers (the client itself connects lazily).
+        let mut kv = inner.client.kv_client();
+        inner
+            .call(
+                "first contact",
+                kv.get(
+                    inner.prefix.as_str(),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                ),
+            )
+            .await?;
+        Ok(EtcdStore {
+            inner,
+            watcher: OnceCell::new(),
+        })
+    }
+
+    /// The key prefix, ending with `/`.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// Campaigns in `election` (under `<prefix>elections/`) as `node_id`, waiting until this
+    /// candidate is the leader; one leader at a time, the next one in line takes over when it
+    /// resigns, drops its [`Leadership`] or dies (`ELECTION_TTL`, 5 s, later). Cancelling the wait
+    /// withdraws the candidacy. [`ClusterError::StoreUnavailable`] if etcd fails meanwhile (then
+    /// campaign again).
+    pub async fn campaign(&self, election: &str, node_id: &str) -> Result<Leadership> {
+        let inner = &self.inner;
+        let lease = inner.grant(ttl_seconds(ELECTION_TTL)).await?;
+        let guard = LeaseGuard::start(Arc::clone(inner), lease, OnExpiry::GiveUp);
+        let name = inner.key(&format!("elections/{election}"));
+        let mut election_client = inner.client.election_client();
+        // No deadline: etcd answers when this candidate is elected.
+        let mut response = election_client
+            .campaign(name, node_id, guard.lease.id())
+            .await
+            .map_err(|e| inner.failed("campaign", &e))?;
+        inner.set_connected(true);
+        let leader_key = response.take_leader().ok_or_else(|| {
+            ClusterError::StoreUnavailable(format!(
+                "etcd at {}: campaign answered without a leader key",
+                inner.endpoints
+            ))
+        })?;
+        tracing::info!(election, node_id, "elected");
+        Ok(Leadership {
+            guard: Some(guard),
+            leader_key,
+            election: election.to_owned(),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl ClusterStore for EtcdStore {
+    async fn register(&self, node: &NodeInfo, ttl: Duration) -> Result<Registration> {
+        let inner = &self.inner;
+        let lease = inner.grant(ttl_seconds(ttl)).await?;
+        match inner.create_node_key(node, lease.id).await {
+            Ok(true) => {}
+            Ok(false) => {
+                inner.revoke_quietly(lease.id).await;
+                return Err(ClusterError::DuplicateNode(node.node_id.clone()));
+            }
+            Err(e) => {
+                inner.revoke_quietly(lease.id).await;
+                return Err(e);
+            }
+        }
+        tracing::info!(node_id = %node.node_id, lease = lease.id, ttl_s = lease.ttl.as_secs(), "registered in etcd");
+        let guard = LeaseGuard::start(
+            Arc::clone(inner),
+            lease,
+            OnExpiry::RegisterAgain(node.clone()),
+        );
+        Ok(Registration::new(guard))
+    }
+
+    async fn watch(&self) -> Result<watch::Receiver<Arc<ClusterState>>> {
+        let watcher = self
+            .watcher
+            .get_or_try_init(|| async {
+                let view = self.inner.load().await?;
+                let (tx, _) = watch::channel(Arc::new(view.state()));
+                let tx = Arc::new(tx);
+                let task = tokio::spawn(follow_forever(
+                    Arc::clone(&self.inner),
+                    view,
+                    Arc::clone(&tx),
+                ));
+                Ok::<_, ClusterError>(Watcher {
+                    tx,
+                    _task: AbortOnDrop(task),
+                })
+            })
+            .await?;
+        Ok(watcher.tx.subscribe())
+    }
+
+    async fn create_collection(&self, map: &CollectionMap) -> Result<bool> {
+        let inner = &self.inner;
+        let name = &map.def.name;
+        let def_key = inner.key(&format!("collections/{name}"));
+        if map.shards.len() != map.def.n_shards as usize {
+            // It would never show in the watched state, and would hold the name.
+            return Err(ClusterError::BadValue {
+                key: def_key,
+                reason: format!(
+                    "n_shards is {} but {} shard assignments were given",
+                    map.def.n_shards,
+                    map.shards.len()
+                ),
+            });
+        }
+        let mut puts = Vec::with_capacity(1 + map.shards.len());
+        puts.push(TxnOp::put(
+            def_key.as_str(),
+            encode(&def_key, &map.def)?,
+            None,
+        ));
+        for (shard, assignment) in map.shards.iter().enumerate() {
+            let key = inner.shard_key(name, shard as u32);
+            let value = encode(&key, assignment)?;
+            puts.push(TxnOp::put(key, value, None));
+        }
+        let rest = if puts.len() > MAX_TXN_OPS {
+            puts.split_off(MAX_TXN_OPS)
+        } else {
+            Vec::new()
+        };
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                def_key.as_str(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then(puts);
+        let mut kv = inner.client.kv_client();
+        let response = inner.call("create collection", kv.txn(txn)).await?;
+        if !response.succeeded() {
+            return Ok(false);
+        }
+        if rest.is_empty() {
+            return Ok(true);
+        }
+        // The definition's revision: the later transactions write only while it is unchanged.
+        let def_revision = response.header().map_or(0, |h| h.revision());
+        let n_chunks = rest.len().div_ceil(MAX_TXN_OPS);
+        for chunk in rest.chunks(MAX_TXN_OPS) {
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    def_key.as_str(),
+                    CompareOp::Equal,
+                    def_revision,
+                )])
+                .and_then(chunk.to_vec());
+            let outcome = inner
+                .call("create collection (more shards)", kv.txn(txn))
+                .await;
+            match outcome {
+                Ok(r) if r.succeeded() => {}
+                Ok(_) => {
+                    return Err(ClusterError::StoreUnavailable(format!(
+                        "collection {name:?} was dropped or replaced while its {} shards were \
+                         being written in {n_chunks} more transactions",
+                        map.shards.len()
+                    )))
+                }
+                Err(e) => {
+                    // Best effort: take the half-written collection back, so the name is free.
+                    let undo = Txn::new()
+                        .when([Compare::mod_revision(
+                            def_key.as_str(),
+                            CompareOp::Equal,
+                            def_revision,
+                        )])
+                        .and_then(inner.drop_ops(name));
+                    if let Err(undo_error) =
+                        inner.call("undo create collection", kv.txn(undo)).await
+                    {
+                        tracing::warn!(collection = %name, error = %undo_error,
+                            "a half-written collection stays invisible until it is dropped");
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    async fn drop_collection(&self, name: &str) -> Result<bool> {
+        let inner = &self.inner;
+        let mut kv = inner.client.kv_client();
+        let txn = Txn::new().and_then(inner.drop_ops(name));
+        let response = inner.call("drop collection", kv.txn(txn)).await?;
+        let deleted_def = match response.op_responses().first() {
+            Some(TxnOpResponse::Delete(d)) => d.deleted(),
+            _ => 0,
+        };
+        Ok(deleted_def > 0)
+    }
+
+    async fn compare_and_set_shard(
+        &self,
+        collection: &str,
+        shard: u32,
+        expected_epoch: u64,
+        new: &ShardAssignment,
+    ) -> Result<bool> {
+        let inner = &self.inner;
+        let key = inner.shard_key(collection, shard);
+        let mut kv = inner.client.kv_client();
+        let response = inner.call("read shard", kv.get(key.as_str(), None)).await?;
+        let Some(current) = response.kvs().first() else {
+            return Ok(false);
+        };
+        let assignment: ShardAssignment = decode(&key, current.value())?;
+        if assignment.epoch != expected_epoch {
+            return Ok(false);
+        }
+        // etcd compares bytes or revisions, not JSON fields: the write goes through only if
+        // the key is still the one just read.
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key.as_str(),
+                CompareOp::Equal,
+                current.mod_revision(),
+            )])
+            .and_then([TxnOp::put(key.as_str(), encode(&key, new)?, None)]);
+        let response = inner.call("set shard", kv.txn(txn)).await?;
+        Ok(response.succeeded())
+    }
+
+    fn connected(&self) -> bool {
+        self.inner.connected.load(Ordering::Relaxed)
+    }
+}
+
+impl Inner {
+    fn key(&self, relative: &str) -> String {
+        format!("{}{relative}", self.prefix)
+    }
+
+    fn shard_key(&self, collection: &str, shard: u32) -> String {
+        self.key(&format!("shards/{collection}/{shard:05}"))
+    }
+
+    fn set_connected(&self, connected: bool) {
+        self.connected.store(connected, Ordering::Relaxed);
+    }
+
+    /// The error of a failed call, noting whether etcd was reached at all.
+    fn failed(&self, what: &str, error: &etcd_client::Error) -> ClusterError {
+        let unreached = match error {
+            etcd_client::Error::GRpcStatus(status) => {
+                UNREACHED_GRPC_CODES.contains(&i32::from(status.code()))
+            }
+            etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+            etcd_client::Error::LeaseKeepAliveError(_) | etcd_client::Error::WatchError(_) => true,
+            _ => false,
+        };
+        self.set_connected(!unreached);
+        ClusterError::StoreUnavailable(format!("etcd at {}: {what}: {error}", self.endpoints))
+    }
+
+    /// Runs one etcd request under [`REQUEST_TIMEOUT`], keeping `connected` up to date.
+    async fn call<T>(
+        &self,
+        what: &str,
+        request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+            Ok(Ok(value)) => {
+                self.set_connected(true);
+                Ok(value)
+            }
+            Ok(Err(e)) => Err(self.failed(what, &e)),
+            Err(_) => {
+                self.set_connected(false);
+                Err(ClusterError::StoreUnavailable(format!(
+                    "etcd at {}: {what}: no answer in {REQUEST_TIMEOUT:?}",
+                    self.endpoints
+                )))
+            }
+        }
+    }
+
+    /// Grants a lease of `ttl_s` seconds (etcd may grant a longer one: it has a minimum).
+    async fn grant(&self, ttl_s: i64) -> Result<Lease> {
+        let mut leases = self.client.lease_client();
+        let asked_at = Instant::now();
+        let response = self.call("grant lease", leases.grant(ttl_s, None)).await?;
+        let ttl = Duration::from_secs(response.ttl().max(1).unsigned_abs());
+        Ok(Lease {
+            id: response.id(),
+            ttl,
+            asked_at,
+        })
+    }
+
+    /// Revokes a lease, logging (not returning) a failure: the lease lapses on its own anyway.
+    async fn revoke_quietly(&self, lease: i64) {
+        let mut leases = self.client.lease_client();
+        if let Err(e) = self.call("revoke lease", leases.revoke(lease)).await {
+            tracing::debug!(lease, error = %e, "lease not revoked; it will lapse");
+        }
+    }
+
+    /// Creates `nodes/<id>` under `lease` unless the key exists; `false` if it does.
+    async fn create_node_key(&self, node: &NodeInfo, lease: i64) -> Result<bool> {
+        let key = self.key(&format!("nodes/{}", node.node_id));
+        let value = encode(&key, node)?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let mut kv = self.client.kv_client();
+        Ok(self.call("register node", kv.txn(txn)).await?.succeeded())
+    }
+
+    /// The operations that delete a collection: its definition first, then its shard keys. The
+    /// trailing slash keeps `shards/docs/` from matching `shards/docs2/`.
+    fn drop_ops(&self, name: &str) -> Vec<TxnOp> {
+        vec![
+            TxnOp::delete(self.key(&format!("collections/{name}")), None),
+            TxnOp::delete(
+                self.key(&format!("shards/{name}/")),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            ),
+        ]
+    }
+
+    /// Reads the whole prefix in one range read.
+    async fn load(&self) -> Result<View> {
+        let mut kv = self
+            .client
+            .kv_client()
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let response = self
+            .call(
+                "read the cluster state",
+                kv.get(self.prefix.as_str(), Some(GetOptions::new().with_prefix())),
+            )
+            .await?;
+        let mut view = View {
+            revision: response.header().map_or(0, |h| h.revision()),
+            ..View::default()
+        };
+        for kv in response.kvs() {
+            view.put(&self.prefix, kv.key(), kv.value());
+        }
+        Ok(view)
+    }
+}
+
+/// Serialises a value for `key`.
+fn encode(key: &str, value: &impl serde::Serialize) -> Result<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|e| ClusterError::BadValue {
+        key: key.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// Deserialises the value found at `key`.
+fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| ClusterError::BadValue {
+        key: key.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// A lease's TTL in whole seconds, rounded up, at least 1.
+fn ttl_seconds(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis().div_ceil(1000).max(1)).unwrap_or(i64::MAX)
+}
+
+/// A granted lease.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    id: i64,
+    /// As granted (etcd has a minimum, 2 s with its default election timeout).
+    ttl: Duration,
+    /// When the grant was asked for: the lease surely lives until `asked_at + ttl`.
+    asked_at: Instant,
+}
+
+/// Doubling waits between attempts, from [`RETRY_FIRST`] to [`RETRY_MAX`].
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff { next: RETRY_FIRST }
+    }
+
+    fn reset(&mut self) {
+        self.next = RETRY_FIRST;
+    }
+
+    async fn wait(&mut self) {
+        tokio::time::sleep(self.next).await;
+        self.next = (self.next * 2).min(RETRY_MAX);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leases: membership and candidacy.
+
+/// What a keep-alive task does when it finds its lease expired (etcd was out of reach for longer
+/// than the TTL, or someone revoked it).
+enum OnExpiry {
+    /// Registers the node again under a new lease, if its id is still free.
+    RegisterAgain(NodeInfo),
+    /// Stops: the leadership that hung on the lease is lost.
+    GiveUp,
+}
+
+/// A lease kept alive by a background task, as the task last saw it.
+struct LeaseState {
+    /// The current lease (a new one after registering again).
+    id: AtomicI64,
+    /// Until when the lease is surely alive: the send time of the last answered keep-alive plus
+    /// the TTL.
+    alive_until: Mutex<Instant>,
+    /// The lease expired and the task gave up ([`OnExpiry::GiveUp`]).
+    lost: AtomicBool,
+}
+
+impl LeaseState {
+    fn id(&self) -> i64 {
+        self.id.load(Ordering::Relaxed)
+    }
+}
+
+/// Owns a keep-alive task; on drop, stops it and revokes the lease (best effort, in a spawned
+/// task; without a runtime the lease simply lapses, as when the process dies).
+struct LeaseGuard {
+    inner: Arc<Inner>,
+    lease: Arc<LeaseState>,
+    task: JoinHandle<()>,
+    /// False once [`LeaseGuard::revoke`] has done it.
+    revoke_on_drop: bool,
+}
+
+impl LeaseGuard {
+    fn start(inner: Arc<Inner>, lease: Lease, on_expiry: OnExpiry) -> LeaseGuard {
+        let state = Arc::new(LeaseState {
+            id: AtomicI64::new(lease.id),
+            alive_until: Mutex::new(lease.asked_at + lease.ttl),
+            lost: AtomicBool::new(false),
+        });
+        let task = tokio::spawn(keep_alive_forever(
+            Arc::clone(&inner),
+            Arc::clone(&state),
+            lease.ttl,
+            on_expiry,
+        ));
+        LeaseGuard {
+            inner,
+            lease: state,
+            task,
+            revoke_on_drop: true,
+        }
+    }
+
+    /// Stops the keep-alive task and revokes the lease, waiting for etcd's answer.
+    async fn revoke(mut self) {
+        self.task.abort();
+        self.revoke_on_drop = false;
+        self.inner.revoke_quietly(self.lease.id()).await;
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.task.abort();
+        if !self.revoke_on_drop {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let inner = Arc::clone(&self.inner);
+        let lease = self.lease.id();
+        runtime.spawn(async move { inner.revoke_quietly(lease).await });
+    }
+}
+
+/// How one keep-alive stream ended.
+enum KeepAliveEnd {
+    /// etcd says the lease does not exist (any more).
+    Expired,
+    /// etcd could not be reached, or the stream broke.
+    Broken(String),
+}
+
+/// Keeps a lease alive for as long as the task runs: keep-alives every TTL/3 on one stream,
+/// a new stream after a failure (with backoff), and [`OnExpiry`] when the lease is found gone.
+async fn keep_alive_forever(
+    inner: Arc<Inner>,
+    lease: Arc<LeaseState>,
+    ttl: Duration,
+    on_expiry: OnExpiry,
+) {
+    let mut backoff = Backoff::new();
+    loop {
+        match keep_alive_stream(&inner, &lease, ttl, &mut backoff).await {
+            KeepAliveEnd::Broken(reason) => {
+                inner.set_connected(false);
+                tracing::warn!(lease = lease.id(), %reason, "lease keep-alive failed; retrying");
+                backoff.wait().await;
+            }
+            KeepAliveEnd::Expired => match &on_expiry {
+                OnExpiry::GiveUp => {
+                    tracing::warn!(lease = lease.id(), "lease expired; leadership lost");
+                    lease.lost.store(true, Ordering::Relaxed);
+                    return;
+                }
+                OnExpiry::RegisterAgain(node) => {
+                    tracing::warn!(node_id = %node.node_id, "membership lease expired; registering again");
+                    match register_again(&inner, node, ttl).await {
+                        Ok(Some(new)) => {
+                            lease.id.store(new.id, Ordering::Relaxed);
+                            *lease.alive_until.lock() = new.asked_at + new.ttl;
+                            tracing::info!(node_id = %node.node_id, lease = new.id, "registered again");
+                            backoff.reset();
+                        }
+                        Ok(None) => {
+                            tracing::error!(node_id = %node.node_id,
+                                "THIS NODE IS OUT OF THE CLUSTER: its lease expired and another \
+                                 live node registered the same node id meanwhile; retrying until \
+                                 the id is free");
+                            tokio::time::sleep(ttl.max(RETRY_MAX)).await;
+                        }
+                        Err(e) => {
+                            tracing::warn!(node_id = %node.node_id, error = %e,
+                                "registering again failed; retrying");
+                            backoff.wait().await;
+                        }
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// Registers `node` under a new lease; `None` (the lease revoked) if its id is taken.
+async fn register_again(inner: &Inner, node: &NodeInfo, ttl: Duration) -> Result<Option<Lease>> {
+    let lease = inner.grant(ttl_seconds(ttl)).await?;
+    match inner.create_node_key(node, lease.id).await {
+        Ok(true) => Ok(Some(lease)),
+        Ok(false) => {
+            inner.revoke_quietly(lease.id).await;
+            Ok(None)
+        }
+        Err(e) => {
+            inner.revoke_quietly(lease.id).await;
+            Err(e)
+        }
+    }
+}
+
+/// One keep-alive stream, until it breaks or finds the lease expired.
+async fn keep_alive_stream(
+    inner: &Inner,
+    lease: &LeaseState,
+    ttl: Duration,
+    backoff: &mut Backoff,
+) -> KeepAliveEnd {
+    let id = lease.id();
+    let mut leases = inner.client.lease_client();
+    // Opening the stream sends a first keep-alive and waits for its answer.
+    let sent_at = Instant::now();
+    let (mut keeper, mut stream): (LeaseKeeper, LeaseKeepAliveStream) =
+        match tokio::time::timeout(REQUEST_TIMEOUT, leases.keep_alive(id)).await {
+            Ok(Ok(opened)) => opened,
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(reason)))
+                if reason.contains("not found") =>
+            {
+                inner.set_connected(true);
+                return KeepAliveEnd::Expired;
+            }
+            Ok(Err(e)) => return KeepAliveEnd::Broken(e.to_string()),
+            Err(_) => return KeepAliveEnd::Broken(format!("no answer in {REQUEST_TIMEOUT:?}")),
+        };
+    *lease.alive_until.lock() = sent_at + ttl;
+    inner.set_connected(true);
+    backoff.reset();
+    let period = (ttl / 3).max(Duration::from_millis(100));
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let sent_at = Instant::now();
+        if let Err(e) = keeper.keep_alive().await {
+            return KeepAliveEnd::Broken(e.to_string());
+        }
+        match tokio::time::timeout(period.max(Duration::from_secs(1)), stream.message()).await {
+            Ok(Ok(Some(answer))) if answer.ttl() <= 0 => return KeepAliveEnd::Expired,
+            Ok(Ok(Some(answer))) => {
+                let granted = Duration::from_secs(answer.ttl().unsigned_abs());
+                *lease.alive_until.lock() = sent_at + granted;
+                inner.set_connected(true);
+            }
+            Ok(Ok(None)) => return KeepAliveEnd::Broken("keep-alive stream closed".to_owned()),
+            Ok(Err(e)) => return KeepAliveEnd::Broken(e.to_string()),
+            Err(_) => return KeepAliveEnd::Broken("keep-alive not answered".to_owned()),
+        }
+    }
+}
+
+/// Leadership in an etcd election, won by [`EtcdStore::campaign`]. Dropping it resigns (the
+/// candidacy's lease is revoked, so the next candidate is elected at once); a process that dies
+/// is replaced once its lease lapses (`ELECTION_TTL`, 5 s).
+pub struct Leadership {
+    /// `None` once resigned.
+    guard: Option<LeaseGuard>,
+    leader_key: LeaderKey,
+    election: String,
+}
+
+impl std::fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leadership")
+            .field("election", &self.election)
+            .field("is_leader", &self.is_leader())
+            .finish()
+    }
+}
+
+impl Leadership {
+    /// Whether this is still surely the leader: its lease was confirmed alive by etcd less than
+    /// a TTL ago (counted from when the confirmed keep-alive was sent) and has not been found
+    /// expired. Check it before each act of leadership; false is final once the lease has been
+    /// found expired, and may turn true again after an etcd outage shorter than the TTL.
+    pub fn is_leader(&self) -> bool {
+        self.guard.as_ref().is_some_and(|guard| {
+            !guard.lease.lost.load(Ordering::Relaxed)
+                && Instant::now() < *guard.lease.alive_until.lock()
+        })
+    }
+
+    /// The election this leadership is in.
+    pub fn election(&self) -> &str {
+        &self.election
+    }
+
+    /// Resigns now and waits for etcd to take it (the next candidate is elected). Errors are
+    /// logged, not returned: the lease lapses on its own anyway.
+    pub async fn resign(mut self) {
+        let Some(guard) = self.guard.take() else {
+            return;
+        };
+        let inner = Arc::clone(&guard.inner);
+        let mut elections = inner.client.election_client();
+        let options = ResignOptions::new().with_leader(self.leader_key.clone());
+        if let Err(e) = inner.call("resign", elections.resign(Some(options))).await {
+            tracing::debug!(election = %self.election, error = %e, "resign failed; revoking the lease");
+        }
+        guard.revoke().await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Following the state.
+
+/// The state as read from the keys, before it is assembled into a [`ClusterState`].
+#[derive(Debug, Default)]
+struct View {
+    revision: i64,
+    nodes: BTreeMap<String, NodeInfo>,
+    defs: BTreeMap<String, CollectionDef>,
+    shards: BTreeMap<String, BTreeMap<u32, ShardAssignment>>,
+}
+
+/// What a key under the prefix is.
+enum KeyKind<'a> {
+    Node(&'a str),
+    Collection(&'a str),
+    Shard(&'a str, u32),
+    /// Election keys, and anything a newer tarn may add.
+    Other,
+}
+
+fn key_kind<'a>(prefix: &str, key: &'a [u8]) -> KeyKind<'a> {
+    let Some(relative) = std::str::from_utf8(key)
+        .ok()
+        .and_then(|k| k.strip_prefix(prefix))
+    else {
+        return KeyKind::Other;
+    };
+    if let Some(id) = relative.strip_prefix("nodes/") {
+        return KeyKind::Node(id);
+    }
+    if let Some(name) = relative.strip_prefix("collections/") {
+        return KeyKind::Collection(name);
+    }
+    if let Some((name, shard)) = relative
+        .strip_prefix("shards/")
+        .and_then(|rest| rest.rsplit_once('/'))
+    {
+        if let Ok(shard) = shard.parse() {
+            return KeyKind::Shard(name, shard);
+        }
+    }
+    KeyKind::Other
+}
+
+impl View {
+    /// Applies a key's new value. A value that does not decode is logged and counts as absent.
+    fn put(&mut self, prefix: &str, key: &[u8], value: &[u8]) {
+        let key_text = String::from_utf8_lossy(key);
+        let outcome = match key_kind(prefix, key) {
+            KeyKind::Node(id) => decode::<NodeInfo>(&key_text, value).map(|node| {
+                self.nodes.insert(id.to_owned(), node);
+            }),
+            KeyKind::Collection(name) => decode::<CollectionDef>(&key_text, value).map(|def| {
+                self.defs.insert(name.to_owned(), def);
+            }),
+            KeyKind::Shard(name, shard) => {
+                decode::<ShardAssignment>(&key_text, value).map(|assignment| {
+                    self.shards
+                        .entry(name.to_owned())
+                        .or_default()
+                        .insert(shard, assignment);
+                })
+            }
+            KeyKind::Other => Ok(()),
+        };
+        if let Err(e) = outcome {
+            tracing::error!(error = %e, "ignoring a value tarn cannot read");
+            self.delete(prefix, key);
+        }
+    }
+
+    fn delete(&mut self, prefix: &str, key: &[u8]) {
+        match key_kind(prefix, key) {
+            KeyKind::Node(id) => {
+                self.nodes.remove(id);
+            }
+            KeyKind::Collection(name) => {
+                self.defs.remove(name);
+            }
+            KeyKind::Shard(name, shard) => {
+                if let Some(shards) = self.shards.get_mut(name) {
+                    shards.remove(&shard);
+                    if shards.is_empty() {
+                        self.shards.remove(name);
+                    }
+                }
+            }
+            KeyKind::Other => {}
+        }
+    }
+
+    /// The state: every node, and every collection whose definition and shards are all there.
+    fn state(&self) -> ClusterState {
+        let mut collections = BTreeMap::new();
+        for (name, def) in &self.defs {
+            let complete = self.shards.get(name).and_then(|shards| {
+                (0..def.n_shards)
+                    .map(|shard| shards.get(&shard).cloned())
+                    .collect::<Option<Vec<_>>>()
+            });
+            if let Some(shards) = complete {
+                collections.insert(
+                    name.clone(),
+                    CollectionMap {
+                        def: def.clone(),
+                        shards,
+                    },
+                );
+            }
+        }
+        ClusterState {
+            revision: self.revision,
+            nodes: self.nodes.clone(),
+            collections,
+        }
+    }
+}
+
+/// Publishes the view's state if it differs from the last one published.
+fn publish(tx: &watch::Sender<Arc<ClusterState>>, view: &View) {
+    let state = view.state();
+    tx.send_if_modified(|current| {
+        if **current == state {
+            return false;
+        }
+        *current = Arc::new(state);
+        true
+    });
+}
+
+/// The watch task: follows the prefix from the view's revision; when the watch breaks, keeps the
+/// last state published, retries with backoff, reloads the whole prefix and follows again.
+async fn follow_forever(
+    inner: Arc<Inner>,
+    mut view: View,
+    tx: Arc<watch::Sender<Arc<ClusterState>>>,
+) {
+    let mut backoff = Backoff::new();
+    loop {
+        let reason = follow(&inner, &mut view, &tx, &mut backoff).await;
+        inner.set_connected(false);
+        tracing::warn!(%reason, revision = view.revision,
+            "etcd watch broken; keeping the last cluster state and retrying");
+        loop {
+            backoff.wait().await;
+            match inner.load().await {
+                Ok(reloaded) => {
+                    view = reloaded;
+                    publish(&tx, &view);
+                    tracing::info!(revision = view.revision, "etcd watch: state reloaded");
+                    break;
+                }
+                Err(e) => tracing::debug!(error = %e, "etcd still unreachable"),
+            }
+        }
+    }
+}
+
+/// Follows the prefix from `view.revision + 1` until the watch breaks; says why it did.
+async fn follow(
+    inner: &Inner,
+    view: &mut View,
+    tx: &watch::Sender<Arc<ClusterState>>,
+    backoff: &mut Backoff,
+) -> String {
+    let mut watches = inner
+        .client
+        .watch_client()
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(view.revision + 1);
+    let mut stream = match tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        watches.watch(inner.prefix.as_str(), Some(options)),
+    )
+    .await
+    {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => return format!("cannot start the watch: {e}"),
+        Err(_) => return format!("cannot start the watch: no answer in {REQUEST_TIMEOUT:?}"),
+    };
+    loop {
+        let response = match stream.message().await {
+            Ok(Some(response)) => response,
+            Ok(None) => return "the watch stream ended".to_owned(),
+            Err(e) => return e.to_string(),
+        };
+        if response.canceled() {
+            return format!(
+                "the watch was cancelled ({}; compacted up to revision {})",
+                response.cancel_reason(),
+                response.compact_revision()
+            );
+        }
+        if response.created() {
+            inner.set_connected(true);
+            backoff.reset();
+        }
+        if response.events().is_empty() {
+            continue;
+        }
+        for event in response.events() {
+            let Some(kv) = event.kv() else { continue };
+            match event.event_type() {
+                EventType::Put => view.put(&inner.prefix, kv.key(), kv.value()),
+                EventType::Delete => view.delete(&inner.prefix, kv.key()),
+            }
+            // A deletion's key carries the revision of the deletion.
+            view.revision = view.revision.max(kv.mod_revision());
+        }
+        publish(tx, view);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_classified_with_their_prefix() {
+        let p = "/tarn/";
+        assert!(matches!(
+            key_kind(p, b"/tarn/nodes/n1"),
+            KeyKind::Node("n1")
+        ));
+        assert!(matches!(
+            key_kind(p, b"/tarn/collections/docs"),
+            KeyKind::Collection("docs")
+        ));
+        assert!(matches!(
+            key_kind(p, b"/tarn/shards/docs/00012"),
+            KeyKind::Shard("docs", 12)
+        ));
+        assert!(matches!(
+            key_kind(p, b"/tarn/shards/docs/x"),
+            KeyKind::Other
+        ));
+        assert!(matches!(
+            key_kind(p, b"/tarn/elections/placement/694d"),
+            KeyKind::Other
+        ));
+        assert!(matches!(key_kind(p, b"/other/nodes/n1"), KeyKind::Other));
+    }
+
+    #[test]
+    fn a_collection_shows_once_all_its_shards_are_there() {
+        let p = "/t/";
+        let mut view = View::default();
+        let def = CollectionDef {
+            name: "docs".into(),
+            uid: 7,
+            n_shards: 2,
+            shard_key: crate::map::ShardKey::User,
+            config: serde_json::json!({}),
+        };
+        let shard = ShardAssignment {
+            owner: "n1".into(),
+            epoch: 1,
+        };
+        view.put(
+            p,
+            b"/t/collections/docs",
+            &serde_json::to_vec(&def).unwrap(),
+        );
+        view.put(
+            p,
+            b"/t/shards/docs/00000",
+            &serde_json::to_vec(&shard).unwrap(),
+        );
+        assert!(view.state().collections.is_empty());
+        view.put(
+            p,
+            b"/t/shards/docs/00001",
+            &serde_json::to_vec(&shard).unwrap(),
+        );
+        assert_eq!(view.state().collections["docs"].shards.len(), 2);
+        // A value that does not decode counts as absent.
+        view.put(p, b"/t/shards/docs/00001", b"{garbage");
+        assert!(view.state().collections.is_empty());
+        view.put(p, b"/t/nodes/n1", br#"{"node_id":"n1","address":"a:1"}"#);
+        view.delete(p, b"/t/collections/docs");
+        let state = view.state();
+        assert!(state.collections.is_empty());
+        assert!(state.is_alive("n1"));
+    }
+
+    #[test]
+    fn ttls_round_up_to_whole_seconds() {
+        assert_eq!(ttl_seconds(Duration::ZERO), 1);
+        assert_eq!(ttl_seconds(Duration::from_millis(1500)), 2);
+        assert_eq!(ttl_seconds(Duration::from_secs(5)), 5);
+    }
+}

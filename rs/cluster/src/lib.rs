@@ -1,0 +1,20 @@
+//! `tarn-cluster`: cluster mode's shared state and its rules. Membership (nodes under etcd
+//! leases), collection definitions and the shard map live in a [`ClusterStore`] (etcd in
+//! production, [`MemoryStore`] in tests); [`map`] places shards and documents; [`merge_top_k`]
+//! merges shard results. Knows nothing of WAL bytes, HNSW or protobuf; never runs a consensus,
+//! election or membership protocol of its own (etcd does).
+
+mod error;
+mod etcd;
+pub mod map;
+mod merge;
+mod store;
+
+pub use error::{ClusterError, Result};
+pub use etcd::{EtcdStore, Leadership, DEFAULT_PREFIX, ELECTION_TTL, REQUEST_TIMEOUT};
+pub use map::{
+    initial_placement, shard_for, ClusterState, CollectionDef, CollectionMap, NodeInfo,
+    ReadPositions, ShardAssignment, ShardKey, ShardName, DEFAULT_SHARDS, MAX_SHARDS,
+};
+pub use merge::{merge_top_k, ShardHit};
+pub use store::{ClusterStore, MemoryStore, Registration};

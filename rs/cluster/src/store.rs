@@ -1,0 +1,174 @@
+//! The coordination store: where membership, collection definitions and the shard map live.
+//! [`ClusterStore`] is the small interface the rest of tarn uses; [`crate::EtcdStore`] is the
+//! real one (etcd), [`MemoryStore`] an in-process one for tests of routing and placement.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use crate::error::{ClusterError, Result};
+use crate::map::{ClusterState, CollectionMap, NodeInfo, ShardAssignment};
+
+/// A node's membership: alive while this handle lives and the store can reach it. Dropping it
+/// ends the membership (the lease is revoked, or simply lapses if the process dies).
+pub struct Registration {
+    _keep_alive: Box<dyn Send + Sync>,
+}
+
+impl Registration {
+    /// Keeps `guard` (a task handle, a lease keeper) for the life of the membership.
+    pub fn new(guard: impl Send + Sync + 'static) -> Registration {
+        Registration {
+            _keep_alive: Box::new(guard),
+        }
+    }
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Registration")
+    }
+}
+
+/// Membership, collection definitions and the shard map, shared by every node.
+#[async_trait::async_trait]
+pub trait ClusterStore: Send + Sync + std::fmt::Debug + 'static {
+    /// Registers `node` under a lease of `ttl`, kept alive in the background while the returned
+    /// [`Registration`] lives. [`ClusterError::DuplicateNode`] if a live node holds the id.
+    async fn register(&self, node: &NodeInfo, ttl: Duration) -> Result<Registration>;
+
+    /// A live view of the whole state: the current one at once, then every change.
+    async fn watch(&self) -> Result<watch::Receiver<Arc<ClusterState>>>;
+
+    /// Creates a collection's definition and shard map in one transaction, unless the name is
+    /// taken (then `false`, nothing written).
+    async fn create_collection(&self, map: &CollectionMap) -> Result<bool>;
+
+    /// Deletes a collection's definition and shard map; `false` if there was none.
+    async fn drop_collection(&self, name: &str) -> Result<bool>;
+
+    /// Sets a shard's assignment if its epoch is still `expected_epoch` (compare-and-swap);
+    /// `false` if it changed meanwhile (or the collection is gone).
+    async fn compare_and_set_shard(
+        &self,
+        collection: &str,
+        shard: u32,
+        expected_epoch: u64,
+        new: &ShardAssignment,
+    ) -> Result<bool>;
+
+    /// Whether the store answered lately (for health and metrics). While it does not, the
+    /// watched state stays as it last was, and the data plane goes on with it.
+    fn connected(&self) -> bool {
+        true
+    }
+}
+
+/// An in-process store for tests: the same semantics as etcd's, without the network. A node's
+/// lease ends when its [`Registration`] is dropped or [`MemoryStore::expire`] is called.
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    state: Arc<Mutex<ClusterState>>,
+    tx: Arc<watch::Sender<Arc<ClusterState>>>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        let (tx, _) = watch::channel(Arc::new(ClusterState::default()));
+        MemoryStore {
+            state: Arc::default(),
+            tx: Arc::new(tx),
+        }
+    }
+}
+
+impl MemoryStore {
+    fn change(&self, f: impl FnOnce(&mut ClusterState) -> bool) -> bool {
+        let mut state = self.state.lock();
+        let changed = f(&mut state);
+        if changed {
+            state.revision += 1;
+            self.tx.send_replace(Arc::new(state.clone()));
+        }
+        changed
+    }
+
+    /// Ends `node_id`'s lease at once (what a lapsed keep-alive does).
+    pub fn expire(&self, node_id: &str) {
+        self.change(|s| s.nodes.remove(node_id).is_some());
+    }
+}
+
+struct MemoryLease {
+    store: MemoryStore,
+    node_id: String,
+}
+
+impl Drop for MemoryLease {
+    fn drop(&mut self) {
+        self.store.expire(&self.node_id);
+    }
+}
+
+#[async_trait::async_trait]
+impl ClusterStore for MemoryStore {
+    async fn register(&self, node: &NodeInfo, _ttl: Duration) -> Result<Registration> {
+        let registered = self.change(|s| {
+            if s.nodes.contains_key(&node.node_id) {
+                return false;
+            }
+            s.nodes.insert(node.node_id.clone(), node.clone());
+            true
+        });
+        if !registered {
+            return Err(ClusterError::DuplicateNode(node.node_id.clone()));
+        }
+        Ok(Registration::new(MemoryLease {
+            store: self.clone(),
+            node_id: node.node_id.clone(),
+        }))
+    }
+
+    async fn watch(&self) -> Result<watch::Receiver<Arc<ClusterState>>> {
+        Ok(self.tx.subscribe())
+    }
+
+    async fn create_collection(&self, map: &CollectionMap) -> Result<bool> {
+        Ok(self.change(|s| {
+            if s.collections.contains_key(&map.def.name) {
+                return false;
+            }
+            s.collections.insert(map.def.name.clone(), map.clone());
+            true
+        }))
+    }
+
+    async fn drop_collection(&self, name: &str) -> Result<bool> {
+        Ok(self.change(|s| s.collections.remove(name).is_some()))
+    }
+
+    async fn compare_and_set_shard(
+        &self,
+        collection: &str,
+        shard: u32,
+        expected_epoch: u64,
+        new: &ShardAssignment,
+    ) -> Result<bool> {
+        Ok(self.change(|s| {
+            let Some(slot) = s
+                .collections
+                .get_mut(collection)
+                .and_then(|m| m.shards.get_mut(shard as usize))
+            else {
+                return false;
+            };
+            if slot.epoch != expected_epoch {
+                return false;
+            }
+            *slot = new.clone();
+            true
+        }))
+    }
+}

@@ -1,0 +1,484 @@
+//! Cluster mode's data path: each `tarn.v1.Tarn` call split by shard, sent to the shards
+//! concerned in parallel (this node's own shards locally, the others through `tarn-client`),
+//! and the answers combined: acknowledgements into a read token, hits merged by score into
+//! `top_k`, counters summed. A shard whose owner is down answers UNAVAILABLE naming the shard and
+//! the node, within the call's deadline; a search may ask for partial results instead.
+
+use std::time::Duration;
+
+use tarn_client::{Durability, Insert, ReadToken, Remove, Search};
+use tarn_cluster::{CollectionMap, ReadPositions};
+use tarn_collection::SearchRequest;
+use tarn_proto::v1 as pb;
+
+use crate::cluster::{self, ClusterNode, Target};
+use crate::convert;
+use crate::service::TarnService;
+use crate::status::ApiError;
+
+fn wire_durability(value: i32) -> Result<Option<Durability>, ApiError> {
+    Ok(match convert::durability(value)? {
+        None => None,
+        Some(tarn_wal::Durability::Fsync) => Some(Durability::Fsync),
+        Some(tarn_wal::Durability::Written) => Some(Durability::Written),
+    })
+}
+
+/// Runs `call` for every shard at once and collects the answers in shard order; the first error
+/// (by shard) wins.
+async fn fan_out<T, F, Fut>(shards: Vec<u32>, call: F) -> Vec<(u32, Result<T, ApiError>)>
+where
+    F: Fn(u32) -> Fut,
+    Fut: std::future::Future<Output = Result<T, ApiError>>,
+{
+    let calls = shards.iter().map(|&shard| call(shard));
+    let answers = join_all(calls).await;
+    shards.into_iter().zip(answers).collect()
+}
+
+/// Awaits every future, concurrently, in order (a small `join_all` without another crate).
+async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut pinned: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (slot, future) in out.iter_mut().zip(pinned.iter_mut()) {
+            if slot.is_none() {
+                match future.as_mut().poll(cx) {
+                    std::task::Poll::Ready(value) => *slot = Some(value),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+impl TarnService {
+    pub(crate) async fn routed_insert(
+        &self,
+        cluster: &ClusterNode,
+        request: pb::InsertRequest,
+        deadline: Option<Duration>,
+        api_key: Option<&str>,
+    ) -> Result<pb::InsertResponse, ApiError> {
+        let map = cluster.map(&request.collection).await?;
+        let doc_ids = convert::ids(&request.doc_ids);
+        let user_ids = convert::ids(&request.user_ids);
+        let dimension = request.vectors.len() / doc_ids.len().max(1);
+        if dimension * doc_ids.len() != request.vectors.len() || doc_ids.is_empty() {
+            return Err(ApiError::invalid(
+                "vectors",
+                format!(
+                    "{} values for {} documents: expected documents x dimension",
+                    request.vectors.len(),
+                    doc_ids.len()
+                ),
+            ));
+        }
+        let durability = wire_durability(request.durability)?;
+        let timeout = cluster::forward_deadline(deadline);
+        let split = cluster::split(&map.def, &doc_ids, &user_ids);
+        let parts: Vec<_> = split.parts;
+        let shards: Vec<u32> = parts.iter().map(|p| p.0).collect();
+        let fan_out_started = std::time::Instant::now();
+        let answers = fan_out(shards, |shard| {
+            let (_, docs, users) = parts
+                .iter()
+                .find(|p| p.0 == shard)
+                .cloned()
+                .unwrap_or_default();
+            let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
+            let part_vectors: Vec<f32> = docs
+                .iter()
+                .flat_map(|&i| {
+                    request.vectors[i * dimension..(i + 1) * dimension]
+                        .iter()
+                        .copied()
+                })
+                .collect();
+            let n_pairs = (part_docs.len() * users.len()) as u64;
+            let map = &map;
+            async move {
+                let seq = match cluster.target(map, shard, api_key).await? {
+                    Target::Local(name) => {
+                        self.local_insert(&name, part_docs, users, part_vectors, request.durability)
+                            .await?
+                    }
+                    Target::Remote(client, name) => {
+                        self.metrics.forwarded.with_label_values(&["Insert"]).inc();
+                        let mut insert = Insert::new(name, part_docs, part_vectors)
+                            .users(users)
+                            .timeout(timeout);
+                        if let Some(durability) = durability {
+                            insert = insert.durability(durability);
+                        }
+                        client
+                            .insert(insert)
+                            .await
+                            .map_err(|e| cluster::forwarded(map, shard, e))?
+                            .seq_no
+                    }
+                };
+                Ok((seq, n_pairs))
+            }
+        })
+        .await;
+        self.metrics
+            .fan_out
+            .with_label_values(&["Insert"])
+            .observe(fan_out_started.elapsed().as_secs_f64());
+        let mut positions = Vec::new();
+        let mut n_inserted = 0;
+        for (shard, answer) in answers {
+            let (seq, n) = answer?;
+            positions.push((shard, seq));
+            n_inserted += n;
+        }
+        Ok(pb::InsertResponse {
+            seq_no: single_position(&map, &positions),
+            n_inserted,
+            read_token: cluster::read_token(&map, positions),
+        })
+    }
+
+    pub(crate) async fn routed_remove(
+        &self,
+        cluster: &ClusterNode,
+        request: pb::RemoveRequest,
+        deadline: Option<Duration>,
+        api_key: Option<&str>,
+    ) -> Result<pb::RemoveResponse, ApiError> {
+        let map = cluster.map(&request.collection).await?;
+        let doc_ids = convert::ids(&request.doc_ids);
+        let user_ids = convert::ids(&request.user_ids);
+        let durability = wire_durability(request.durability)?;
+        let timeout = cluster::forward_deadline(deadline);
+        let parts = cluster::split(&map.def, &doc_ids, &user_ids).parts;
+        let shards: Vec<u32> = parts.iter().map(|p| p.0).collect();
+        let fan_out_started = std::time::Instant::now();
+        let answers = fan_out(shards, |shard| {
+            let (_, docs, users) = parts
+                .iter()
+                .find(|p| p.0 == shard)
+                .cloned()
+                .unwrap_or_default();
+            let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
+            let map = &map;
+            async move {
+                match cluster.target(map, shard, api_key).await? {
+                    Target::Local(name) => {
+                        self.local_remove(&name, part_docs, users, request.durability)
+                            .await
+                    }
+                    Target::Remote(client, name) => {
+                        self.metrics.forwarded.with_label_values(&["Remove"]).inc();
+                        let mut remove = Remove::new(name, part_docs).users(users).timeout(timeout);
+                        if let Some(durability) = durability {
+                            remove = remove.durability(durability);
+                        }
+                        Ok(client
+                            .remove(remove)
+                            .await
+                            .map_err(|e| cluster::forwarded(map, shard, e))?
+                            .seq_no)
+                    }
+                }
+            }
+        })
+        .await;
+        self.metrics
+            .fan_out
+            .with_label_values(&["Remove"])
+            .observe(fan_out_started.elapsed().as_secs_f64());
+        let mut positions = Vec::new();
+        for (shard, answer) in answers {
+            positions.push((shard, answer?));
+        }
+        Ok(pb::RemoveResponse {
+            seq_no: single_position(&map, &positions),
+            read_token: cluster::read_token(&map, positions),
+        })
+    }
+
+    pub(crate) async fn routed_search(
+        &self,
+        cluster: &ClusterNode,
+        request: pb::SearchRequest,
+        deadline: Option<Duration>,
+        api_key: Option<&str>,
+    ) -> Result<pb::SearchResponse, ApiError> {
+        let map = cluster.map(&request.collection).await?;
+        let token = if request.read_token.is_empty() {
+            ReadPositions::default()
+        } else {
+            let token = ReadPositions::decode(&request.read_token)
+                .map_err(|e| ApiError::invalid("read_token", e))?;
+            if token.uid != map.def.uid {
+                return Err(ApiError::invalid(
+                    "read_token",
+                    format!("the token is not from collection '{}'", map.def.name),
+                ));
+            }
+            token
+        };
+        if request.min_seq_no > 0 && map.def.n_shards > 1 {
+            return Err(ApiError::invalid(
+                "min_seq_no",
+                "a collection of several shards reads its writes with read_token",
+            ));
+        }
+        let user_ids = convert::ids(&request.user_ids);
+        let timeout = cluster::forward_deadline(deadline);
+        let top_k = request.top_k;
+        let shards = cluster::search_shards(&map.def, &user_ids);
+        let fan_out_started = std::time::Instant::now();
+        let answers = fan_out(shards, |shard| {
+            let min_seq = token.position(shard).max(request.min_seq_no);
+            let (vector, users, map) = (request.vector.clone(), user_ids.clone(), &map);
+            async move {
+                match cluster.target(map, shard, api_key).await? {
+                    Target::Local(name) => {
+                        let search = SearchRequest {
+                            user_ids: users,
+                            vector,
+                            top_k: top_k as usize,
+                            ef: request.ef as usize,
+                            exact: request.exact,
+                            min_seq,
+                        };
+                        let hits = self.local_search(&name, search, Some(timeout)).await?;
+                        Ok(cluster::shard_hits(
+                            hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
+                        ))
+                    }
+                    Target::Remote(client, name) => {
+                        self.metrics.forwarded.with_label_values(&["Search"]).inc();
+                        let search = Search::new(name, vector)
+                            .users(users)
+                            .top_k(top_k)
+                            .ef(request.ef)
+                            .exact(request.exact)
+                            .after(ReadToken::from_seq_no(min_seq))
+                            .timeout(timeout);
+                        let hits = client
+                            .search(search)
+                            .await
+                            .map_err(|e| cluster::forwarded(map, shard, e))?;
+                        Ok(cluster::shard_hits(
+                            hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
+                        ))
+                    }
+                }
+            }
+        })
+        .await;
+        self.metrics
+            .fan_out
+            .with_label_values(&["Search"])
+            .observe(fan_out_started.elapsed().as_secs_f64());
+        let mut results = Vec::new();
+        let mut missing_shards = Vec::new();
+        for (shard, answer) in answers {
+            match answer {
+                Ok(hits) => results.push(hits),
+                Err(ApiError::ShardUnavailable { .. }) if request.allow_partial => {
+                    missing_shards.push(shard)
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        let hits = cluster::merge(&map.def, results, top_k as usize);
+        Ok(pb::SearchResponse {
+            hits: hits
+                .into_iter()
+                .map(|h| pb::Hit {
+                    doc_id: Some(convert::u128_to_id(h.doc_id)),
+                    user_id: Some(convert::u128_to_id(h.user_id)),
+                    score: h.score,
+                })
+                .collect(),
+            missing_shards,
+        })
+    }
+
+    pub(crate) async fn routed_get(
+        &self,
+        cluster: &ClusterNode,
+        collection: &str,
+        user_id: u128,
+        doc_ids: &[u128],
+        deadline: Option<Duration>,
+        api_key: Option<&str>,
+    ) -> Result<Vec<(u128, Vec<f32>)>, ApiError> {
+        let map = cluster.map(collection).await?;
+        let timeout = cluster::forward_deadline(deadline);
+        let parts = cluster::split(&map.def, doc_ids, &[user_id]).parts;
+        let shards: Vec<u32> = parts.iter().map(|p| p.0).collect();
+        let fan_out_started = std::time::Instant::now();
+        let answers = fan_out(shards, |shard| {
+            let (_, docs, _) = parts
+                .iter()
+                .find(|p| p.0 == shard)
+                .cloned()
+                .unwrap_or_default();
+            let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
+            let map = &map;
+            async move {
+                match cluster.target(map, shard, api_key).await? {
+                    Target::Local(name) => self.local_get(&name, user_id, &part_docs).await,
+                    Target::Remote(client, name) => {
+                        self.metrics.forwarded.with_label_values(&["Get"]).inc();
+                        let docs =
+                            tokio::time::timeout(timeout, client.get(&name, user_id, &part_docs))
+                                .await
+                                .map_err(|_| {
+                                    ApiError::Forwarded(tarn_client::Error::new(
+                                        tarn_client::Code::DeadlineExceeded,
+                                        format!("shard {shard} did not answer within {timeout:?}"),
+                                    ))
+                                })?
+                                .map_err(|e| cluster::forwarded(map, shard, e))?;
+                        Ok(docs.into_iter().map(|d| (d.doc_id, d.vector)).collect())
+                    }
+                }
+            }
+        })
+        .await;
+        self.metrics
+            .fan_out
+            .with_label_values(&["Get"])
+            .observe(fan_out_started.elapsed().as_secs_f64());
+        let mut docs = Vec::new();
+        for (_, answer) in answers {
+            docs.extend(answer?);
+        }
+        // In the order asked for, as a single node answers.
+        let order: std::collections::HashMap<u128, usize> =
+            doc_ids.iter().enumerate().map(|(i, d)| (*d, i)).collect();
+        docs.sort_by_key(|(doc, _)| order.get(doc).copied().unwrap_or(usize::MAX));
+        Ok(docs)
+    }
+
+    /// `GetCollection` of a sharded collection: every shard's counters, summed.
+    pub(crate) async fn routed_info(
+        &self,
+        cluster: &ClusterNode,
+        map: &CollectionMap,
+        api_key: Option<&str>,
+    ) -> Result<pb::CollectionInfo, ApiError> {
+        let shards: Vec<u32> = (0..map.def.n_shards).collect();
+        let fan_out_started = std::time::Instant::now();
+        let answers = fan_out(shards, |shard| async move {
+            match cluster.target(map, shard, api_key).await? {
+                Target::Local(name) => self.local_info(&name).await,
+                Target::Remote(client, name) => {
+                    self.metrics
+                        .forwarded
+                        .with_label_values(&["GetCollection"])
+                        .inc();
+                    let info = client
+                        .collection_info(&name)
+                        .await
+                        .map_err(|e| cluster::forwarded(map, shard, e))?;
+                    Ok(pb::CollectionInfo {
+                        n_documents: info.n_documents,
+                        last_seq_no: info.last_seq_no,
+                        applied_seq_no: info.applied_seq_no,
+                        checkpoint_seq_no: info.checkpoint_seq_no,
+                        bytes_on_disk: info.bytes_on_disk,
+                        durable_seq_no: info.durable_seq_no,
+                        n_sealed_segments: info.n_sealed_segments,
+                        n_removed_not_compacted: info.n_removed_not_compacted,
+                        n_tenants: info.n_tenants,
+                        ..Default::default()
+                    })
+                }
+            }
+        })
+        .await;
+        self.metrics
+            .fan_out
+            .with_label_values(&["GetCollection"])
+            .observe(fan_out_started.elapsed().as_secs_f64());
+        let config: tarn_collection::CollectionConfig =
+            serde_json::from_value(map.def.config.clone())
+                .map_err(|e| ApiError::Internal(format!("bad collection config: {e}")))?;
+        let mut total = convert::collection_info(
+            &map.def.name,
+            &config,
+            &tarn_collection::CollectionStats::default(),
+        );
+        total.shards = map.def.n_shards;
+        total.shard_key = match map.def.shard_key {
+            tarn_cluster::ShardKey::User => pb::ShardKey::User,
+            tarn_cluster::ShardKey::Doc => pb::ShardKey::Doc,
+        } as i32;
+        for (_, answer) in answers {
+            let info = answer?;
+            total.n_documents += info.n_documents;
+            total.last_seq_no += info.last_seq_no;
+            total.applied_seq_no += info.applied_seq_no;
+            total.checkpoint_seq_no += info.checkpoint_seq_no;
+            total.durable_seq_no += info.durable_seq_no;
+            total.bytes_on_disk += info.bytes_on_disk;
+            total.n_sealed_segments += info.n_sealed_segments;
+            total.n_removed_not_compacted += info.n_removed_not_compacted;
+            total.n_tenants += info.n_tenants;
+        }
+        Ok(total)
+    }
+
+    /// `Flush` of a sharded collection: every shard checkpoints; the answer is the sum of their
+    /// checkpointed sequence numbers.
+    pub(crate) async fn routed_flush(
+        &self,
+        cluster: &ClusterNode,
+        collection: &str,
+        api_key: Option<&str>,
+    ) -> Result<u64, ApiError> {
+        let map = cluster.map(collection).await?;
+        let shards: Vec<u32> = (0..map.def.n_shards).collect();
+        let fan_out_started = std::time::Instant::now();
+        let answers = fan_out(shards, |shard| {
+            let map = &map;
+            async move {
+                match cluster.target(map, shard, api_key).await? {
+                    Target::Local(name) => self.local_flush(&name).await,
+                    Target::Remote(client, name) => {
+                        self.metrics.forwarded.with_label_values(&["Flush"]).inc();
+                        client
+                            .flush(&name)
+                            .await
+                            .map_err(|e| cluster::forwarded(map, shard, e))
+                    }
+                }
+            }
+        })
+        .await;
+        self.metrics
+            .fan_out
+            .with_label_values(&["Flush"])
+            .observe(fan_out_started.elapsed().as_secs_f64());
+        let mut total = 0;
+        for (_, answer) in answers {
+            total += answer?;
+        }
+        Ok(total)
+    }
+}
+
+/// `seq_no` of a write: its shard's sequence number when the collection has one shard (so
+/// `min_seq_no` keeps working there), 0 otherwise (use the read token).
+fn single_position(map: &CollectionMap, positions: &[(u32, u64)]) -> u64 {
+    match positions {
+        [(_, seq)] if map.def.n_shards == 1 => *seq,
+        _ => 0,
+    }
+}
