@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: format check, clippy with warnings denied, every test (fail points on),
-# the Python client's tests against a real server, and the Docker end-to-end test when a Docker
+# the Python client's tests against a real server, and the Docker end-to-end tests (one node,
+# and the three-node cluster) when a Docker
 # engine answers (it says SKIPPED otherwise). This is the command the README gives and the one CI
 # (.ci/run) calls. Needs Rust (rustup's default profile: cargo, rustfmt, clippy) and python3 with
 # venv; the Python packages come from PyPI, into virtualenvs under target/; Debian's
@@ -17,3 +18,4 @@ cargo test --workspace --all-features --locked
 scripts/test-rust-client.sh
 scripts/test-python-client.sh
 scripts/compose-e2e.sh
+scripts/cluster-compose-e2e.sh

@@ -157,13 +157,19 @@ class Client:
         ef_construction: int = 0,
         ef_search: int = 0,
         durability: Optional[str] = None,
+        shards: int = 0,
+        shard_key: str = "user",
     ) -> CollectionInfo:
+        """Creates a collection. In cluster mode, `shards` (0: 8) and `shard_key` ("user": a
+        tenant's documents on one shard; "doc": spread by document) say how it is split."""
         request = tarn_pb2.CreateCollectionRequest(
             name=name,
             dimension=dimension,
             metric=_METRICS[metric.lower()],
             hnsw=tarn_pb2.HnswParams(m=m, ef_construction=ef_construction, ef_search=ef_search),
             default_durability=_DURABILITY[durability],
+            shards=shards,
+            shard_key={"user": tarn_pb2.SHARD_KEY_USER, "doc": tarn_pb2.SHARD_KEY_DOC}[shard_key.lower()],
         )
         return CollectionInfo.from_pb(self._call(self.stub.CreateCollection, request).collection)
 

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Cluster mode on this machine: etcd and three tarn nodes on loopback (release build, metrics
+# off), in one run:
+#   1. what forwarding costs: a one-shard collection; durable single-vector inserts (8 clients)
+#      and one-client searches sent to its owner, and to another node (which forwards);
+#   2. what fanning out costs: the same vectors in an 8-shard DOC collection (every search goes to
+#      8 shards on 3 nodes) against the one-shard collection, one client, through the same node.
+# Data: ../shared/data/minilm-debian (60,733 x 384) when present, else 20,000 random 128-d rows.
+#   scripts/bench-cluster.sh        (ROUNDS=3, alternating; medians)
+# Ends with one line:
+#   forwarded_insert_rps_ratio=.. forwarded_search_qps_ratio=.. fanout8_search_qps_ratio=..
+#   recall_1shard=.. recall_8shards=..  (ratios: forwarded / owner, 8 shards / 1 shard)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds="${ROUNDS:-3}"
+data="${TARN_MINILM_DIR:-../shared/data/minilm-debian}"
+cargo build --release --locked -p tarn-server
+tarn="$PWD/target/release/tarn"
+source scripts/lib-etcd.sh
+ensure_etcd
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    stop_etcd
+    rm -rf "$work"
+}
+trap cleanup EXIT
+start_etcd "$work/etcd"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+addrs=()
+for i in 1 2 3; do
+    port="$(free_port)"
+    "$tarn" serve --data-dir "$work/n$i" --listen "127.0.0.1:$port" --advertise "127.0.0.1:$port" \
+        --metrics-listen off --etcd "$ETCD_ENDPOINT" --node-id "n$i" >"$work/n$i.out" 2>"$work/n$i.err" &
+    pids+=($!)
+    for _ in $(seq 1 200); do grep -q 'gRPC listening' "$work/n$i.out" 2>/dev/null && break; sleep 0.05; done
+    addrs+=("127.0.0.1:$port")
+done
+echo "== machine: $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1); nodes ${addrs[*]}"
+if [[ -f "$data/base.fvecs" ]]; then
+    base="$data/base.fvecs"; query="$data/query.fvecs"; truth=(--ivecs "$data/groundtruth.ivecs"); dim=384
+else
+    echo "(no minilm-debian data: 20,000 random 128-d vectors, no recall)"
+    python3 - "$work" <<'PY'
+import random, struct, sys
+rng = random.Random(7)
+def write(path, n):
+    with open(path, "wb") as f:
+        for _ in range(n):
+            f.write(struct.pack("<i", 128) + struct.pack("<128f", *[rng.uniform(-1, 1) for _ in range(128)]))
+write(sys.argv[1] + "/base.fvecs", 20000)
+write(sys.argv[1] + "/query.fvecs", 500)
+PY
+    base="$work/base.fvecs"; query="$work/query.fvecs"; truth=(); dim=128
+fi
+A="${addrs[0]}"
+"$tarn" collection create one --dimension "$dim" --shards 1 --addr "$A" >/dev/null
+"$tarn" collection create eight --dimension "$dim" --shards 8 --shard-key doc --addr "$A" >/dev/null
+"$tarn" collection create ins --dimension 128 --shards 1 --addr "$A" >/dev/null
+owner_of() {
+    "$tarn" cluster status --json --addr "$A" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+owner = next(x["node_id"] for x in s["shards"] if x["collection"] == sys.argv[1])
+print(next(n["address"] for n in s["nodes"] if n["node_id"] == owner))' "$1"
+}
+one_owner="$(owner_of one)"
+ins_owner="$(owner_of ins)"
+other_than() { for a in "${addrs[@]}"; do [[ $a != "$1" ]] && { echo "$a"; return; }; done; }
+one_other="$(other_than "$one_owner")"
+ins_other="$(other_than "$ins_owner")"
+echo "one-shard collection on $one_owner (forwarded through $one_other); inserts on $ins_owner (through $ins_other)"
+"$tarn" insert --collection one --fvecs "$base" --batch 500 --concurrency 4 --addr "$one_owner"
+"$tarn" insert --collection eight --fvecs "$base" --batch 500 --concurrency 4 --addr "$one_owner"
+"$tarn" flush --collection one --addr "$A" >/dev/null
+"$tarn" flush --collection eight --addr "$A" >/dev/null
+
+median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+json_field() { python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())[sys.argv[1]])' "$1"; }
+search() { # collection addr -> one JSON line
+    "$tarn" bench search --collection "$1" --fvecs "$query" "${truth[@]}" --clients 1 --ef 64 \
+        --passes 2 --json --addr "$2"
+}
+first=1000000
+for r in $(seq 1 "$rounds"); do
+    for mode in owner forwarded; do
+        addr="$ins_owner"; [[ $mode == forwarded ]] && addr="$ins_other"
+        out="$("$tarn" bench insert --collection ins --clients 8 --requests 2000 --first-id "$first" --json --addr "$addr")"
+        first=$((first + 10000))
+        echo "insert $mode: $out"
+        json_field requests_per_s <<<"$out" >>"$work/insert_$mode"
+        addr="$one_owner"; [[ $mode == forwarded ]] && addr="$one_other"
+        out="$(search one "$addr")"
+        echo "search one-shard $mode: $out"
+        json_field queries_per_s <<<"$out" >>"$work/search_$mode"
+        json_field recall <<<"$out" >>"$work/recall_one"
+    done
+    out="$(search eight "$one_owner")"
+    echo "search 8-shard via $one_owner: $out"
+    json_field queries_per_s <<<"$out" >>"$work/search_eight"
+    json_field recall <<<"$out" >>"$work/recall_eight"
+done
+ratio() { python3 -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.2f}")' "$1" "$2"; }
+ins_o="$(median <"$work/insert_owner")"; ins_f="$(median <"$work/insert_forwarded")"
+s_o="$(median <"$work/search_owner")"; s_f="$(median <"$work/search_forwarded")"; s_8="$(median <"$work/search_eight")"
+echo "medians: insert owner $ins_o req/s, forwarded $ins_f; search owner $s_o q/s, forwarded $s_f, 8 shards $s_8"
+echo "forwarded_insert_rps_ratio=$(ratio "$ins_f" "$ins_o") forwarded_search_qps_ratio=$(ratio "$s_f" "$s_o") fanout8_search_qps_ratio=$(ratio "$s_8" "$s_o") recall_1shard=$(median <"$work/recall_one") recall_8shards=$(median <"$work/recall_eight")"
