@@ -349,21 +349,19 @@ async fn reconcile(mut state: watch::Receiver<Arc<ClusterState>>, registry: Arc<
     }
 }
 
-/// The shards a write or read touches, and the part of the request each gets.
-pub struct Split {
-    /// (shard, doc indexes into the request, user ids for that shard).
-    pub parts: Vec<(u32, Vec<usize>, Vec<u128>)>,
-}
+/// One shard's part of a request: the indexes of its documents in the request, and its tenants.
+pub type ShardPart = (Vec<usize>, Vec<u128>);
 
-/// Splits (doc ids x user ids) by shard. USER: each tenant's shard gets every document;
-/// DOC: each document's shard gets every tenant. No tenant listed means tenant 0.
-pub fn split(def: &CollectionDef, doc_ids: &[u128], user_ids: &[u128]) -> Split {
+/// Splits (doc ids x user ids) by shard: for each shard concerned, in shard order, the indexes
+/// of its documents in the request and its tenants. USER: each tenant's shard gets every
+/// document; DOC: each document's shard gets every tenant. No tenant listed means tenant 0.
+pub fn split(def: &CollectionDef, doc_ids: &[u128], user_ids: &[u128]) -> Vec<(u32, ShardPart)> {
     let users: Vec<u128> = if user_ids.is_empty() {
         vec![0]
     } else {
         user_ids.to_vec()
     };
-    let mut by_shard: BTreeMap<u32, (Vec<usize>, Vec<u128>)> = BTreeMap::new();
+    let mut by_shard: BTreeMap<u32, ShardPart> = BTreeMap::new();
     match def.shard_key {
         ShardKey::User => {
             for user in users {
@@ -384,12 +382,7 @@ pub fn split(def: &CollectionDef, doc_ids: &[u128], user_ids: &[u128]) -> Split 
             }
         }
     }
-    Split {
-        parts: by_shard
-            .into_iter()
-            .map(|(shard, (docs, users))| (shard, docs, users))
-            .collect(),
-    }
+    by_shard.into_iter().collect()
 }
 
 /// The shards a search over `user_ids` touches: the tenants' shards (USER), or all (DOC).
@@ -463,4 +456,64 @@ pub fn read_token(map: &CollectionMap, positions: Vec<(u32, u64)>) -> Vec<u8> {
         positions,
     });
     token.encode()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn def(shard_key: ShardKey, n_shards: u32) -> CollectionDef {
+        CollectionDef {
+            name: "c".into(),
+            uid: 1,
+            n_shards,
+            shard_key,
+            config: serde_json::Value::Null,
+        }
+    }
+
+    #[test]
+    fn requests_split_by_tenant_or_by_document_and_lose_nothing() {
+        let docs: Vec<u128> = (0..100).collect();
+        let users: Vec<u128> = (0..20).collect();
+        // USER: every part holds every document; each tenant lands on its own shard once.
+        let parts = split(&def(ShardKey::User, 8), &docs, &users);
+        let mut tenants: Vec<u128> = parts.iter().flat_map(|(_, (_, u))| u.clone()).collect();
+        tenants.sort_unstable();
+        assert_eq!(tenants, users);
+        for (shard, (doc_idx, part_users)) in &parts {
+            assert_eq!(doc_idx.len(), docs.len());
+            assert!(part_users.iter().all(|u| shard_for(*u, 8) == *shard));
+        }
+        // No tenant: tenant 0's shard.
+        let parts = split(&def(ShardKey::User, 8), &docs, &[]);
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0].0, shard_for(0, 8));
+        assert_eq!(parts[0].1 .1, vec![0]);
+        // DOC: every document once, on its own shard, with every tenant.
+        let parts = split(&def(ShardKey::Doc, 8), &docs, &users);
+        let mut seen: Vec<usize> = parts.iter().flat_map(|(_, (d, _))| d.clone()).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..100).collect::<Vec<_>>());
+        for (shard, (doc_idx, part_users)) in &parts {
+            assert!(doc_idx.iter().all(|&i| shard_for(docs[i], 8) == *shard));
+            assert_eq!(part_users, &users);
+        }
+        assert!(parts.windows(2).all(|w| w[0].0 < w[1].0), "in shard order");
+    }
+
+    #[test]
+    fn searches_touch_the_tenants_shards_or_all() {
+        let user = def(ShardKey::User, 16);
+        assert_eq!(search_shards(&user, &[]), vec![shard_for(0, 16)]);
+        let shards = search_shards(&user, &[1, 2, 3, 1]);
+        let mut want: Vec<u32> = [1u128, 2, 3].iter().map(|u| shard_for(*u, 16)).collect();
+        want.sort_unstable();
+        want.dedup();
+        assert_eq!(shards, want);
+        assert_eq!(
+            search_shards(&def(ShardKey::Doc, 4), &[7]),
+            vec![0, 1, 2, 3]
+        );
+    }
 }

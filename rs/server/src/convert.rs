@@ -17,6 +17,16 @@ pub fn u128_to_id(value: u128) -> pb::Id {
     }
 }
 
+/// Search hits, (doc, user, score) best first, as the wire sends them.
+pub fn hits(hits: impl Iterator<Item = (u128, u128, f32)>) -> Vec<pb::Hit> {
+    hits.map(|(doc_id, user_id, score)| pb::Hit {
+        doc_id: Some(u128_to_id(doc_id)),
+        user_id: Some(u128_to_id(user_id)),
+        score,
+    })
+    .collect()
+}
+
 pub fn ids(ids: &[pb::Id]) -> Vec<u128> {
     ids.iter().map(id_to_u128).collect()
 }

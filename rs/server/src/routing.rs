@@ -24,18 +24,6 @@ fn wire_durability(value: i32) -> Result<Option<Durability>, ApiError> {
     })
 }
 
-/// Runs `call` for every shard at once and collects the answers in shard order; the first error
-/// (by shard) wins.
-async fn fan_out<T, F, Fut>(shards: Vec<u32>, call: F) -> Vec<(u32, Result<T, ApiError>)>
-where
-    F: Fn(u32) -> Fut,
-    Fut: std::future::Future<Output = Result<T, ApiError>>,
-{
-    let calls = shards.iter().map(|&shard| call(shard));
-    let answers = join_all(calls).await;
-    shards.into_iter().zip(answers).collect()
-}
-
 /// Awaits every future, concurrently, in order (a small `join_all` without another crate).
 async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
     let mut pinned: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
@@ -61,6 +49,33 @@ async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) 
 }
 
 impl TarnService {
+    /// Runs `call` for every (shard, part) at once and returns the answers in the parts' order;
+    /// records the whole fan-out's time under `method`.
+    async fn fan_out<P, T, F, Fut>(
+        &self,
+        method: &'static str,
+        parts: Vec<(u32, P)>,
+        call: F,
+    ) -> Vec<(u32, Result<T, ApiError>)>
+    where
+        F: Fn(u32, P) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ApiError>>,
+    {
+        let started = std::time::Instant::now();
+        let shards: Vec<u32> = parts.iter().map(|p| p.0).collect();
+        let answers = join_all(parts.into_iter().map(|(shard, part)| call(shard, part))).await;
+        self.metrics
+            .fan_out
+            .with_label_values(&[method])
+            .observe(started.elapsed().as_secs_f64());
+        shards.into_iter().zip(answers).collect()
+    }
+
+    /// Counts a shard call sent to another node.
+    fn count_forwarded(&self, method: &'static str) {
+        self.metrics.forwarded.with_label_values(&[method]).inc();
+    }
+
     pub(crate) async fn routed_insert(
         &self,
         cluster: &ClusterNode,
@@ -84,56 +99,51 @@ impl TarnService {
         }
         let durability = wire_durability(request.durability)?;
         let timeout = cluster::forward_deadline(deadline);
-        let split = cluster::split(&map.def, &doc_ids, &user_ids);
-        let parts: Vec<_> = split.parts;
-        let shards: Vec<u32> = parts.iter().map(|p| p.0).collect();
-        let fan_out_started = std::time::Instant::now();
-        let answers = fan_out(shards, |shard| {
-            let (_, docs, users) = parts
-                .iter()
-                .find(|p| p.0 == shard)
-                .cloned()
-                .unwrap_or_default();
-            let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
-            let part_vectors: Vec<f32> = docs
-                .iter()
-                .flat_map(|&i| {
-                    request.vectors[i * dimension..(i + 1) * dimension]
-                        .iter()
-                        .copied()
-                })
-                .collect();
-            let n_pairs = (part_docs.len() * users.len()) as u64;
-            let map = &map;
-            async move {
-                let seq = match cluster.target(map, shard, api_key).await? {
-                    Target::Local(name) => {
-                        self.local_insert(&name, part_docs, users, part_vectors, request.durability)
+        let parts = cluster::split(&map.def, &doc_ids, &user_ids);
+        let answers = self
+            .fan_out("Insert", parts, |shard, (docs, users)| {
+                let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
+                let part_vectors: Vec<f32> = docs
+                    .iter()
+                    .flat_map(|&i| {
+                        request.vectors[i * dimension..(i + 1) * dimension]
+                            .iter()
+                            .copied()
+                    })
+                    .collect();
+                let n_pairs = (part_docs.len() * users.len()) as u64;
+                let map = &map;
+                async move {
+                    let seq = match cluster.target(map, shard, api_key).await? {
+                        Target::Local(name) => {
+                            self.local_insert(
+                                &name,
+                                part_docs,
+                                users,
+                                part_vectors,
+                                request.durability,
+                            )
                             .await?
-                    }
-                    Target::Remote(client, name) => {
-                        self.metrics.forwarded.with_label_values(&["Insert"]).inc();
-                        let mut insert = Insert::new(name, part_docs, part_vectors)
-                            .users(users)
-                            .timeout(timeout);
-                        if let Some(durability) = durability {
-                            insert = insert.durability(durability);
                         }
-                        client
-                            .insert(insert)
-                            .await
-                            .map_err(|e| cluster::forwarded(map, shard, e))?
-                            .seq_no
-                    }
-                };
-                Ok((seq, n_pairs))
-            }
-        })
-        .await;
-        self.metrics
-            .fan_out
-            .with_label_values(&["Insert"])
-            .observe(fan_out_started.elapsed().as_secs_f64());
+                        Target::Remote(client, name) => {
+                            self.count_forwarded("Insert");
+                            let mut insert = Insert::new(name, part_docs, part_vectors)
+                                .users(users)
+                                .timeout(timeout);
+                            if let Some(durability) = durability {
+                                insert = insert.durability(durability);
+                            }
+                            client
+                                .insert(insert)
+                                .await
+                                .map_err(|e| cluster::forwarded(map, shard, e))?
+                                .seq_no
+                        }
+                    };
+                    Ok((seq, n_pairs))
+                }
+            })
+            .await;
         let mut positions = Vec::new();
         let mut n_inserted = 0;
         for (shard, answer) in answers {
@@ -160,43 +170,34 @@ impl TarnService {
         let user_ids = convert::ids(&request.user_ids);
         let durability = wire_durability(request.durability)?;
         let timeout = cluster::forward_deadline(deadline);
-        let parts = cluster::split(&map.def, &doc_ids, &user_ids).parts;
-        let shards: Vec<u32> = parts.iter().map(|p| p.0).collect();
-        let fan_out_started = std::time::Instant::now();
-        let answers = fan_out(shards, |shard| {
-            let (_, docs, users) = parts
-                .iter()
-                .find(|p| p.0 == shard)
-                .cloned()
-                .unwrap_or_default();
-            let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
-            let map = &map;
-            async move {
-                match cluster.target(map, shard, api_key).await? {
-                    Target::Local(name) => {
-                        self.local_remove(&name, part_docs, users, request.durability)
-                            .await
-                    }
-                    Target::Remote(client, name) => {
-                        self.metrics.forwarded.with_label_values(&["Remove"]).inc();
-                        let mut remove = Remove::new(name, part_docs).users(users).timeout(timeout);
-                        if let Some(durability) = durability {
-                            remove = remove.durability(durability);
+        let parts = cluster::split(&map.def, &doc_ids, &user_ids);
+        let answers = self
+            .fan_out("Remove", parts, |shard, (docs, users)| {
+                let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
+                let map = &map;
+                async move {
+                    match cluster.target(map, shard, api_key).await? {
+                        Target::Local(name) => {
+                            self.local_remove(&name, part_docs, users, request.durability)
+                                .await
                         }
-                        Ok(client
-                            .remove(remove)
-                            .await
-                            .map_err(|e| cluster::forwarded(map, shard, e))?
-                            .seq_no)
+                        Target::Remote(client, name) => {
+                            self.count_forwarded("Remove");
+                            let mut remove =
+                                Remove::new(name, part_docs).users(users).timeout(timeout);
+                            if let Some(durability) = durability {
+                                remove = remove.durability(durability);
+                            }
+                            Ok(client
+                                .remove(remove)
+                                .await
+                                .map_err(|e| cluster::forwarded(map, shard, e))?
+                                .seq_no)
+                        }
                     }
                 }
-            }
-        })
-        .await;
-        self.metrics
-            .fan_out
-            .with_label_values(&["Remove"])
-            .observe(fan_out_started.elapsed().as_secs_f64());
+            })
+            .await;
         let mut positions = Vec::new();
         for (shard, answer) in answers {
             positions.push((shard, answer?));
@@ -238,51 +239,48 @@ impl TarnService {
         let timeout = cluster::forward_deadline(deadline);
         let top_k = request.top_k;
         let shards = cluster::search_shards(&map.def, &user_ids);
-        let fan_out_started = std::time::Instant::now();
-        let answers = fan_out(shards, |shard| {
-            let min_seq = token.position(shard).max(request.min_seq_no);
-            let (vector, users, map) = (request.vector.clone(), user_ids.clone(), &map);
-            async move {
-                match cluster.target(map, shard, api_key).await? {
-                    Target::Local(name) => {
-                        let search = SearchRequest {
-                            user_ids: users,
-                            vector,
-                            top_k: top_k as usize,
-                            ef: request.ef as usize,
-                            exact: request.exact,
-                            min_seq,
-                        };
-                        let hits = self.local_search(&name, search, Some(timeout)).await?;
-                        Ok(cluster::shard_hits(
-                            hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
-                        ))
-                    }
-                    Target::Remote(client, name) => {
-                        self.metrics.forwarded.with_label_values(&["Search"]).inc();
-                        let search = Search::new(name, vector)
-                            .users(users)
-                            .top_k(top_k)
-                            .ef(request.ef)
-                            .exact(request.exact)
-                            .after(ReadToken::from_seq_no(min_seq))
-                            .timeout(timeout);
-                        let hits = client
-                            .search(search)
-                            .await
-                            .map_err(|e| cluster::forwarded(map, shard, e))?;
-                        Ok(cluster::shard_hits(
-                            hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
-                        ))
+        let parts = shards.into_iter().map(|shard| (shard, ())).collect();
+        let answers = self
+            .fan_out("Search", parts, |shard, ()| {
+                let min_seq = token.position(shard).max(request.min_seq_no);
+                let (vector, users, map) = (request.vector.clone(), user_ids.clone(), &map);
+                async move {
+                    match cluster.target(map, shard, api_key).await? {
+                        Target::Local(name) => {
+                            let search = SearchRequest {
+                                user_ids: users,
+                                vector,
+                                top_k: top_k as usize,
+                                ef: request.ef as usize,
+                                exact: request.exact,
+                                min_seq,
+                            };
+                            let hits = self.local_search(&name, search, Some(timeout)).await?;
+                            Ok(cluster::shard_hits(
+                                hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
+                            ))
+                        }
+                        Target::Remote(client, name) => {
+                            self.count_forwarded("Search");
+                            let search = Search::new(name, vector)
+                                .users(users)
+                                .top_k(top_k)
+                                .ef(request.ef)
+                                .exact(request.exact)
+                                .after(ReadToken::from_seq_no(min_seq))
+                                .timeout(timeout);
+                            let hits = client
+                                .search(search)
+                                .await
+                                .map_err(|e| cluster::forwarded(map, shard, e))?;
+                            Ok(cluster::shard_hits(
+                                hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
+                            ))
+                        }
                     }
                 }
-            }
-        })
-        .await;
-        self.metrics
-            .fan_out
-            .with_label_values(&["Search"])
-            .observe(fan_out_started.elapsed().as_secs_f64());
+            })
+            .await;
         let mut results = Vec::new();
         let mut missing_shards = Vec::new();
         for (shard, answer) in answers {
@@ -296,14 +294,7 @@ impl TarnService {
         }
         let hits = cluster::merge(&map.def, results, top_k as usize);
         Ok(pb::SearchResponse {
-            hits: hits
-                .into_iter()
-                .map(|h| pb::Hit {
-                    doc_id: Some(convert::u128_to_id(h.doc_id)),
-                    user_id: Some(convert::u128_to_id(h.user_id)),
-                    score: h.score,
-                })
-                .collect(),
+            hits: convert::hits(hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score))),
             missing_shards,
         })
     }
@@ -319,42 +310,34 @@ impl TarnService {
     ) -> Result<Vec<(u128, Vec<f32>)>, ApiError> {
         let map = cluster.map(collection).await?;
         let timeout = cluster::forward_deadline(deadline);
-        let parts = cluster::split(&map.def, doc_ids, &[user_id]).parts;
-        let shards: Vec<u32> = parts.iter().map(|p| p.0).collect();
-        let fan_out_started = std::time::Instant::now();
-        let answers = fan_out(shards, |shard| {
-            let (_, docs, _) = parts
-                .iter()
-                .find(|p| p.0 == shard)
-                .cloned()
-                .unwrap_or_default();
-            let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
-            let map = &map;
-            async move {
-                match cluster.target(map, shard, api_key).await? {
-                    Target::Local(name) => self.local_get(&name, user_id, &part_docs).await,
-                    Target::Remote(client, name) => {
-                        self.metrics.forwarded.with_label_values(&["Get"]).inc();
-                        let docs =
-                            tokio::time::timeout(timeout, client.get(&name, user_id, &part_docs))
-                                .await
-                                .map_err(|_| {
-                                    ApiError::Forwarded(tarn_client::Error::new(
-                                        tarn_client::Code::DeadlineExceeded,
-                                        format!("shard {shard} did not answer within {timeout:?}"),
-                                    ))
-                                })?
-                                .map_err(|e| cluster::forwarded(map, shard, e))?;
-                        Ok(docs.into_iter().map(|d| (d.doc_id, d.vector)).collect())
+        let parts = cluster::split(&map.def, doc_ids, &[user_id]);
+        let answers = self
+            .fan_out("Get", parts, |shard, (docs, _)| {
+                let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
+                let map = &map;
+                async move {
+                    match cluster.target(map, shard, api_key).await? {
+                        Target::Local(name) => self.local_get(&name, user_id, &part_docs).await,
+                        Target::Remote(client, name) => {
+                            self.count_forwarded("Get");
+                            let docs = tokio::time::timeout(
+                                timeout,
+                                client.get(&name, user_id, &part_docs),
+                            )
+                            .await
+                            .map_err(|_| {
+                                ApiError::Forwarded(tarn_client::Error::new(
+                                    tarn_client::Code::DeadlineExceeded,
+                                    format!("shard {shard} did not answer within {timeout:?}"),
+                                ))
+                            })?
+                            .map_err(|e| cluster::forwarded(map, shard, e))?;
+                            Ok(docs.into_iter().map(|d| (d.doc_id, d.vector)).collect())
+                        }
                     }
                 }
-            }
-        })
-        .await;
-        self.metrics
-            .fan_out
-            .with_label_values(&["Get"])
-            .observe(fan_out_started.elapsed().as_secs_f64());
+            })
+            .await;
         let mut docs = Vec::new();
         for (_, answer) in answers {
             docs.extend(answer?);
@@ -373,40 +356,36 @@ impl TarnService {
         map: &CollectionMap,
         api_key: Option<&str>,
     ) -> Result<pb::CollectionInfo, ApiError> {
-        let shards: Vec<u32> = (0..map.def.n_shards).collect();
-        let fan_out_started = std::time::Instant::now();
-        let answers = fan_out(shards, |shard| async move {
-            match cluster.target(map, shard, api_key).await? {
-                Target::Local(name) => self.local_info(&name).await,
-                Target::Remote(client, name) => {
-                    self.metrics
-                        .forwarded
-                        .with_label_values(&["GetCollection"])
-                        .inc();
-                    let info = client
-                        .collection_info(&name)
-                        .await
-                        .map_err(|e| cluster::forwarded(map, shard, e))?;
-                    Ok(pb::CollectionInfo {
-                        n_documents: info.n_documents,
-                        last_seq_no: info.last_seq_no,
-                        applied_seq_no: info.applied_seq_no,
-                        checkpoint_seq_no: info.checkpoint_seq_no,
-                        bytes_on_disk: info.bytes_on_disk,
-                        durable_seq_no: info.durable_seq_no,
-                        n_sealed_segments: info.n_sealed_segments,
-                        n_removed_not_compacted: info.n_removed_not_compacted,
-                        n_tenants: info.n_tenants,
-                        ..Default::default()
-                    })
+        let parts = (0..map.def.n_shards).map(|shard| (shard, ())).collect();
+        let answers = self
+            .fan_out("GetCollection", parts, |shard, ()| async move {
+                match cluster.target(map, shard, api_key).await? {
+                    Target::Local(name) => self.local_info(&name).await,
+                    Target::Remote(client, name) => {
+                        self.metrics
+                            .forwarded
+                            .with_label_values(&["GetCollection"])
+                            .inc();
+                        let info = client
+                            .collection_info(&name)
+                            .await
+                            .map_err(|e| cluster::forwarded(map, shard, e))?;
+                        Ok(pb::CollectionInfo {
+                            n_documents: info.n_documents,
+                            last_seq_no: info.last_seq_no,
+                            applied_seq_no: info.applied_seq_no,
+                            checkpoint_seq_no: info.checkpoint_seq_no,
+                            bytes_on_disk: info.bytes_on_disk,
+                            durable_seq_no: info.durable_seq_no,
+                            n_sealed_segments: info.n_sealed_segments,
+                            n_removed_not_compacted: info.n_removed_not_compacted,
+                            n_tenants: info.n_tenants,
+                            ..Default::default()
+                        })
+                    }
                 }
-            }
-        })
-        .await;
-        self.metrics
-            .fan_out
-            .with_label_values(&["GetCollection"])
-            .observe(fan_out_started.elapsed().as_secs_f64());
+            })
+            .await;
         let config: tarn_collection::CollectionConfig =
             serde_json::from_value(map.def.config.clone())
                 .map_err(|e| ApiError::Internal(format!("bad collection config: {e}")))?;
@@ -444,28 +423,24 @@ impl TarnService {
         api_key: Option<&str>,
     ) -> Result<u64, ApiError> {
         let map = cluster.map(collection).await?;
-        let shards: Vec<u32> = (0..map.def.n_shards).collect();
-        let fan_out_started = std::time::Instant::now();
-        let answers = fan_out(shards, |shard| {
-            let map = &map;
-            async move {
-                match cluster.target(map, shard, api_key).await? {
-                    Target::Local(name) => self.local_flush(&name).await,
-                    Target::Remote(client, name) => {
-                        self.metrics.forwarded.with_label_values(&["Flush"]).inc();
-                        client
-                            .flush(&name)
-                            .await
-                            .map_err(|e| cluster::forwarded(map, shard, e))
+        let parts = (0..map.def.n_shards).map(|shard| (shard, ())).collect();
+        let answers = self
+            .fan_out("Flush", parts, |shard, ()| {
+                let map = &map;
+                async move {
+                    match cluster.target(map, shard, api_key).await? {
+                        Target::Local(name) => self.local_flush(&name).await,
+                        Target::Remote(client, name) => {
+                            self.count_forwarded("Flush");
+                            client
+                                .flush(&name)
+                                .await
+                                .map_err(|e| cluster::forwarded(map, shard, e))
+                        }
                     }
                 }
-            }
-        })
-        .await;
-        self.metrics
-            .fan_out
-            .with_label_values(&["Flush"])
-            .observe(fan_out_started.elapsed().as_secs_f64());
+            })
+            .await;
         let mut total = 0;
         for (_, answer) in answers {
             total += answer?;

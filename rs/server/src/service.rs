@@ -373,14 +373,7 @@ impl Tarn for TarnService {
                 .local_search(&request.collection, search, deadline)
                 .await?;
             Ok(pb::SearchResponse {
-                hits: hits
-                    .into_iter()
-                    .map(|h| pb::Hit {
-                        doc_id: Some(convert::u128_to_id(h.doc_id)),
-                        user_id: Some(convert::u128_to_id(h.user_id)),
-                        score: h.score,
-                    })
-                    .collect(),
+                hits: convert::hits(hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score))),
                 missing_shards: Vec::new(),
             })
         }
