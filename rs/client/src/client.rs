@@ -16,7 +16,7 @@ use crate::error::{Code, Error, Result};
 use crate::snapshot::{feed_restore, Restored, SnapshotStream};
 use crate::types::{
     id_to_wire, ClusterStatus, CollectionInfo, CollectionSpec, Document, Hit, Insert, Remove,
-    Search, WriteAck,
+    Search, ShardKey, WriteAck,
 };
 
 /// Largest message the client sends or accepts (a large batch of vectors, a large `get`).
@@ -398,8 +398,24 @@ impl Client {
         collection: &str,
         reader: impl AsyncRead + Unpin + Send + 'static,
     ) -> Result<Restored> {
+        self.restore_snapshot_sharded(collection, 0, ShardKey::User, reader)
+            .await
+    }
+
+    /// [`Client::restore_snapshot`] into a cluster: the snapshot's documents become a new
+    /// collection of `shards` shards (0: 8) placed by `shard_key`, the way a collection that
+    /// started on one node moves into a cluster. The collection exists while it fills; a failed
+    /// import drops it. A single server ignores the shard settings.
+    pub async fn restore_snapshot_sharded(
+        &self,
+        collection: &str,
+        shards: u32,
+        shard_key: ShardKey,
+        reader: impl AsyncRead + Unpin + Send + 'static,
+    ) -> Result<Restored> {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let mut feeder = tokio::spawn(feed_restore(collection.to_owned(), reader, tx));
+        let sharding = (shards, shard_key.to_wire());
+        let mut feeder = tokio::spawn(feed_restore(collection.to_owned(), sharding, reader, tx));
         let mut stub = self.stub.clone();
         let rpc = stub.restore_snapshot(tokio_stream::wrappers::ReceiverStream::new(rx));
         tokio::pin!(rpc);

@@ -115,6 +115,7 @@ pub struct Restored {
 /// (the receiver is gone: the server answered, usually with an error).
 pub(crate) async fn feed_restore(
     collection: String,
+    (shards, shard_key): (u32, i32),
     mut reader: impl AsyncRead + Unpin,
     tx: tokio::sync::mpsc::Sender<pb::RestoreSnapshotRequest>,
 ) -> std::io::Result<u64> {
@@ -136,9 +137,12 @@ pub(crate) async fn feed_restore(
             return Ok(sent);
         }
         sent += filled as u64;
+        let first = collection.is_some();
         let message = pb::RestoreSnapshotRequest {
             collection: collection.take().unwrap_or_default(),
             data,
+            shards: if first { shards } else { 0 },
+            shard_key: if first { shard_key } else { 0 },
         };
         if tx.send(message).await.is_err() || last {
             return Ok(sent);

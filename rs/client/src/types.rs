@@ -144,7 +144,7 @@ pub enum ShardKey {
 }
 
 impl ShardKey {
-    fn to_wire(self) -> i32 {
+    pub(crate) fn to_wire(self) -> i32 {
         let key = match self {
             ShardKey::User => pb::ShardKey::User,
             ShardKey::Doc => pb::ShardKey::Doc,

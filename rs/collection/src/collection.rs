@@ -362,6 +362,17 @@ impl Collection {
             .collect()
     }
 
+    /// Every live document, as `(user_id, doc_id, vector)` in (user, doc) order, read from the
+    /// segments at the moment of the call (what an import into another collection copies). Writes
+    /// applied meanwhile may or may not be included; call it on a collection that takes none.
+    pub fn export_documents(&self) -> impl Iterator<Item = (u128, u128, Vec<f32>)> {
+        let set = self.shared().segments();
+        let pairs = set.live_documents();
+        pairs.into_iter().filter_map(move |(user_id, doc_id)| {
+            set.get(user_id, doc_id).map(|v| (user_id, doc_id, v))
+        })
+    }
+
     /// Waits until operation `seq` is applied (searchable), up to `timeout`.
     pub async fn wait_applied(&self, seq: u64, timeout: Duration) -> Result<()> {
         let mut applied = self.shared().applied.subscribe();

@@ -68,6 +68,21 @@ impl SegmentSet {
             || self.sealed.iter().any(|s| s.tombstone(user_id, doc_id))
     }
 
+    /// Every live `(user, doc)` pair, sorted, each once (a pair upserted while this runs may be
+    /// listed from both its old and new segment: hence the dedup).
+    pub(crate) fn live_documents(&self) -> Vec<(u128, u128)> {
+        let mut pairs = self.mutable.live_documents();
+        for (_, frozen) in &self.frozen {
+            pairs.extend(frozen.live_documents());
+        }
+        for sealed in &self.sealed {
+            pairs.extend(sealed.live_documents());
+        }
+        pairs.sort_unstable();
+        pairs.dedup();
+        pairs
+    }
+
     pub(crate) fn get(&self, user_id: u128, doc_id: u128) -> Option<Vec<f32>> {
         self.mutable
             .get(user_id, doc_id)

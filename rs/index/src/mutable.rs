@@ -188,6 +188,15 @@ impl MutableSegment {
         }
     }
 
+    /// Live `(user_id, doc_id)` pairs, read partition by partition.
+    pub fn live_documents(&self) -> Vec<(u128, u128)> {
+        let mut out = Vec::new();
+        for (user_id, partition) in self.partitions() {
+            out.extend(partition.data.read().by_doc.keys().map(|d| (user_id, *d)));
+        }
+        out
+    }
+
     pub fn contains(&self, user_id: u128, doc_id: u128) -> bool {
         self.partition(user_id)
             .is_some_and(|p| p.data.read().by_doc.contains_key(&doc_id))

@@ -28,6 +28,8 @@ pub async fn run(command: SnapshotCommand) -> anyhow::Result<()> {
             input,
             collection,
             data_dir: None,
+            shards,
+            shard_key,
         } => {
             let started = Instant::now();
             let file = tokio::fs::File::open(&input)
@@ -35,7 +37,7 @@ pub async fn run(command: SnapshotCommand) -> anyhow::Result<()> {
                 .with_context(|| format!("opening {}", input.display()))?;
             let restored = connect(&client)
                 .await?
-                .restore_snapshot(&collection, file)
+                .restore_snapshot_sharded(&collection, shards, shard_key.parse()?, file)
                 .await?;
             let seconds = started.elapsed().as_secs_f64();
             println!(

@@ -106,6 +106,12 @@ pub enum SnapshotCommand {
         /// Restore offline into this data directory (the server must be stopped).
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Into a cluster: the new collection's shards (0 = 8).
+        #[arg(long, default_value_t = 0)]
+        shards: u32,
+        /// Into a cluster: user or doc (see `tarn collection create`).
+        #[arg(long, default_value = "user")]
+        shard_key: String,
     },
     /// Check a snapshot file (every checksum, the parts, completeness) without restoring it.
     Verify {

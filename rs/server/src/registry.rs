@@ -8,6 +8,9 @@ use tarn_collection::{Collection, CollectionConfig, SnapshotInfo, SnapshotRestor
 
 use crate::status::ApiError;
 
+/// Directories of cluster imports' temporary copies start with this.
+const IMPORT_PREFIX: &str = ".import-";
+
 /// Collection names: `[A-Za-z0-9_-]{1,64}`, so a name is never a path.
 pub fn validate_name(name: &str) -> Result<(), ApiError> {
     let ok = !name.is_empty()
@@ -55,8 +58,9 @@ impl Registry {
                 // The LOCK file, a volume's placeholder: collections are directories.
                 continue;
             }
-            if name.starts_with(".drop-") {
-                // A drop interrupted after its rename: finish it.
+            if name.starts_with(".drop-") || name.starts_with(IMPORT_PREFIX) {
+                // A drop interrupted after its rename, or an import's temporary copy of a
+                // snapshot (cluster mode): finish the drop / discard the copy.
                 std::fs::remove_dir_all(entry.path())?;
                 continue;
             }
@@ -201,6 +205,16 @@ impl Registry {
             return Err(ApiError::AlreadyExists(name.to_owned()));
         }
         Ok(self.root.join(name))
+    }
+
+    /// A fresh hidden directory for a cluster import's temporary copy of a snapshot; one left
+    /// by a crash is deleted at the next start.
+    pub fn import_dir(&self, name: &str) -> Result<PathBuf, ApiError> {
+        validate_name(name)?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Ok(self.root.join(format!("{IMPORT_PREFIX}{name}-{nanos}")))
     }
 
     /// Makes a fully written restore the collection `name`: under the create/drop lock, checks

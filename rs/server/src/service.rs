@@ -163,12 +163,15 @@ impl Tarn for TarnService {
             let _permit = Arc::clone(&self.restore_slots)
                 .try_acquire_owned()
                 .map_err(|_| ApiError::TooManySnapshots(snapshots::MAX_CONCURRENT_SNAPSHOTS))?;
-            if self.cluster.is_some() {
-                return Err(ApiError::Unsupported(
-                    "this server is in a cluster: restoring a snapshot as a sharded collection \
-                     is not supported yet (docs/CLUSTER.md)"
-                        .to_owned(),
-                ));
+            if let Some(cluster) = &self.cluster {
+                let api_key = crate::auth::api_key(&request);
+                let (collection, seq_no) = self
+                    .import_snapshot(cluster, request.into_inner(), api_key.as_deref())
+                    .await?;
+                return Ok(pb::RestoreSnapshotResponse {
+                    collection: Some(collection),
+                    seq_no,
+                });
             }
             let (name, collection, info) =
                 snapshots::restore_from_stream(&self.registry, request.into_inner()).await?;

@@ -156,12 +156,11 @@ impl RestoreUpload {
     }
 }
 
-/// Receives a `RestoreSnapshot` upload and adopts the restored collection.
-pub async fn restore_from_stream(
-    registry: &Arc<Registry>,
-    mut stream: tonic::Streaming<pb::RestoreSnapshotRequest>,
-) -> Result<(String, Collection, SnapshotInfo), ApiError> {
-    let first = stream
+/// The first message of a `RestoreSnapshot` upload (it names the collection).
+pub async fn first_message(
+    stream: &mut tonic::Streaming<pb::RestoreSnapshotRequest>,
+) -> Result<pb::RestoreSnapshotRequest, ApiError> {
+    stream
         .message()
         .await
         .map_err(|s| ApiError::Aborted(format!("restore upload failed: {}", s.message())))?
@@ -170,11 +169,33 @@ pub async fn restore_from_stream(
                 "collection",
                 "the restore stream is empty; its first message must name the new collection",
             )
-        })?;
+        })
+}
+
+/// Receives a `RestoreSnapshot` upload and adopts the restored collection.
+pub async fn restore_from_stream(
+    registry: &Arc<Registry>,
+    mut stream: tonic::Streaming<pb::RestoreSnapshotRequest>,
+) -> Result<(String, Collection, SnapshotInfo), ApiError> {
+    let first = first_message(&mut stream).await?;
     let name = first.collection;
     let target = registry.restore_target(&name)?;
-    let mut upload = RestoreUpload::begin(&name, target)?;
-    let mut next = Some(first.data);
+    let restore = receive(&name, target, first.data, stream).await?;
+    let (collection, info) = registry.adopt_restore(&name, restore).await?;
+    tracing::info!(collection = %name, seq_no = info.seq_no, "snapshot restored");
+    Ok((name, collection, info))
+}
+
+/// Writes the upload (`first_data`, then the rest of `stream`) into a restore at `target` and
+/// returns it complete but not finished.
+pub async fn receive(
+    name: &str,
+    target: std::path::PathBuf,
+    first_data: Vec<u8>,
+    mut stream: tonic::Streaming<pb::RestoreSnapshotRequest>,
+) -> Result<SnapshotRestore, ApiError> {
+    let mut upload = RestoreUpload::begin(name, target)?;
+    let mut next = Some(first_data);
     let mut n_bytes = 0u64;
     loop {
         if let Some(data) = next.take() {
@@ -185,7 +206,7 @@ pub async fn restore_from_stream(
         }
         match stream.message().await {
             Ok(Some(message)) => {
-                if !message.collection.is_empty() && message.collection != name {
+                if !message.collection.is_empty() && message.collection != *name {
                     return Err(ApiError::invalid(
                         "collection",
                         format!(
@@ -209,7 +230,6 @@ pub async fn restore_from_stream(
         }
     }
     let restore = upload.finish().await?;
-    let (collection, info) = registry.adopt_restore(&name, restore).await?;
-    tracing::info!(collection = %name, seq_no = info.seq_no, n_bytes, "snapshot restored");
-    Ok((name, collection, info))
+    tracing::info!(collection = %name, n_bytes, "snapshot received");
+    Ok(restore)
 }

@@ -204,21 +204,7 @@ fn routing_over_an_in_memory_shard_map() {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
     rt.block_on(async {
-        let store = std::sync::Arc::new(tarn_cluster::MemoryStore::default());
-        let mut servers = Vec::new();
-        for i in 1..=3 {
-            let listen = format!("127.0.0.1:{}", free_port());
-            let mut config = tarn_server::ServeConfig::in_process(dir.path().join(format!("n{i}")));
-            config.listen = listen.clone();
-            config.cluster = Some(tarn_server::ClusterConfig {
-                etcd: Vec::new(),
-                node_id: format!("n{i}"),
-                advertise: listen,
-                lease_ttl: Duration::from_secs(2),
-                store: Some(store.clone()),
-            });
-            servers.push(tarn_server::start(config).await.unwrap());
-        }
+        let (servers, store) = memory_cluster(dir.path(), 3).await;
         let mut clients = Vec::new();
         for server in &servers {
             clients.push(Client::connect(server.grpc_addr()).await.unwrap());
@@ -323,6 +309,168 @@ fn routing_over_an_in_memory_shard_map() {
         for server in servers {
             server.shutdown().await.unwrap();
         }
+    });
+}
+
+/// `n` in-process cluster nodes over a shared in-memory map (and the map, to expire leases).
+async fn memory_cluster(
+    dir: &Path,
+    n: usize,
+) -> (
+    Vec<tarn_server::RunningServer>,
+    std::sync::Arc<tarn_cluster::MemoryStore>,
+) {
+    let store = std::sync::Arc::new(tarn_cluster::MemoryStore::default());
+    let mut servers = Vec::new();
+    for i in 1..=n {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let mut config = tarn_server::ServeConfig::in_process(dir.join(format!("n{i}")));
+        config.listen = listen.clone();
+        config.cluster = Some(tarn_server::ClusterConfig {
+            etcd: Vec::new(),
+            node_id: format!("n{i}"),
+            advertise: listen,
+            lease_ttl: Duration::from_secs(2),
+            store: Some(store.clone()),
+        });
+        servers.push(tarn_server::start(config).await.unwrap());
+    }
+    (servers, store)
+}
+
+/// The documented way from one node to a cluster: a snapshot of the single node's collection,
+/// restored into the cluster as a sharded collection; every document comes over, once, and
+/// exact search answers as on the single node.
+#[test]
+fn a_single_node_collection_moves_into_a_cluster_by_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        const DIM: usize = 8;
+        let single = tarn_server::start(tarn_server::ServeConfig::in_process(
+            dir.path().join("single"),
+        ))
+        .await
+        .unwrap();
+        let alone = Client::connect(single.grpc_addr()).await.unwrap();
+        alone
+            .create_collection(CollectionSpec::new("docs", DIM as u32).metric(Metric::L2))
+            .await
+            .unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+        let mut model: BTreeMap<(u128, u128), Vec<f32>> = BTreeMap::new();
+        for tenant in [1u128, 2, 3] {
+            let v = vectors(&mut rng, 700, DIM);
+            let ids: Vec<u128> = (0..700).collect();
+            alone
+                .insert(Insert::new("docs", ids.clone(), v.clone()).users([tenant]))
+                .await
+                .unwrap();
+            for (i, id) in ids.iter().enumerate() {
+                model.insert((tenant, *id), v[i * DIM..(i + 1) * DIM].to_vec());
+            }
+        }
+        alone.flush("docs").await.unwrap();
+        // After the checkpoint: removals (tombstones) and upserts (in the log tail).
+        alone
+            .remove(Remove::new("docs", (0..50u128).collect::<Vec<_>>()).users([2u128]))
+            .await
+            .unwrap();
+        for id in 0..50u128 {
+            model.remove(&(2, id));
+        }
+        let v = vectors(&mut rng, 10, DIM);
+        alone
+            .insert(
+                Insert::new("docs", (100..110u128).collect::<Vec<_>>(), v.clone()).users([3u128]),
+            )
+            .await
+            .unwrap();
+        for i in 0..10 {
+            model.insert((3, 100 + i as u128), v[i * DIM..(i + 1) * DIM].to_vec());
+        }
+        let mut stream = alone.create_snapshot("docs").await.unwrap();
+        let mut file = Vec::new();
+        while let Some(chunk) = stream.next_chunk().await.unwrap() {
+            file.extend_from_slice(&chunk);
+        }
+
+        let (servers, _) = memory_cluster(&dir.path().join("cluster"), 3).await;
+        let client = Client::connect(servers[1].grpc_addr()).await.unwrap();
+        let restored = client
+            .restore_snapshot_sharded("docs", 4, ShardKey::Doc, std::io::Cursor::new(file.clone()))
+            .await
+            .unwrap();
+        assert_eq!(restored.collection.n_documents, model.len() as u64);
+        assert_eq!(
+            (restored.collection.shards, restored.collection.dimension),
+            (4, DIM as u32)
+        );
+        assert_eq!(restored.collection.metric, Metric::L2);
+        // Every document, once, through another node.
+        let other = Client::connect(servers[2].grpc_addr()).await.unwrap();
+        for tenant in [1u128, 2, 3] {
+            let docs = other
+                .get("docs", tenant, &(0..700u128).collect::<Vec<_>>())
+                .await
+                .unwrap();
+            let got: BTreeMap<u128, Vec<f32>> =
+                docs.into_iter().map(|d| (d.doc_id, d.vector)).collect();
+            let want: BTreeMap<u128, Vec<f32>> = model
+                .iter()
+                .filter(|((u, _), _)| *u == tenant)
+                .map(|((_, d), v)| (*d, v.clone()))
+                .collect();
+            assert_eq!(got, want, "tenant {tenant}");
+            for q in 0..3 {
+                let query = vectors(&mut rng, 1, DIM);
+                let here = other
+                    .search(
+                        Search::new("docs", query.clone())
+                            .users([tenant])
+                            .exact(true)
+                            .top_k(5),
+                    )
+                    .await
+                    .unwrap();
+                let there = alone
+                    .search(
+                        Search::new("docs", query)
+                            .users([tenant])
+                            .exact(true)
+                            .top_k(5),
+                    )
+                    .await
+                    .unwrap();
+                let ids = |h: &[tarn_client::Hit]| h.iter().map(|h| h.doc_id).collect::<Vec<_>>();
+                assert_eq!(ids(&here), ids(&there), "tenant {tenant} query {q}");
+            }
+        }
+        // Onto a taken name: refused; a damaged file: refused, and nothing appears.
+        let error = client
+            .restore_snapshot("docs", std::io::Cursor::new(file.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), Code::AlreadyExists);
+        let mut damaged = file;
+        let at = damaged.len() / 2;
+        damaged[at] ^= 0x20;
+        let error = client
+            .restore_snapshot("docs2", std::io::Cursor::new(damaged))
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), Code::InvalidArgument, "{error}");
+        assert_eq!(client.list_collections().await.unwrap(), vec!["docs"]);
+        let leftovers: Vec<String> = std::fs::read_dir(dir.path().join("cluster/n2/collections"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        for server in servers {
+            server.shutdown().await.unwrap();
+        }
+        single.shutdown().await.unwrap();
     });
 }
 
@@ -715,7 +863,7 @@ fn a_killed_node_s_shards_are_unavailable_then_come_back_whole() {
     rt.block_on(async {
         let client = Client::connect(nodes[0].addr()).await.unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;
-        client
+        let ack = client
             .insert(Insert::new(
                 "load",
                 [5_000_000u128, 5_000_001],
@@ -724,7 +872,12 @@ fn a_killed_node_s_shards_are_unavailable_then_come_back_whole() {
             .await
             .unwrap();
         let hits = client
-            .search(Search::new("load", vec![0.5f32; DIM]).exact(true).top_k(2))
+            .search(
+                Search::new("load", vec![0.5f32; DIM])
+                    .exact(true)
+                    .top_k(2)
+                    .after(ack.read_token()),
+            )
             .await
             .unwrap();
         assert!(hits.iter().all(|h| h.score < 1e-4));

@@ -309,6 +309,7 @@ fn kill_9_in_the_middle_of_a_snapshot_or_a_restore_leaves_a_clean_server() {
         tx.send(pb::RestoreSnapshotRequest {
             collection: "half".into(),
             data: bytes[..half].to_vec(),
+            ..Default::default()
         })
         .await
         .unwrap();

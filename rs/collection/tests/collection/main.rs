@@ -585,3 +585,48 @@ fn writes_during_background_checkpoints_are_never_lost_or_resurrected() {
     assert_eq!(c.stats().checkpoint_seq, seq);
     check(&c, "after reopening");
 }
+
+#[test]
+fn export_lists_every_live_document_once_from_every_kind_of_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Collection::create(dir.path(), config()).unwrap();
+    let base = clustered_vectors(600, DIM, 8, 11);
+    let rt = runtime();
+    let mut want = std::collections::BTreeMap::new();
+    rt.block_on(async {
+        // Sealed: 400 rows of two tenants, then a checkpoint; then upserts of 50 of them and
+        // removals of 30 (tombstones in the sealed segment), and 200 new rows (mutable).
+        insert_rows(&c, &base, 0..400, 1).await;
+        insert_rows(&c, &base, 0..100, 2).await;
+        c.flush().await.unwrap();
+        for i in 0..400 {
+            want.insert((1u128, i as u128), row(&base, i).to_vec());
+        }
+        for i in 0..100 {
+            want.insert((2u128, i as u128), row(&base, i).to_vec());
+        }
+        let ids: Vec<u128> = (0..50).collect();
+        let vectors: Vec<f32> = (500..550).flat_map(|i| row(&base, i).to_vec()).collect();
+        c.insert(&ids, &[1], &vectors, None).await.unwrap();
+        for (k, id) in ids.iter().enumerate() {
+            want.insert((1, *id), row(&base, 500 + k).to_vec());
+        }
+        let removed: Vec<u128> = (100..130).collect();
+        c.remove(&removed, &[1], None).await.unwrap();
+        for id in &removed {
+            want.remove(&(1, *id));
+        }
+        let last = insert_rows(&c, &base, 400..600, 3).await;
+        for i in 400..600 {
+            want.insert((3u128, i as u128), row(&base, i).to_vec());
+        }
+        c.wait_applied(last, Duration::from_secs(10)).await.unwrap();
+    });
+    let got: std::collections::BTreeMap<(u128, u128), Vec<f32>> = c
+        .export_documents()
+        .map(|(user, doc, vector)| ((user, doc), vector))
+        .collect();
+    assert_eq!(got.len(), want.len());
+    assert_eq!(got, want);
+    assert_eq!(c.export_documents().count(), c.stats().n_documents as usize);
+}
