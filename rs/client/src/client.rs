@@ -16,7 +16,7 @@ use crate::error::{Code, Error, Result};
 use crate::snapshot::{feed_restore, Restored, SnapshotStream};
 use crate::types::{
     id_to_wire, ClusterStatus, CollectionInfo, CollectionSpec, Document, Hit, Insert, Remove,
-    Search, ShardKey, WriteAck,
+    Search, ShardKey, ShardStatus, WriteAck,
 };
 
 /// Largest message the client sends or accepts (a large batch of vectors, a large `get`).
@@ -327,6 +327,29 @@ impl Client {
         }
         let reply = stub.status(request).await?.into_inner();
         Ok(ClusterStatus::from_wire(reply))
+    }
+
+    /// Cluster mode: gives the dead node `node_id`'s shards to live nodes as empty shards, their
+    /// data lost for good (with `confirm` false, only lists what would be given up). Returns the
+    /// shards with their new owners. FAILED_PRECONDITION while the node is alive.
+    pub async fn forget_node(&self, node_id: &str, confirm: bool) -> Result<Vec<ShardStatus>> {
+        let mut stub = tarn_proto::v1::cluster_client::ClusterClient::with_interceptor(
+            self.channel.clone(),
+            self.auth.clone(),
+        );
+        let mut request = tonic::Request::new(pb::ForgetNodeRequest {
+            node_id: node_id.to_owned(),
+            confirm,
+        });
+        if let Some(timeout) = self.timeout {
+            request.set_timeout(timeout);
+        }
+        let reply = stub.forget_node(request).await?.into_inner();
+        Ok(ClusterStatus::from_wire(pb::ClusterStatusResponse {
+            shards: reply.shards,
+            ..Default::default()
+        })
+        .shards)
     }
 
     /// The stored documents of one tenant among `doc_ids`; ids not stored are absent.

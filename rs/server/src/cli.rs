@@ -70,6 +70,17 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum ClusterCommand {
+    /// Give a dead node's shards to live nodes as empty shards: their data is lost for good.
+    /// Lists what would be given up unless --yes.
+    Forget {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The dead node's id.
+        node_id: String,
+        /// Give the data up (without it, only list it).
+        #[arg(long)]
+        yes: bool,
+    },
     /// Nodes (alive or not) and every shard's owner, epoch and state.
     Status {
         #[command(flatten)]

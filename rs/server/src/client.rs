@@ -211,6 +211,31 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Insert(args) => insert(args).await?,
         Command::Bench(command) => crate::bench::run(command).await?,
         Command::Snapshot(command) => crate::backup::run(command).await?,
+        Command::Cluster(ClusterCommand::Forget {
+            client,
+            node_id,
+            yes,
+        }) => {
+            let shards = connect(&client).await?.forget_node(&node_id, yes).await?;
+            if shards.is_empty() {
+                println!("node {node_id} owns no shards: nothing to give up");
+            }
+            for shard in &shards {
+                println!(
+                    "{} shard {} of collection {}: its data on {node_id} is {}; it {} empty on {} (epoch {})",
+                    if yes { "gave up" } else { "would give up" },
+                    shard.shard,
+                    shard.collection,
+                    if yes { "lost" } else { "to be lost" },
+                    if yes { "starts" } else { "would start" },
+                    shard.node_id,
+                    shard.epoch
+                );
+            }
+            if !yes && !shards.is_empty() {
+                println!("nothing changed: run again with --yes to give this data up for good");
+            }
+        }
         Command::Cluster(ClusterCommand::Status { client, json }) => {
             let status = connect(&client).await?.cluster_status().await?;
             print_cluster_status(&status, json);

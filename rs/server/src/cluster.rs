@@ -16,8 +16,8 @@ use dashmap::DashMap;
 use tarn_client::{Client, Code};
 use tarn_cluster::{
     initial_placement, merge_top_k, shard_for, ClusterState, ClusterStore, CollectionDef,
-    CollectionMap, NodeInfo, ReadPositions, Registration, ShardHit, ShardKey, ShardName,
-    DEFAULT_SHARDS, MAX_SHARDS,
+    CollectionMap, NodeInfo, ReadPositions, Registration, ShardAssignment, ShardHit, ShardKey,
+    ShardName, DEFAULT_SHARDS, MAX_SHARDS,
 };
 use tarn_collection::{Collection, CollectionConfig, MetricName};
 use tarn_proto::v1 as pb;
@@ -93,7 +93,7 @@ impl ClusterNode {
         let registration = store.register(&node, lease_ttl).await?;
         let state = store.watch().await?;
         tracing::info!(%node_id, %address, "joined the cluster");
-        tokio::spawn(reconcile(state.clone(), registry));
+        tokio::spawn(reconcile(state.clone(), registry, node_id.clone()));
         Ok(Arc::new(ClusterNode {
             node_id,
             address,
@@ -289,6 +289,86 @@ impl ClusterNode {
         Ok(())
     }
 
+    /// `ForgetNode`: hands every shard of the dead node `node_id` to the live node with the
+    /// fewest shards, as an empty shard at the next epoch (compare-and-swap per shard). With
+    /// `confirm` false, only the plan. Refused while the node is alive.
+    pub async fn forget(
+        &self,
+        node_id: &str,
+        confirm: bool,
+    ) -> Result<Vec<(String, u32, ShardAssignment)>, ApiError> {
+        let state = self.state();
+        if state.is_alive(node_id) {
+            return Err(ApiError::Unsupported(format!(
+                "node {node_id} is alive: only a dead node's shards can be given up"
+            )));
+        }
+        let mut load: BTreeMap<String, usize> =
+            state.nodes.keys().map(|n| (n.clone(), 0)).collect();
+        if load.is_empty() {
+            return Err(ApiError::Unsupported(
+                "no live node to take the shards".into(),
+            ));
+        }
+        for map in state.collections.values() {
+            for assignment in &map.shards {
+                if let Some(n) = load.get_mut(&assignment.owner) {
+                    *n += 1;
+                }
+            }
+        }
+        let mut plan = Vec::new();
+        for (name, map) in &state.collections {
+            for (shard, assignment) in map.shards.iter().enumerate() {
+                if assignment.owner != node_id {
+                    continue;
+                }
+                let (target, n) = load
+                    .iter_mut()
+                    .min_by_key(|(id, n)| (**n, (*id).clone()))
+                    .ok_or_else(|| ApiError::Internal("no live node".into()))?;
+                *n += 1;
+                plan.push((
+                    name.clone(),
+                    shard as u32,
+                    assignment.epoch,
+                    ShardAssignment {
+                        owner: target.clone(),
+                        epoch: assignment.epoch + 1,
+                    },
+                ));
+            }
+        }
+        if confirm {
+            for (name, shard, epoch, new) in &plan {
+                let swapped = self
+                    .store
+                    .compare_and_set_shard(name, *shard, *epoch, new)
+                    .await
+                    .map_err(store_error)?;
+                if !swapped {
+                    return Err(ApiError::StaleShardMap(format!(
+                        "shard {shard} of collection '{name}' changed meanwhile: run forget again"
+                    )));
+                }
+                tracing::warn!(collection = %name, shard, forgotten = %node_id, owner = %new.owner, "shard given up: its data is lost, it starts empty");
+            }
+            let last = plan.last().map(|p| (p.0.clone(), p.1, p.3.epoch));
+            if let Some((name, shard, epoch)) = last {
+                self.wait_for(|s| {
+                    s.collections
+                        .get(&name)
+                        .is_some_and(|m| m.shards[shard as usize].epoch >= epoch)
+                })
+                .await;
+            }
+        }
+        Ok(plan
+            .into_iter()
+            .map(|(name, shard, _, new)| (name, shard, new))
+            .collect())
+    }
+
     pub fn list(&self) -> Vec<String> {
         self.state().collections.keys().cloned().collect()
     }
@@ -324,8 +404,13 @@ fn store_error(error: tarn_cluster::ClusterError) -> ApiError {
 }
 
 /// Drops the local shards of collections that are gone from the map (or were re-created
-/// under a new uid). Runs for the life of the node.
-async fn reconcile(mut state: watch::Receiver<Arc<ClusterState>>, registry: Arc<Registry>) {
+/// under a new uid), and of shards the map gives to another node (a node forgotten while it was
+/// down finds its shards given up when it returns). Runs for the life of the node.
+async fn reconcile(
+    mut state: watch::Receiver<Arc<ClusterState>>,
+    registry: Arc<Registry>,
+    node_id: String,
+) {
     loop {
         let current = Arc::clone(&state.borrow_and_update());
         for local in registry.shard_names() {
@@ -335,7 +420,9 @@ async fn reconcile(mut state: watch::Receiver<Arc<ClusterState>>, registry: Arc<
             let live = current
                 .collections
                 .get(&shard.collection)
-                .is_some_and(|m| m.def.uid == shard.uid);
+                .filter(|m| m.def.uid == shard.uid)
+                .and_then(|m| m.shards.get(shard.shard as usize))
+                .is_some_and(|a| a.owner == node_id);
             if !live && current.revision > 0 {
                 tracing::info!(shard = %local, "dropping a shard whose collection is gone");
                 if let Err(error) = registry.drop_shard(&local).await {

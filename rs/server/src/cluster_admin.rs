@@ -16,18 +16,53 @@ pub struct ClusterAdmin {
     pub keys: ApiKeys,
 }
 
+impl ClusterAdmin {
+    fn node(&self) -> Result<&Arc<ClusterNode>, Status> {
+        self.cluster.as_ref().ok_or_else(|| {
+            Status::failed_precondition("this server is not in a cluster (start it with --etcd)")
+        })
+    }
+}
+
 #[tonic::async_trait]
 impl Cluster for ClusterAdmin {
+    async fn forget_node(
+        &self,
+        request: Request<pb::ForgetNodeRequest>,
+    ) -> Result<Response<pb::ForgetNodeResponse>, Status> {
+        self.keys.check(&request, Access::Write)?;
+        let cluster = self.node()?;
+        let request = request.into_inner();
+        let plan = cluster
+            .forget(&request.node_id, request.confirm)
+            .await
+            .map_err(Status::from)?;
+        Ok(Response::new(pb::ForgetNodeResponse {
+            shards: plan
+                .into_iter()
+                .map(|(collection, shard, new)| pb::ClusterShard {
+                    collection,
+                    shard,
+                    node_id: new.owner,
+                    epoch: new.epoch,
+                    state: if request.confirm {
+                        "serving"
+                    } else {
+                        "planned"
+                    }
+                    .to_owned(),
+                })
+                .collect(),
+            applied: request.confirm,
+        }))
+    }
+
     async fn status(
         &self,
         request: Request<pb::ClusterStatusRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
         self.keys.check(&request, Access::Read)?;
-        let Some(cluster) = &self.cluster else {
-            return Err(Status::failed_precondition(
-                "this server is not in a cluster (start it with --etcd)",
-            ));
-        };
+        let cluster = self.node()?;
         let state = cluster.state();
         // Nodes: the live ones, and every owner whose lease lapsed (it still owns its shards).
         let mut nodes: Vec<pb::ClusterNode> = state

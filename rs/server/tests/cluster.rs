@@ -306,6 +306,76 @@ fn routing_over_an_in_memory_shard_map() {
         }));
         let status = clients[1].cluster_status().await.unwrap();
         assert!(status.nodes.iter().any(|n| n.node_id == "n3" && !n.alive));
+
+        // Forgetting a live node is refused; a dry run changes nothing; then n3's shards are
+        // given up: empty, on the live nodes, at the next epoch, and every search answers again.
+        let error = clients[0].forget_node("n1", true).await.unwrap_err();
+        assert_eq!(error.code(), Code::FailedPrecondition, "{error}");
+        let plan = clients[0].forget_node("n3", false).await.unwrap();
+        let mut planned: Vec<u32> = plan.iter().map(|s| s.shard).collect();
+        planned.sort_unstable();
+        assert_eq!(planned, n3_shards);
+        assert_eq!(clients[0].cluster_status().await.unwrap(), status);
+        let given = clients[0].forget_node("n3", true).await.unwrap();
+        assert!(
+            given.iter().all(|s| s.node_id != "n3" && s.epoch == 2),
+            "{given:?}"
+        );
+        let hits = clients[1]
+            .search(
+                Search::new("docs", vec![0.0f32; DIM])
+                    .exact(true)
+                    .top_k(300),
+            )
+            .await
+            .unwrap();
+        let expected = (0..300u128)
+            .filter(|d| !n3_shards.contains(&tarn_cluster::shard_for(*d, 5)))
+            .count();
+        assert_eq!(hits.len(), expected, "the given-up shards start empty");
+        let ack = clients[2]
+            .insert(Insert::new(
+                "docs",
+                (0..300u128).collect::<Vec<_>>(),
+                v.clone(),
+            ))
+            .await
+            .unwrap();
+        let hits = clients[0]
+            .search(
+                Search::new("docs", vec![0.0f32; DIM])
+                    .exact(true)
+                    .top_k(300)
+                    .after(ack.read_token()),
+            )
+            .await
+            .unwrap();
+        assert_eq!(hits.len(), 300);
+        let status = clients[0].cluster_status().await.unwrap();
+        assert!(status.nodes.iter().all(|n| n.node_id != "n3"), "{status:?}");
+        // n3 (still running here) drops its copies of the shards it no longer owns.
+        let n3_dir = dir.path().join("n3/collections");
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let left = std::fs::read_dir(&n3_dir)
+                .unwrap()
+                .filter(|e| {
+                    e.as_ref()
+                        .unwrap()
+                        .file_name()
+                        .to_string_lossy()
+                        .starts_with("docs.")
+                })
+                .count();
+            if left == 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{left} shards left on n3"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         for server in servers {
             server.shutdown().await.unwrap();
         }
