@@ -106,6 +106,15 @@ class CollectionInfo:
         )
 
 
+@dataclass(frozen=True)
+class WriteAck:
+    """An acknowledged write: its sequence number (0 for a write to several shards) and the
+    opaque read token to pass as `search(read_token=...)`."""
+
+    seq_no: int
+    read_token: bytes
+
+
 class Client:
     """A connection to one tarn server. Thread-safe (one gRPC channel)."""
 
@@ -208,6 +217,23 @@ class Client:
         )
         return self._call(self.stub.Insert, request).seq_no
 
+    def insert_acked(self, collection: str, doc_ids: Ids, vectors, **kwargs) -> "WriteAck":
+        """`insert`, returning a `WriteAck` whose `read_token` a later `search(read_token=...)`
+        waits for on every shard the write touched (cluster mode; works on one node too)."""
+        ids = _ids(doc_ids)
+        matrix = _matrix(vectors)
+        if len(ids) != matrix.shape[0]:
+            raise ValueError(f"{len(ids)} doc_ids for {matrix.shape[0]} vectors")
+        request = tarn_pb2.InsertRequest(
+            collection=collection,
+            doc_ids=ids,
+            user_ids=_ids(kwargs.get("user_ids")),
+            vectors=matrix.ravel().tolist(),
+            durability=_DURABILITY[kwargs.get("durability")],
+        )
+        reply = self._call(self.stub.Insert, request)
+        return WriteAck(reply.seq_no, reply.read_token)
+
     def remove(
         self,
         collection: str,
@@ -222,6 +248,18 @@ class Client:
             durability=_DURABILITY[durability],
         )
         return self._call(self.stub.Remove, request).seq_no
+
+    def remove_acked(self, collection: str, doc_ids: Ids, user_ids: Optional[Ids] = None,
+                     durability: Optional[str] = None) -> "WriteAck":
+        """`remove`, returning a `WriteAck` (see `insert_acked`)."""
+        request = tarn_pb2.RemoveRequest(
+            collection=collection,
+            doc_ids=_ids(doc_ids),
+            user_ids=_ids(user_ids),
+            durability=_DURABILITY[durability],
+        )
+        reply = self._call(self.stub.Remove, request)
+        return WriteAck(reply.seq_no, reply.read_token)
 
     def flush(self, collection: str) -> int:
         """Checkpoints everything logged so far; returns the last sequence number included."""
@@ -238,6 +276,8 @@ class Client:
         ef: int = 0,
         exact: bool = False,
         min_seq_no: int = 0,
+        read_token: bytes = b"",
+        allow_partial: bool = False,
     ) -> list:
         """The `top_k` nearest documents of the given tenants (tenant 0 when None), best first."""
         query = _matrix(vector)
@@ -251,6 +291,8 @@ class Client:
             ef=ef,
             exact=exact,
             min_seq_no=min_seq_no,
+            read_token=read_token,
+            allow_partial=allow_partial,
         )
         response = self._call(self.stub.Search, request)
         return [Hit(from_id(h.doc_id), from_id(h.user_id), h.score) for h in response.hits]

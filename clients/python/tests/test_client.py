@@ -150,3 +150,19 @@ def test_snapshot_and_restore_round_trip(client, tmp_path):
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "snapshot" in refused.value.details()
     assert "py_snap_bad" not in client.list_collections()
+
+
+def test_read_tokens_make_a_search_wait_for_the_write(client):
+    name = "py_tokens"
+    client.create_collection(name, dimension=4, metric="l2")
+    ack = client.insert_acked(name, doc_ids=[1, 2], vectors=np.eye(4, dtype=np.float32)[:2], user_ids=9)
+    assert ack.seq_no > 0 and ack.read_token
+    hits = client.search(name, [1, 0, 0, 0], top_k=2, user_ids=9, read_token=ack.read_token)
+    assert [h.doc_id for h in hits] == [1, 2]
+    gone = client.remove_acked(name, doc_ids=[1], user_ids=9)
+    hits = client.search(name, [1, 0, 0, 0], top_k=2, user_ids=9, read_token=gone.read_token)
+    assert [h.doc_id for h in hits] == [2]
+    with pytest.raises(grpc.RpcError) as bad:
+        client.search(name, [1, 0, 0, 0], read_token=b"garbage")
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "read_token" in bad.value.details()
