@@ -9,6 +9,9 @@
 //!   truncation) last. Requests that arrive during the sync form the next group.
 //! - Sequence numbers are handed out in queue order; the `n`-th append of a group gets the
 //!   group's first sequence number plus `n`.
+//! - A panic on the log-writer thread (in the log or in the observer) poisons the log and closes
+//!   its queue: the group in flight is answered `Closed`, everything queued and every later
+//!   request `Poisoned` naming the panic, so no ticket waits forever.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -269,7 +272,13 @@ impl Wal {
         let thread_shared = Arc::clone(&shared);
         let writer_thread = std::thread::Builder::new()
             .name("tarn-wal-writer".to_owned())
-            .spawn(move || run_writer(&thread_shared, log, observer))
+            .spawn(move || {
+                let run =
+                    std::panic::AssertUnwindSafe(|| run_writer(&thread_shared, log, observer));
+                if let Err(panic) = std::panic::catch_unwind(run) {
+                    writer_died(&thread_shared, panic_message(panic.as_ref()));
+                }
+            })
             .map_err(|e| WalError::io("spawn writer thread", dir, e))?;
         Ok(Wal {
             handle: Arc::new(Handle {
@@ -289,7 +298,11 @@ impl Wal {
         }
         match self.shared().queue.submit(request) {
             Ok(ticket) => ticket,
-            Err(_) => Ticket::ready(Err(WalError::Closed)),
+            // Closed: by `close`, or because the writer died (which poisons first).
+            Err(_) => Ticket::ready(Err(match self.shared().poisoned() {
+                Some(first_error) => WalError::Poisoned { first_error },
+                None => WalError::Closed,
+            })),
         }
     }
 
@@ -394,6 +407,33 @@ impl Wal {
             Some(first_error) => Err(WalError::Poisoned { first_error }),
             None => Ok(()),
         }
+    }
+}
+
+/// What a panic carried, as text.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// The log-writer thread panicked: poison the log, close the queue and answer what is queued,
+/// so every waiting and later caller fails at once.
+fn writer_died(shared: &Shared, why: String) {
+    let first_error: Arc<str> = format!("the WAL writer thread panicked: {why}").into();
+    tracing::error!(error = %first_error, "WAL writer thread died; the log refuses writes until reopened");
+    shared
+        .poisoned
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(|| Arc::clone(&first_error));
+    let first_error = shared.poisoned().unwrap_or(first_error);
+    for member in shared.queue.close_and_drain() {
+        member.complete(Err(WalError::Poisoned {
+            first_error: Arc::clone(&first_error),
+        }));
     }
 }
 

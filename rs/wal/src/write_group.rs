@@ -9,6 +9,11 @@
 //! In tarn the leader is the log-writer thread, so no caller's thread (and never a tokio worker)
 //! blocks on file I/O. Dropping a ticket is safe: the request still runs with its group and its
 //! result is discarded; no other member waits for it.
+//!
+//! If the leader dies (panics), the members of the group it held are answered [`Abandoned`]
+//! when the group is dropped during unwinding; the leader's owner then calls
+//! [`GroupQueue::close_and_drain`] to refuse later submissions and answer everything still
+//! queued, so no ticket waits forever (`log_writer.rs` does this and poisons the log).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -217,6 +222,18 @@ impl<R, T: From<Abandoned>> GroupQueue<R, T> {
         self.arrived.notify_all();
     }
 
+    /// Stops accepting requests and takes everything still queued, for a leader that cannot go
+    /// on (its owner answers them; dropping them answers [`Abandoned`]).
+    pub(crate) fn close_and_drain(&self) -> Vec<Member<R, T>> {
+        let drained: Vec<_> = {
+            let mut state = lock(&self.state);
+            state.closed = true;
+            state.pending.drain(..).collect()
+        };
+        self.arrived.notify_all();
+        drained
+    }
+
     /// Waits until at least one request is queued (or `deadline` passes, or the queue is closed
     /// and drained), then takes every queued request up to `bounds`.
     pub(crate) fn take_group(
@@ -341,6 +358,30 @@ mod tests {
             Taken::Closed
         ));
         assert!(queue.submit(1).is_err());
+    }
+
+    #[test]
+    fn close_and_drain_hands_back_every_queued_member_and_refuses_later_ones() {
+        let queue: GroupQueue<usize, Outcome> = GroupQueue::new();
+        let tickets: Vec<_> = (0..3).map(|i| queue.submit(i).unwrap()).collect();
+        let drained = queue.close_and_drain();
+        assert_eq!(
+            drained.iter().map(|m| m.request).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        let mut drained = drained.into_iter();
+        drained.next().unwrap().complete(Outcome::Done(7));
+        drop(drained);
+        let results: Vec<_> = tickets.into_iter().map(Ticket::wait).collect();
+        assert_eq!(
+            results,
+            vec![Outcome::Done(7), Outcome::Abandoned, Outcome::Abandoned]
+        );
+        assert!(queue.submit(3).is_err());
+        assert!(matches!(
+            queue.take_group(BOUNDS, |_| 1, None),
+            Taken::Closed
+        ));
     }
 
     #[test]
