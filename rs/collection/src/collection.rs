@@ -16,6 +16,7 @@ use tarn_wal::{Durability, Wal, WalConfig};
 
 use crate::config::{CollectionConfig, MAX_TOP_K};
 use crate::error::{CollectionError, Result};
+use crate::failure::{run_guarded, ThreadFailure};
 use crate::ingest::{
     run_indexer, CheckpointState, Checkpointer, IndexerSignal, IngestFeeder, IngestSignal,
     IngestWorker,
@@ -46,6 +47,8 @@ pub(crate) struct Shared {
     pub(crate) stopping: AtomicBool,
     /// Files and WAL that open snapshots still read; checkpoints keep them.
     pub(crate) retention: Arc<Retention>,
+    /// Set once, when one of the collection's threads dies (`failure.rs`).
+    pub(crate) failure: std::sync::OnceLock<ThreadFailure>,
 }
 
 impl Shared {
@@ -226,11 +229,16 @@ impl Collection {
             indexer: IndexerSignal::default(),
             stopping: AtomicBool::new(false),
             retention: Arc::new(Retention::new(state.current.clone())),
+            failure: std::sync::OnceLock::new(),
         });
-        let indexer_shared = Arc::clone(&shared);
+        let (indexer_shared, indexer_wal) = (Arc::clone(&shared), wal.clone());
         let indexer = std::thread::Builder::new()
             .name("tarn-indexer".to_owned())
-            .spawn(move || run_indexer(indexer_shared))
+            .spawn(move || {
+                run_guarded(&indexer_shared, &indexer_wal, "indexing", || {
+                    run_indexer(Arc::clone(&indexer_shared))
+                })
+            })
             .map_err(|e| CollectionError::io("spawn indexing thread", dir, e))?;
         // The replayed tail gets indexed in the background; searches cover it exactly meanwhile.
         shared.indexer.kick();
@@ -242,9 +250,14 @@ impl Collection {
             state,
             done,
         };
+        let (checkpoint_shared, checkpoint_wal) = (Arc::clone(&shared), wal.clone());
         let checkpointer = std::thread::Builder::new()
             .name("tarn-checkpoint".to_owned())
-            .spawn(move || checkpointer.run(job_receiver))
+            .spawn(move || {
+                run_guarded(&checkpoint_shared, &checkpoint_wal, "checkpoint", || {
+                    checkpointer.run(job_receiver)
+                })
+            })
             .map_err(|e| CollectionError::io("spawn checkpoint thread", dir, e))?;
         let worker = IngestWorker {
             shared: Arc::clone(&shared),
@@ -258,9 +271,15 @@ impl Collection {
             in_flight: 0,
             checkpointer: Some(checkpointer),
         };
+        let (worker_shared, worker_wal) = (Arc::clone(&shared), wal.clone());
         let worker = std::thread::Builder::new()
             .name("tarn-ingest".to_owned())
-            .spawn(move || worker.run(receiver))
+            .spawn(move || {
+                let mut worker = worker;
+                run_guarded(&worker_shared, &worker_wal, "ingestion", || {
+                    worker.run(&receiver)
+                });
+            })
             .map_err(|e| CollectionError::io("spawn ingestion thread", dir, e))?;
         Ok(Collection {
             handle: Arc::new(Handle {
@@ -291,6 +310,7 @@ impl Collection {
         vectors: &[f32],
         durability: Option<Durability>,
     ) -> Result<u64> {
+        self.check_not_failed()?;
         let payload = self.encode_insert(doc_ids, user_ids, vectors)?;
         let durability = durability.unwrap_or_else(|| self.config().durability());
         Ok(self.handle.wal.append(payload.into(), durability).await?)
@@ -346,6 +366,7 @@ impl Collection {
         user_ids: &[u128],
         durability: Option<Durability>,
     ) -> Result<u64> {
+        self.check_not_failed()?;
         validate_ids(doc_ids, user_ids)?;
         let payload = op::encode_remove(user_ids, doc_ids);
         let durability = durability.unwrap_or_else(|| self.config().durability());
@@ -365,13 +386,19 @@ impl Collection {
     /// Waits until operation `seq` is applied (searchable), up to `timeout`.
     pub async fn wait_applied(&self, seq: u64, timeout: Duration) -> Result<()> {
         let mut applied = self.shared().applied.subscribe();
+        let failure = &self.shared().failure;
         let reached = tokio::time::timeout(timeout, async {
-            applied.wait_for(|a| *a >= seq).await.is_ok()
+            applied
+                .wait_for(|a| *a >= seq || failure.get().is_some())
+                .await
+                .is_ok()
         })
         .await;
         match reached {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(CollectionError::Closed),
+            // Applied before the failure: the wait is over either way.
+            Ok(true) if *self.shared().applied.borrow() >= seq => Ok(()),
+            Ok(true) => Err(self.closed_or_failed()),
+            Ok(false) => Err(self.closed_or_failed()),
             Err(_) => Err(CollectionError::DeadlineExceeded {
                 seq,
                 applied: *self.shared().applied.borrow(),
@@ -474,6 +501,7 @@ impl Collection {
     /// Makes everything acknowledged so far durable and checkpointed; returns the checkpoint's
     /// sequence number.
     pub async fn flush(&self) -> Result<u64> {
+        self.check_not_failed()?;
         let synced = self.handle.wal.sync().await?;
         // Every entry up to `synced` was handed to ingestion before the barrier resolved, so a
         // checkpoint queued now covers them.
@@ -481,7 +509,7 @@ impl Collection {
         let signals = self.handle.signals.clone();
         // The queue may be full: block a helper thread, not the caller's runtime.
         std::thread::spawn(move || signals.send(IngestSignal::Checkpoint(reply)));
-        let checkpoint_seq = answer.await.map_err(|_| CollectionError::Closed)??;
+        let checkpoint_seq = answer.await.map_err(|_| self.closed_or_failed())??;
         debug_assert!(checkpoint_seq >= synced);
         Ok(checkpoint_seq)
     }
@@ -538,9 +566,33 @@ impl Collection {
         self.handle.wal.stats()
     }
 
-    /// The WAL's first poisoning error, if writes are refused.
+    /// Why writes are refused, if they are: a dead collection thread, or the WAL's first
+    /// poisoning error.
     pub fn write_error(&self) -> Option<String> {
-        self.handle.wal.poisoned().map(|e| e.to_string())
+        match self.failure() {
+            Some(failure) => Some(failure.to_string()),
+            None => self.handle.wal.poisoned().map(|e| e.to_string()),
+        }
+    }
+
+    /// The thread whose death failed the collection, if one did (until it is reopened).
+    pub fn failure(&self) -> Option<&ThreadFailure> {
+        self.shared().failure.get()
+    }
+
+    fn check_not_failed(&self) -> Result<()> {
+        match self.failure() {
+            Some(failure) => Err(CollectionError::Failed(failure.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// The error for a wait whose other side is gone: the failure, if that is why.
+    fn closed_or_failed(&self) -> CollectionError {
+        match self.failure() {
+            Some(failure) => CollectionError::Failed(failure.clone()),
+            None => CollectionError::Closed,
+        }
     }
 
     /// Stops ingestion after applying everything acknowledged; the WAL is synced. Later writes

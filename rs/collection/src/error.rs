@@ -44,6 +44,10 @@ pub enum CollectionError {
         #[source]
         source: std::io::Error,
     },
+    /// One of the collection's threads died (`thread` names it); the collection refuses writes
+    /// until it is reopened, which recovers every acknowledged write.
+    #[error("collection unavailable: {0}")]
+    Failed(crate::failure::ThreadFailure),
     /// The collection was closed.
     #[error("collection is closed")]
     Closed,

@@ -65,6 +65,9 @@ pub(crate) fn run_indexer(shared: Arc<Shared>) {
             *pending = false;
         }
         while in_index_pool(|| shared.segments().mutable.index_pending(INDEX_BATCH)) > 0 {
+            // Tests arm it with `panic` to kill this thread (`tests/thread_failure.rs`); after
+            // a batch that indexed something, so an idle collection never reaches it.
+            fail::fail_point!("indexer::batch");
             if shared.indexer.stop.load(Ordering::Acquire) {
                 return;
             }
@@ -143,7 +146,10 @@ pub(crate) struct IngestWorker {
 }
 
 impl IngestWorker {
-    pub(crate) fn run(mut self, signals: Receiver<IngestSignal>) {
+    /// Runs until shutdown. Takes its state by reference so that, if it panics, the channel
+    /// (and the flush replies queued in it) outlives the unwinding until the collection is
+    /// marked failed (`failure::run_guarded`): a flush then sees the failure, not `Closed`.
+    pub(crate) fn run(&mut self, signals: &Receiver<IngestSignal>) {
         loop {
             let deadline = self
                 .first_unsaved_at
@@ -190,6 +196,8 @@ impl IngestWorker {
     }
 
     fn apply(&mut self, seq: u64, payload: &[u8]) {
+        // Tests arm it with `panic` to kill this thread (`tests/thread_failure.rs`).
+        fail::fail_point!("ingest::apply");
         match op::decode(payload, self.shared.config.dimension) {
             Ok(operation) => {
                 // The apply lock first, then the set: the checkpoint thread installs a new set
@@ -302,7 +310,25 @@ impl Checkpointer {
             let result = if self.shared.stopping.load(Ordering::Acquire) {
                 Err(CollectionError::Closed)
             } else {
-                self.checkpoint(job.seq)
+                // A panic fails the collection before the job's flush is answered, so that it
+                // gets the failure rather than a dropped reply.
+                let seq = job.seq;
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.checkpoint(seq)
+                })) {
+                    Ok(result) => result,
+                    Err(panic) => {
+                        let failure = crate::failure::ThreadFailure {
+                            thread: "checkpoint",
+                            why: crate::failure::panic_message(panic.as_ref()),
+                        };
+                        crate::failure::mark_failed(&self.shared, &self.wal, failure.clone());
+                        if let Some(reply) = job.reply {
+                            let _ = reply.send(Err(CollectionError::Failed(failure)));
+                        }
+                        return;
+                    }
+                }
             };
             if result.is_ok() {
                 // The frozen segments and replaced sealed ones are dropped by now.
@@ -327,6 +353,8 @@ impl Checkpointer {
     /// changes nothing), which is why the WAL must be durable past them before the manifest
     /// names the files. Removals that arrive after the copy are carried over at install.
     pub(crate) fn checkpoint(&mut self, seq: u64) -> Result<u64> {
+        // Tests arm it with `panic` to kill this thread (`tests/thread_failure.rs`).
+        fail::fail_point!("checkpoint::start");
         let dir = self.shared.dir.clone();
         let index_config = self.shared.config.index_config();
         let rebuild_fraction = self.shared.config.rebuild_tombstone_fraction;

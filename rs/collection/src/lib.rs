@@ -5,6 +5,7 @@
 mod collection;
 mod config;
 mod error;
+mod failure;
 mod ingest;
 mod manifest;
 mod memory;
@@ -22,6 +23,7 @@ pub use config::{
     CollectionConfig, DurabilityName, HnswConfig, MetricName, MAX_DIMENSION, MAX_TOP_K,
 };
 pub use error::{CollectionError, Result};
+pub use failure::ThreadFailure;
 pub use restore::{remove_interrupted_restores, verify_snapshot, SnapshotRestore};
 pub use snapshot::Snapshot;
 pub use snapshot_format::SnapshotInfo;

@@ -64,9 +64,9 @@ impl From<ApiError> for Status {
                 CollectionError::InvalidArgument { .. } => Status::invalid_argument(message),
                 CollectionError::AlreadyExists { .. } => Status::already_exists(message),
                 CollectionError::NotFound { .. } => Status::not_found(message),
-                CollectionError::Unavailable(_) | CollectionError::Closed => {
-                    Status::unavailable(message)
-                }
+                CollectionError::Unavailable(_)
+                | CollectionError::Closed
+                | CollectionError::Failed(_) => Status::unavailable(message),
                 CollectionError::OutOfSpace(_) => Status::resource_exhausted(message),
                 CollectionError::DeadlineExceeded { .. } => Status::deadline_exceeded(message),
                 CollectionError::Corrupt(_) => Status::data_loss(message),

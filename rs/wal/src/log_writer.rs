@@ -399,6 +399,14 @@ impl Wal {
         }
     }
 
+    /// Poisons the log from outside, for a consumer that can no longer do its part (tarn's
+    /// collection when one of its threads dies): every queued and later request fails with
+    /// `Poisoned { first_error: why }` (or the earlier poisoning error, if any). The group the
+    /// writer holds now still completes normally; what it wrote is in the log at the next open.
+    pub fn poison(&self, why: &str) {
+        poison_and_drain(self.shared(), why.into());
+    }
+
     /// Stops accepting requests, lets the writer finish what is queued and sync, and waits for
     /// it. Every handle sees the log closed afterwards. Returns the poisoning error, if any.
     pub fn close(&self) -> Result<()> {
@@ -422,14 +430,21 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 /// The log-writer thread panicked: poison the log, close the queue and answer what is queued,
 /// so every waiting and later caller fails at once.
 fn writer_died(shared: &Shared, why: String) {
-    let first_error: Arc<str> = format!("the WAL writer thread panicked: {why}").into();
+    let first_error = format!("the WAL writer thread panicked: {why}");
     tracing::error!(error = %first_error, "WAL writer thread died; the log refuses writes until reopened");
-    shared
-        .poisoned
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get_or_insert_with(|| Arc::clone(&first_error));
-    let first_error = shared.poisoned().unwrap_or(first_error);
+    poison_and_drain(shared, first_error.into());
+}
+
+/// Records `first_error` (unless the log is poisoned already), closes the queue and answers
+/// every queued request `Poisoned`.
+fn poison_and_drain(shared: &Shared, first_error: Arc<str>) {
+    let first_error = Arc::clone(
+        shared
+            .poisoned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(first_error),
+    );
     for member in shared.queue.close_and_drain() {
         member.complete(Err(WalError::Poisoned {
             first_error: Arc::clone(&first_error),

@@ -368,3 +368,64 @@ fn wait_or_report_hang<T: Send + 'static>(ticket: tarn_wal::Ticket<T>) -> T {
     rx.recv_timeout(Duration::from_secs(60))
         .expect("the ticket was never answered")
 }
+
+/// `Wal::poison` (a consumer that cannot go on) answers every queued request `Poisoned` with
+/// its reason at once, even while the writer is busy, and refuses every later one; the group
+/// the writer held completes and stays in the log.
+#[test]
+fn poison_answers_queued_and_later_requests_while_the_writer_is_busy() {
+    use std::sync::mpsc::{channel, Receiver, Sender};
+    struct BlocksOnSecond {
+        entered: Sender<()>,
+        go: Receiver<()>,
+    }
+    impl tarn_wal::AppendObserver for BlocksOnSecond {
+        fn on_appended(&mut self, seq: u64, _payload: &Arc<[u8]>) {
+            if seq == 2 {
+                self.entered.send(()).unwrap();
+                self.go.recv().unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (entered_tx, entered) = channel();
+    let (go, go_rx) = channel();
+    let (wal, _) = tarn_wal::Wal::open_with_observer(
+        dir.path(),
+        WalConfig::default(),
+        Box::new(BlocksOnSecond {
+            entered: entered_tx,
+            go: go_rx,
+        }),
+    )
+    .unwrap();
+    for seq in 1..=2 {
+        let got = wal.append(payload(seq, 40), Durability::Fsync).wait();
+        assert_eq!(got.unwrap(), seq);
+    }
+    entered.recv().unwrap();
+    let queued: Vec<_> = (3..6)
+        .map(|i| wal.append(payload(i, 40), Durability::Written))
+        .collect();
+    wal.poison("the consumer died");
+    // Answered while the writer is still held in the observer.
+    for ticket in queued {
+        match wait_or_report_hang(ticket) {
+            Err(tarn_wal::WalError::Poisoned { first_error }) => {
+                assert_eq!(&*first_error, "the consumer died")
+            }
+            other => panic!("expected Poisoned, got {other:?}"),
+        }
+    }
+    go.send(()).unwrap();
+    assert!(matches!(
+        wal.append(payload(9, 40), Durability::Fsync).wait(),
+        Err(tarn_wal::WalError::Poisoned { .. })
+    ));
+    assert_eq!(wal.poisoned().as_deref(), Some("the consumer died"));
+    assert!(wal.close().is_err());
+    drop(wal);
+    let (wal, report) = open(dir.path(), WalConfig::default());
+    assert_eq!(report.last_seq, 2);
+    assert_eq!(replay_all(&wal, 1).len(), 2);
+}
