@@ -47,6 +47,10 @@ pub(crate) struct Shared {
     pub(crate) stopping: AtomicBool,
     /// Files and WAL that open snapshots still read; checkpoints keep them.
     pub(crate) retention: Arc<Retention>,
+    /// Checkpoints published (or found nothing to publish) since open.
+    pub(crate) n_checkpoints: AtomicU64,
+    /// Checkpoint jobs refused because the WAL is poisoned (nothing sealed or written).
+    pub(crate) n_checkpoints_refused: AtomicU64,
     /// Set once, when one of the collection's threads dies (`failure.rs`).
     pub(crate) failure: std::sync::OnceLock<ThreadFailure>,
 }
@@ -93,6 +97,10 @@ pub struct CollectionStats {
     /// Approximate memory of the segments.
     pub memory_bytes: u64,
     pub n_ingest_errors: u64,
+    /// Checkpoints completed since open.
+    pub n_checkpoints: u64,
+    /// Checkpoint jobs refused since open because the WAL is poisoned.
+    pub n_checkpoints_refused: u64,
 }
 
 #[derive(Debug)]
@@ -229,6 +237,8 @@ impl Collection {
             indexer: IndexerSignal::default(),
             stopping: AtomicBool::new(false),
             retention: Arc::new(Retention::new(state.current.clone())),
+            n_checkpoints: AtomicU64::new(0),
+            n_checkpoints_refused: AtomicU64::new(0),
             failure: std::sync::OnceLock::new(),
         });
         let (indexer_shared, indexer_wal) = (Arc::clone(&shared), wal.clone());
@@ -268,6 +278,7 @@ impl Collection {
             mutable_bytes_trigger: shared.config.checkpoint_mutable_bytes,
             jobs: Some(jobs),
             done: done_receiver,
+            checkpoints_stopped: false,
             in_flight: 0,
             checkpointer: Some(checkpointer),
         };
@@ -534,6 +545,8 @@ impl Collection {
                     .map(|(_, f)| f.memory_bytes())
                     .sum::<usize>()) as u64,
             n_ingest_errors: shared.n_ingest_errors.load(Ordering::Relaxed),
+            n_checkpoints: shared.n_checkpoints.load(Ordering::Relaxed),
+            n_checkpoints_refused: shared.n_checkpoints_refused.load(Ordering::Relaxed),
             ..CollectionStats::default()
         };
         for segment in &set.sealed {

@@ -116,6 +116,17 @@ pub(crate) struct CheckpointState {
     pub(crate) persisted_tombstones: HashMap<u64, usize>,
 }
 
+/// What the checkpoint thread reports to ingestion after each job.
+#[derive(Debug)]
+pub(crate) enum JobOutcome {
+    Done,
+    /// The checkpoint failed; ingestion retries at the next trigger.
+    Failed(String),
+    /// The WAL is poisoned: the job was refused before sealing anything, and so will every
+    /// later one be until the collection is reopened, so ingestion stops starting them.
+    WalPoisoned,
+}
+
 /// A request to the checkpoint thread: seal every frozen segment holding operations up to
 /// `seq`, and publish a checkpoint at `seq`.
 pub(crate) struct CheckpointJob {
@@ -138,8 +149,11 @@ pub(crate) struct IngestWorker {
     /// retried on every apply.
     pub(crate) mutable_bytes_trigger: u64,
     pub(crate) jobs: Option<std::sync::mpsc::Sender<CheckpointJob>>,
-    /// One message per finished job: `None` on success, the error otherwise.
-    pub(crate) done: Receiver<Option<String>>,
+    /// One message per finished job.
+    pub(crate) done: Receiver<JobOutcome>,
+    /// Set once the checkpoint thread reports the WAL poisoned: no automatic checkpoint starts
+    /// again (it could not publish), and a flush is refused without freezing anything.
+    pub(crate) checkpoints_stopped: bool,
     /// Jobs sent and not reported done. Automatic checkpoints start only when this is 0.
     pub(crate) in_flight: usize,
     pub(crate) checkpointer: Option<std::thread::JoinHandle<()>>,
@@ -153,6 +167,7 @@ impl IngestWorker {
         loop {
             let deadline = self
                 .first_unsaved_at
+                .filter(|_| !self.checkpoints_stopped)
                 .map(|at| at + self.shared.config.checkpoint_interval());
             let signal = match deadline {
                 None => signals.recv().map_err(|_| RecvTimeoutError::Disconnected),
@@ -164,7 +179,7 @@ impl IngestWorker {
             match signal {
                 Ok(IngestSignal::Apply { seq, payload }) => {
                     self.apply(seq, &payload);
-                    if self.in_flight == 0 {
+                    if self.in_flight == 0 && !self.checkpoints_stopped {
                         let config = &self.shared.config;
                         if self.wal_bytes_since_checkpoint >= config.checkpoint_wal_bytes {
                             self.start_checkpoint(None, "WAL size");
@@ -255,7 +270,7 @@ impl IngestWorker {
         reason: &str,
     ) {
         tracing::debug!(reason, seq = self.applied_seq, "checkpoint requested");
-        {
+        if !self.checkpoints_stopped {
             let _apply = self.shared.counts.lock();
             let mut segments = self.shared.segments.write();
             if !segments.mutable.is_empty() {
@@ -282,7 +297,16 @@ impl IngestWorker {
     fn collect_done(&mut self) {
         while let Ok(outcome) = self.done.try_recv() {
             self.in_flight = self.in_flight.saturating_sub(1);
-            if let Some(error) = outcome {
+            if let JobOutcome::WalPoisoned = outcome {
+                if !self.checkpoints_stopped {
+                    tracing::error!(
+                        "the WAL is poisoned: no more checkpoints until the collection is reopened"
+                    );
+                }
+                self.checkpoints_stopped = true;
+                self.first_unsaved_at = None;
+            }
+            if let JobOutcome::Failed(error) = outcome {
                 tracing::error!(%error, "checkpoint failed; retrying at the next trigger");
                 // Retry on the next trigger, not in a tight loop. The frozen segments stay
                 // (searchable, and logged in the WAL) and the next checkpoint seals them.
@@ -301,7 +325,7 @@ pub(crate) struct Checkpointer {
     pub(crate) shared: Arc<Shared>,
     pub(crate) wal: Wal,
     pub(crate) state: CheckpointState,
-    pub(crate) done: std::sync::mpsc::Sender<Option<String>>,
+    pub(crate) done: std::sync::mpsc::Sender<JobOutcome>,
 }
 
 impl Checkpointer {
@@ -334,7 +358,14 @@ impl Checkpointer {
                 // The frozen segments and replaced sealed ones are dropped by now.
                 crate::memory::release_free_memory();
             }
-            let outcome = result.as_ref().err().map(ToString::to_string);
+            let outcome = match &result {
+                Ok(_) => {
+                    self.shared.n_checkpoints.fetch_add(1, Ordering::Relaxed);
+                    JobOutcome::Done
+                }
+                Err(_) if self.wal.poisoned().is_some() => JobOutcome::WalPoisoned,
+                Err(error) => JobOutcome::Failed(error.to_string()),
+            };
             if let Some(reply) = job.reply {
                 let _ = reply.send(result);
             }
@@ -355,6 +386,14 @@ impl Checkpointer {
     pub(crate) fn checkpoint(&mut self, seq: u64) -> Result<u64> {
         // Tests arm it with `panic` to kill this thread (`tests/thread_failure.rs`).
         fail::fail_point!("checkpoint::start");
+        if let Some(first_error) = self.wal.poisoned() {
+            // Checked before sealing: the checkpoint could not publish (its WAL barrier would
+            // fail), so it must not write segment files either.
+            self.shared
+                .n_checkpoints_refused
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(tarn_wal::WalError::Poisoned { first_error }.into());
+        }
         let dir = self.shared.dir.clone();
         let index_config = self.shared.config.index_config();
         let rebuild_fraction = self.shared.config.rebuild_tombstone_fraction;

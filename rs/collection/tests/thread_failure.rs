@@ -5,6 +5,9 @@
 //! with the `fail` crate's `panic` action, armed for one hit (`1*panic`). Fail points are
 //! process-global, so this is its own binary and each test holds a `FailScenario`. Run with
 //! `--features failpoints`.
+//!
+//! Also here (it needs the WAL's fail points): a checkpoint on a poisoned WAL stops before
+//! sealing and is not retried.
 #![cfg(feature = "failpoints")]
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
@@ -154,4 +157,76 @@ fn a_panic_on_the_indexing_thread_fails_the_collection() {
         a.insert(&ids, &[], &vectors, None).await.unwrap();
         ids
     });
+}
+
+fn segment_files(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("seg-"))
+        .collect()
+}
+
+#[test]
+fn a_checkpoint_on_a_poisoned_wal_seals_nothing_and_is_not_retried() {
+    let scenario = FailScenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut config = config();
+    // A failed checkpoint used to be retried an interval later, forever: make that quick.
+    config.checkpoint_interval_ms = 5;
+    let a = Collection::create(&path, config).unwrap();
+    let (ids, vectors) = docs(1, 20);
+    rt.block_on(async {
+        // Held at its start, an automatic checkpoint cannot run before the WAL is poisoned.
+        fail::cfg("checkpoint::start", "pause").unwrap();
+        // Applied, not checkpointed: the next checkpoint would seal these.
+        fail::cfg("wal::fdatasync", "return").unwrap();
+        let error = a
+            .insert(
+                &ids,
+                &[],
+                &vectors,
+                Some(tarn_collection::Durability::Written),
+            )
+            .await
+            .map(|_| ())
+            .and(
+                a.insert(&ids[..1], &[], &vectors[..DIM], None)
+                    .await
+                    .map(|_| ()),
+            );
+        assert!(
+            matches!(error, Err(CollectionError::Unavailable(_))),
+            "{error:?}"
+        );
+        assert!(a.write_error().is_some());
+        fail::remove("checkpoint::start");
+        match a.flush().await {
+            Err(CollectionError::Unavailable(_)) => {}
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+    });
+    // No retry loop: a hundred intervals later, the one automatic checkpoint that was held at
+    // its start is the only one refused (the flush was refused at its WAL barrier, before
+    // reaching the checkpoint thread), and nothing was written.
+    std::thread::sleep(Duration::from_millis(500));
+    let stats = a.stats();
+    assert_eq!(stats.n_checkpoints_refused, 1);
+    assert_eq!(stats.n_checkpoints, 0);
+    assert!(
+        segment_files(&path).is_empty(),
+        "{:?}",
+        segment_files(&path)
+    );
+    fail::remove("wal::fdatasync");
+    a.close();
+    drop(a);
+    let a = Collection::open(&path).unwrap();
+    assert_present(&a, &ids);
+    scenario.teardown();
 }
