@@ -17,6 +17,7 @@ use tarn_wal::{Durability, Wal, WalConfig};
 use crate::config::{CollectionConfig, MAX_TOP_K};
 use crate::error::{CollectionError, Result};
 use crate::failure::{run_guarded, ThreadFailure};
+use crate::flush::{batch_result, Joined};
 use crate::ingest::{
     run_indexer, CheckpointState, Checkpointer, IndexerSignal, IngestFeeder, IngestSignal,
     IngestWorker,
@@ -51,6 +52,8 @@ pub(crate) struct Shared {
     pub(crate) n_checkpoints: AtomicU64,
     /// Checkpoint jobs refused because the WAL is poisoned (nothing sealed or written).
     pub(crate) n_checkpoints_refused: AtomicU64,
+    /// Flush batches and their checkpoint requests (`flush.rs`).
+    pub(crate) flushes: crate::flush::Flushes,
     /// Set once, when one of the collection's threads dies (`failure.rs`).
     pub(crate) failure: std::sync::OnceLock<ThreadFailure>,
 }
@@ -239,6 +242,7 @@ impl Collection {
             retention: Arc::new(Retention::new(state.current.clone())),
             n_checkpoints: AtomicU64::new(0),
             n_checkpoints_refused: AtomicU64::new(0),
+            flushes: crate::flush::Flushes::default(),
             failure: std::sync::OnceLock::new(),
         });
         let (indexer_shared, indexer_wal) = (Arc::clone(&shared), wal.clone());
@@ -252,7 +256,7 @@ impl Collection {
             .map_err(|e| CollectionError::io("spawn indexing thread", dir, e))?;
         // The replayed tail gets indexed in the background; searches cover it exactly meanwhile.
         shared.indexer.kick();
-        let (jobs, job_receiver) = std::sync::mpsc::channel();
+        let (jobs, job_receiver) = sync_channel(crate::ingest::CHECKPOINT_JOBS);
         let (done, done_receiver) = std::sync::mpsc::channel();
         let checkpointer = Checkpointer {
             shared: Arc::clone(&shared),
@@ -514,13 +518,27 @@ impl Collection {
     pub async fn flush(&self) -> Result<u64> {
         self.check_not_failed()?;
         let synced = self.handle.wal.sync().await?;
-        // Every entry up to `synced` was handed to ingestion before the barrier resolved, so a
-        // checkpoint queued now covers them.
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let signals = self.handle.signals.clone();
-        // The queue may be full: block a helper thread, not the caller's runtime.
-        std::thread::spawn(move || signals.send(IngestSignal::Checkpoint(reply)));
-        let checkpoint_seq = answer.await.map_err(|_| self.closed_or_failed())??;
+        // Every entry up to `synced` was handed to ingestion before the barrier resolved; the
+        // batch's checkpoint is taken once ingestion applied the highest such number of its
+        // members (`flush.rs`).
+        let result = match self.shared().flushes.join(synced) {
+            Joined::Member(result) => result,
+            Joined::Leader { batch, previous } => {
+                let result = batch.subscribe();
+                let leader = FlushLeader {
+                    shared: Arc::clone(&self.handle.shared),
+                    signals: self.handle.signals.clone(),
+                    batch: Some(batch),
+                };
+                // Flushes that arrive meanwhile join this batch.
+                if let Some(previous) = previous {
+                    let _ = batch_result(previous).await;
+                }
+                leader.request();
+                result
+            }
+        };
+        let checkpoint_seq = batch_result(result).await?;
         debug_assert!(checkpoint_seq >= synced);
         Ok(checkpoint_seq)
     }
@@ -616,6 +634,40 @@ impl Collection {
 
     pub fn metric(&self) -> Metric {
         self.config().metric()
+    }
+}
+
+/// A flush batch's leader until it has requested the checkpoint; dropped before that (its
+/// caller went away), it requests it then, so the batch's other members are answered.
+struct FlushLeader {
+    shared: Arc<Shared>,
+    signals: SyncSender<IngestSignal>,
+    batch: Option<Arc<crate::flush::Batch>>,
+}
+
+impl FlushLeader {
+    fn request(mut self) {
+        self.request_now();
+    }
+
+    fn request_now(&mut self) {
+        let Some(batch) = self.batch.take() else {
+            return;
+        };
+        if self.shared.flushes.request(&self.shared, &batch) {
+            // Full: ingestion is busy and looks at the request after its next signal.
+            if let Err(std::sync::mpsc::TrySendError::Disconnected(_)) =
+                self.signals.try_send(IngestSignal::Flush)
+            {
+                self.shared.flushes.close();
+            }
+        }
+    }
+}
+
+impl Drop for FlushLeader {
+    fn drop(&mut self) {
+        self.request_now();
     }
 }
 

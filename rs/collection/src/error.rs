@@ -81,6 +81,64 @@ impl CollectionError {
     }
 }
 
+impl CollectionError {
+    /// A copy for each of the flushes that shared one checkpoint. Errors that hold an
+    /// `io::Error` keep its kind and OS error code (so a full disk stays a full disk) and its
+    /// text, not its identity.
+    pub(crate) fn duplicate(&self) -> CollectionError {
+        fn io_copy(error: &std::io::Error) -> std::io::Error {
+            match error.raw_os_error() {
+                Some(code) => std::io::Error::from_raw_os_error(code),
+                None => std::io::Error::new(error.kind(), error.to_string()),
+            }
+        }
+        match self {
+            CollectionError::InvalidArgument { field, reason } => {
+                CollectionError::InvalidArgument {
+                    field,
+                    reason: reason.clone(),
+                }
+            }
+            CollectionError::AlreadyExists { path } => {
+                CollectionError::AlreadyExists { path: path.clone() }
+            }
+            CollectionError::NotFound { path } => CollectionError::NotFound { path: path.clone() },
+            CollectionError::Unavailable(e) => CollectionError::Unavailable(e.clone()),
+            CollectionError::OutOfSpace(e) => CollectionError::OutOfSpace(e.clone()),
+            CollectionError::DeadlineExceeded { seq, applied } => {
+                CollectionError::DeadlineExceeded {
+                    seq: *seq,
+                    applied: *applied,
+                }
+            }
+            CollectionError::Corrupt(what) => CollectionError::Corrupt(what.clone()),
+            CollectionError::Wal(e) => CollectionError::Wal(e.clone()),
+            CollectionError::Index(IndexError::Io { op, path, source }) => CollectionError::Io {
+                op,
+                path: path.clone(),
+                source: io_copy(source),
+            },
+            CollectionError::Index(other) => CollectionError::Corrupt(other.to_string()),
+            CollectionError::Io { op, path, source } => CollectionError::Io {
+                op,
+                path: path.clone(),
+                source: io_copy(source),
+            },
+            CollectionError::Failed(failure) => CollectionError::Failed(failure.clone()),
+            CollectionError::Closed => CollectionError::Closed,
+            CollectionError::SnapshotDamaged { what } => {
+                CollectionError::SnapshotDamaged { what: what.clone() }
+            }
+            CollectionError::SnapshotVersion { found, supported } => {
+                CollectionError::SnapshotVersion {
+                    found: *found,
+                    supported: *supported,
+                }
+            }
+        }
+    }
+}
+
 impl From<WalError> for CollectionError {
     fn from(error: WalError) -> Self {
         if error.is_out_of_space() {

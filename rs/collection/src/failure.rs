@@ -66,6 +66,8 @@ pub(crate) fn mark_failed(shared: &Shared, wal: &Wal, failure: ThreadFailure) {
         "collection failed: it refuses writes until reopened"
     );
     wal.poison(&first.to_string());
+    // A queued flush request would wait for a checkpoint that may never come.
+    shared.flushes.close();
     // `wait_applied` re-checks `failure` on every change of `applied`.
     shared.applied.send_modify(|_| {});
 }

@@ -13,6 +13,8 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+
+use crate::flush::FlushReply;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -80,8 +82,12 @@ pub(crate) fn run_indexer(shared: Arc<Shared>) {
 const INDEX_BATCH: usize = 256;
 
 pub(crate) enum IngestSignal {
-    Apply { seq: u64, payload: Arc<[u8]> },
-    Checkpoint(tokio::sync::oneshot::Sender<Result<u64>>),
+    Apply {
+        seq: u64,
+        payload: Arc<[u8]>,
+    },
+    /// A flush request is queued (`flush.rs`); ingestion also looks after every signal.
+    Flush,
     Shutdown,
 }
 
@@ -131,8 +137,13 @@ pub(crate) enum JobOutcome {
 /// `seq`, and publish a checkpoint at `seq`.
 pub(crate) struct CheckpointJob {
     pub(crate) seq: u64,
-    pub(crate) reply: Option<tokio::sync::oneshot::Sender<Result<u64>>>,
+    pub(crate) reply: Option<FlushReply>,
 }
+
+/// Bound of the checkpoint job queue. It never fills: an automatic checkpoint starts only when
+/// no job is in flight, and flush requests come one batch at a time, each after the previous
+/// batch's checkpoint was answered (`flush.rs`), so at most two jobs are ever queued.
+pub(crate) const CHECKPOINT_JOBS: usize = 4;
 
 /// The ingestion thread: applies operations, decides when to checkpoint, and freezes the
 /// mutable segment for the checkpoint thread. It never waits for a checkpoint (the WAL writer
@@ -148,7 +159,7 @@ pub(crate) struct IngestWorker {
     /// bound, pushed one bound further after a failed checkpoint so that a failing disk is not
     /// retried on every apply.
     pub(crate) mutable_bytes_trigger: u64,
-    pub(crate) jobs: Option<std::sync::mpsc::Sender<CheckpointJob>>,
+    pub(crate) jobs: Option<SyncSender<CheckpointJob>>,
     /// One message per finished job.
     pub(crate) done: Receiver<JobOutcome>,
     /// Set once the checkpoint thread reports the WAL poisoned: no automatic checkpoint starts
@@ -190,7 +201,7 @@ impl IngestWorker {
                         }
                     }
                 }
-                Ok(IngestSignal::Checkpoint(reply)) => self.start_checkpoint(Some(reply), "flush"),
+                Ok(IngestSignal::Flush) => {}
                 Err(RecvTimeoutError::Timeout) if self.in_flight == 0 => {
                     self.start_checkpoint(None, "age")
                 }
@@ -198,7 +209,12 @@ impl IngestWorker {
                 Err(RecvTimeoutError::Timeout) => self.first_unsaved_at = Some(Instant::now()),
                 Ok(IngestSignal::Shutdown) | Err(RecvTimeoutError::Disconnected) => break,
             }
+            while let Some(reply) = self.shared.flushes.take_if_applied(self.applied_seq) {
+                self.start_checkpoint(Some(reply), "flush");
+            }
         }
+        // A flush queued now is answered `Closed` (its checkpoint would never be taken).
+        self.shared.flushes.close();
         // Queued checkpoint jobs are answered `Closed`; a running one fails at its WAL barrier
         // (the WAL is closed first) and publishes nothing. The WAL holds everything.
         self.shared.stopping.store(true, Ordering::Release);
@@ -264,11 +280,7 @@ impl IngestWorker {
 
     /// Freezes the mutable segment (searches keep reading it; a fresh one takes new writes) and
     /// asks the checkpoint thread to seal it and publish a checkpoint at the applied sequence.
-    fn start_checkpoint(
-        &mut self,
-        reply: Option<tokio::sync::oneshot::Sender<Result<u64>>>,
-        reason: &str,
-    ) {
+    fn start_checkpoint(&mut self, reply: Option<FlushReply>, reason: &str) {
         tracing::debug!(reason, seq = self.applied_seq, "checkpoint requested");
         if !self.checkpoints_stopped {
             let _apply = self.shared.counts.lock();
@@ -285,8 +297,12 @@ impl IngestWorker {
             seq: self.applied_seq,
             reply,
         };
-        match self.jobs.as_ref().map(|jobs| jobs.send(job)) {
+        match self.jobs.as_ref().map(|jobs| jobs.try_send(job)) {
             Some(Ok(())) => self.in_flight += 1,
+            Some(Err(std::sync::mpsc::TrySendError::Full(_))) => {
+                // Cannot happen (see `CHECKPOINT_JOBS`); the flush, if any, is answered `Closed`.
+                tracing::error!("the checkpoint job queue is full; no checkpoint is made");
+            }
             // The checkpoint thread is gone (it panicked): the reply is dropped, so a flush
             // gets `Closed`; the frozen segment stays searchable and in the WAL.
             _ => tracing::error!("the checkpoint thread has stopped; no checkpoint is made"),
@@ -348,7 +364,7 @@ impl Checkpointer {
                         };
                         crate::failure::mark_failed(&self.shared, &self.wal, failure.clone());
                         if let Some(reply) = job.reply {
-                            let _ = reply.send(Err(CollectionError::Failed(failure)));
+                            reply.answer(Err(Arc::new(CollectionError::Failed(failure))));
                         }
                         return;
                     }
@@ -367,7 +383,7 @@ impl Checkpointer {
                 Err(error) => JobOutcome::Failed(error.to_string()),
             };
             if let Some(reply) = job.reply {
-                let _ = reply.send(result);
+                reply.answer(result.map_err(Arc::new));
             }
             let _ = self.done.send(outcome);
         }

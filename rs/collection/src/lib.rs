@@ -6,6 +6,7 @@ mod collection;
 mod config;
 mod error;
 mod failure;
+mod flush;
 mod ingest;
 mod manifest;
 mod memory;

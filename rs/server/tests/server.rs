@@ -493,13 +493,22 @@ fn overload_is_resource_exhausted() {
         c.create_collection(create("o", 2, pb::Metric::L2))
             .await
             .unwrap();
+        // Every fourth call a Flush, which takes a write slot too.
         let tasks: Vec<_> = (0..64u128)
             .map(|i| {
                 let mut c = c.clone();
                 tokio::spawn(async move {
-                    c.insert(insert("o", &[i], &[], vec![1.0, 2.0]))
+                    if i % 4 == 3 {
+                        c.flush(pb::FlushRequest {
+                            collection: "o".into(),
+                        })
                         .await
                         .map(|_| ())
+                    } else {
+                        c.insert(insert("o", &[i], &[], vec![1.0, 2.0]))
+                            .await
+                            .map(|_| ())
+                    }
                 })
             })
             .collect();

@@ -585,3 +585,44 @@ fn writes_during_background_checkpoints_are_never_lost_or_resurrected() {
     assert_eq!(c.stats().checkpoint_seq, seq);
     check(&c, "after reopening");
 }
+
+/// Fifty concurrent flushes share checkpoints: at most two run (the one that was running when
+/// the others arrived, and one for all of those), and each flush's answer covers the write its
+/// caller made just before it. Then a flush alone still makes its own checkpoint.
+#[test]
+fn concurrent_flushes_share_one_or_two_checkpoints_and_each_covers_its_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Collection::create(dir.path(), config()).unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..50u128)
+            .map(|i| {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let vector: Vec<f32> = (0..DIM).map(|d| (i * 7 + d as u128) as f32).collect();
+                    let seq = c.insert(&[i], &[], &vector, None).await.unwrap();
+                    let checkpoint_seq = c.flush().await.unwrap();
+                    assert!(checkpoint_seq >= seq, "{checkpoint_seq} < {seq}");
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+    });
+    let stats = c.stats();
+    assert!(
+        (1..=2).contains(&stats.n_checkpoints),
+        "{} checkpoints for 50 flushes",
+        stats.n_checkpoints
+    );
+    assert_eq!(stats.checkpoint_seq, 50);
+    rt.block_on(async {
+        c.insert(&[100], &[], &[1.0; DIM], None).await.unwrap();
+        assert_eq!(c.flush().await.unwrap(), 51);
+    });
+    assert_eq!(c.stats().n_checkpoints, stats.n_checkpoints + 1);
+    c.close();
+    let c = Collection::open(dir.path()).unwrap();
+    assert_eq!(c.stats().n_documents, 51);
+}
