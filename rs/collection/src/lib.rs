@@ -23,7 +23,7 @@ pub use collection::{
 pub use config::{
     CollectionConfig, DurabilityName, HnswConfig, MetricName, MAX_DIMENSION, MAX_TOP_K,
 };
-pub use error::{CollectionError, Result};
+pub use error::{CollectionError, ErrorKind, Result};
 pub use failure::ThreadFailure;
 pub use restore::{remove_interrupted_restores, verify_snapshot, SnapshotRestore};
 pub use snapshot::Snapshot;

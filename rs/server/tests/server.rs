@@ -498,7 +498,7 @@ fn overload_is_resource_exhausted() {
             .map(|i| {
                 let mut c = c.clone();
                 tokio::spawn(async move {
-                    if i % 4 == 3 {
+                    let result = if i % 4 == 3 {
                         c.flush(pb::FlushRequest {
                             collection: "o".into(),
                         })
@@ -508,15 +508,29 @@ fn overload_is_resource_exhausted() {
                         c.insert(insert("o", &[i], &[], vec![1.0, 2.0]))
                             .await
                             .map(|_| ())
-                    }
+                    };
+                    let hint = result.as_ref().err().and_then(|status| {
+                        status
+                            .metadata()
+                            .get("retry-after-ms")
+                            .map(|v| v.to_str().unwrap().to_owned())
+                    });
+                    (result, hint)
                 })
             })
             .collect();
         let mut codes = Vec::new();
+        let mut hints = Vec::new();
         for t in tasks {
-            codes.push(t.await.unwrap().err().map(|s| s.code()));
+            let (result, hint) = t.await.unwrap();
+            codes.push(result.err().map(|s| s.code()));
+            hints.push(hint);
         }
         assert!(codes.contains(&None), "some writes get through");
+        // An overload answer carries the retry hint the clients honour.
+        let hints: Vec<_> = hints.into_iter().flatten().collect();
+        assert!(!hints.is_empty());
+        assert!(hints.iter().all(|h| h == "50"), "{hints:?}");
         assert!(codes.contains(&Some(Code::ResourceExhausted)), "{codes:?}");
         assert!(codes
             .iter()
@@ -608,6 +622,10 @@ fn a_failing_fdatasync_makes_writes_unavailable_until_restart() {
                 .await
                 .unwrap_err();
             assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+            // The log has the WAL file's path; the client does not get it.
+            let data_dir = dir.path().to_str().unwrap();
+            assert!(!status.message().contains(data_dir), "{status:?}");
+            assert!(status.message().contains("fdatasync"), "{status:?}");
         }
         let hits = c
             .search(search("f", &[], vec![1.0, 1.0], 5))

@@ -72,6 +72,26 @@ impl WalError {
         }
     }
 
+    /// The error as a client may see it: like `Display`, without server file paths (log the
+    /// error itself for those).
+    pub fn client_message(&self) -> String {
+        match self {
+            WalError::Io { op, source, .. } => format!("WAL {op} failed: {source}"),
+            WalError::Corrupt { offset, reason, .. } => {
+                format!("WAL damaged at byte {offset}: {reason}")
+            }
+            WalError::NotEmpty { .. } => {
+                "cannot create a WAL: the directory is not empty".to_owned()
+            }
+            WalError::Poisoned { .. }
+            | WalError::EntryTooLarge { .. }
+            | WalError::Truncated { .. }
+            | WalError::BeyondEnd { .. }
+            | WalError::Closed
+            | WalError::InvalidConfig(_) => self.to_string(),
+        }
+    }
+
     /// True when the error comes from the disk being full (`ENOSPC` or `EDQUOT`).
     pub fn is_out_of_space(&self) -> bool {
         match self {

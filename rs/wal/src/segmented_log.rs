@@ -194,7 +194,8 @@ impl SegmentedLog {
         let result = op(self);
         if let Err(error) = &result {
             tracing::error!(%error, "WAL poisoned: refusing every later write until reopened");
-            self.poisoned = Some(Arc::from(error.to_string()));
+            // Without the path: this text reaches clients (the line above logs the path).
+            self.poisoned = Some(Arc::from(error.client_message()));
         }
         result
     }
