@@ -40,8 +40,16 @@ pub(crate) struct Shared {
     /// Last applied sequence number; waiters subscribe for read-your-writes.
     pub(crate) applied: tokio::sync::watch::Sender<u64>,
     pub(crate) checkpoint_seq: AtomicU64,
-    /// Live documents per tenant.
+    /// Live documents per tenant. Its lock is the apply lock.
     pub(crate) counts: Mutex<HashMap<u128, u64>>,
+    /// The sum of `counts` and its length (tenants ever seen), kept by ingestion, so that stats
+    /// need not take the apply lock.
+    pub(crate) n_documents: AtomicU64,
+    pub(crate) n_tenants: AtomicU64,
+    /// The directory's size when it was last measured (at open and after each checkpoint, on
+    /// the checkpoint thread), and the WAL's written bytes then: stats add the WAL's growth.
+    pub(crate) disk_bytes_measured: AtomicU64,
+    pub(crate) wal_bytes_at_measure: AtomicU64,
     pub(crate) n_ingest_errors: AtomicU64,
     pub(crate) indexer: IndexerSignal,
     /// Set when the collection shuts down: pending checkpoint work is abandoned.
@@ -59,6 +67,14 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Measures the collection's directory (a walk: on the checkpoint thread or at open only).
+    pub(crate) fn measure_disk(&self, wal: &Wal) {
+        self.wal_bytes_at_measure
+            .store(wal.stats().n_bytes, Ordering::Relaxed);
+        self.disk_bytes_measured
+            .store(dir_size(&self.dir), Ordering::Relaxed);
+    }
+
     pub(crate) fn segments(&self) -> Arc<SegmentSet> {
         Arc::clone(&self.segments.read())
     }
@@ -88,7 +104,8 @@ pub struct SearchRequest {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CollectionStats {
     pub n_documents: u64,
-    pub documents_per_tenant: HashMap<u128, u64>,
+    /// Tenants that had a document since the last open (some may have none left).
+    pub n_tenants: u64,
     /// Tombstoned slots in sealed segments, waiting for a rebuild.
     pub n_removed_not_compacted: u64,
     pub n_sealed_segments: usize,
@@ -96,6 +113,8 @@ pub struct CollectionStats {
     pub durable_seq: u64,
     pub applied_seq: u64,
     pub checkpoint_seq: u64,
+    /// The directory's size as of the last checkpoint, plus the WAL bytes written since: read
+    /// from counters, so stats never walk the directory.
     pub bytes_on_disk: u64,
     /// Approximate memory of the segments.
     pub memory_bytes: u64,
@@ -235,7 +254,11 @@ impl Collection {
             segments: RwLock::new(Arc::new(set)),
             applied: tokio::sync::watch::Sender::new(last_seq),
             checkpoint_seq: AtomicU64::new(checkpoint_seq),
+            n_documents: AtomicU64::new(counts.values().sum()),
+            n_tenants: AtomicU64::new(counts.len() as u64),
             counts: Mutex::new(counts),
+            disk_bytes_measured: AtomicU64::new(0),
+            wal_bytes_at_measure: AtomicU64::new(0),
             n_ingest_errors: AtomicU64::new(0),
             indexer: IndexerSignal::default(),
             stopping: AtomicBool::new(false),
@@ -245,6 +268,7 @@ impl Collection {
             flushes: crate::flush::Flushes::default(),
             failure: std::sync::OnceLock::new(),
         });
+        shared.measure_disk(&wal);
         let (indexer_shared, indexer_wal) = (Arc::clone(&shared), wal.clone());
         let indexer = std::thread::Builder::new()
             .name("tarn-indexer".to_owned())
@@ -546,16 +570,18 @@ impl Collection {
     pub fn stats(&self) -> CollectionStats {
         let shared = self.shared();
         let set = shared.segments();
-        let documents_per_tenant = shared.counts.lock().clone();
+        let wal_bytes = self.handle.wal.stats().n_bytes;
+        let bytes_on_disk = shared.disk_bytes_measured.load(Ordering::Relaxed)
+            + wal_bytes.saturating_sub(shared.wal_bytes_at_measure.load(Ordering::Relaxed));
         let mut stats = CollectionStats {
-            n_documents: documents_per_tenant.values().sum(),
-            documents_per_tenant,
+            n_documents: shared.n_documents.load(Ordering::Relaxed),
+            n_tenants: shared.n_tenants.load(Ordering::Relaxed),
             n_sealed_segments: set.sealed.len(),
             last_appended_seq: self.handle.wal.last_appended_seq(),
             durable_seq: self.handle.wal.last_durable_seq(),
             applied_seq: *shared.applied.borrow(),
             checkpoint_seq: shared.checkpoint_seq.load(Ordering::Acquire),
-            bytes_on_disk: dir_size(&shared.dir),
+            bytes_on_disk,
             memory_bytes: (set.mutable.memory_bytes()
                 + set
                     .frozen
@@ -573,6 +599,12 @@ impl Collection {
             stats.memory_bytes += figures.memory_bytes as u64;
         }
         stats
+    }
+
+    /// Live documents per tenant (a copy of the whole map, taken under the apply lock: for
+    /// tests and diagnostics, not for every scrape).
+    pub fn documents_per_tenant(&self) -> HashMap<u128, u64> {
+        self.shared().counts.lock().clone()
     }
 
     /// Starts a snapshot of the collection, consistent at the WAL's durable sequence number

@@ -234,7 +234,14 @@ impl IngestWorker {
                 // The apply lock first, then the set: the checkpoint thread installs a new set
                 // under the same lock.
                 let mut counts = self.shared.counts.lock();
-                self.shared.segments().apply(&operation, &mut counts);
+                let delta = self.shared.segments().apply(&operation, &mut counts);
+                // Figures that stats read without the apply lock.
+                self.shared
+                    .n_documents
+                    .fetch_add(delta as u64, Ordering::Relaxed);
+                self.shared
+                    .n_tenants
+                    .store(counts.len() as u64, Ordering::Relaxed);
             }
             Err(error) => {
                 // Only a bug can get here: every payload was encoded by this crate after
@@ -373,6 +380,7 @@ impl Checkpointer {
             if result.is_ok() {
                 // The frozen segments and replaced sealed ones are dropped by now.
                 crate::memory::release_free_memory();
+                self.shared.measure_disk(&self.wal);
             }
             let outcome = match &result {
                 Ok(_) => {
