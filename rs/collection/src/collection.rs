@@ -14,14 +14,13 @@ use parking_lot::{Mutex, RwLock};
 use tarn_index::{Metric, MutableSegment, SealedSegment};
 use tarn_wal::{Durability, Wal, WalConfig};
 
+use crate::checkpoint::{CheckpointState, Checkpointer};
 use crate::config::{CollectionConfig, MAX_TOP_K};
 use crate::error::{CollectionError, Result};
 use crate::failure::{run_guarded, ThreadFailure};
 use crate::flush::{batch_result, Joined};
-use crate::ingest::{
-    run_indexer, CheckpointState, Checkpointer, IndexerSignal, IngestFeeder, IngestSignal,
-    IngestWorker,
-};
+use crate::indexer::{run_indexer, IndexerSignal};
+use crate::ingestion::{IngestFeeder, IngestSignal, IngestWorker};
 use crate::manifest::{self, Manifest, SegmentEntry, CONFIG_FILE};
 use crate::op;
 use crate::retention::Retention;
@@ -280,7 +279,7 @@ impl Collection {
             .map_err(|e| CollectionError::io("spawn indexing thread", dir, e))?;
         // The replayed tail gets indexed in the background; searches cover it exactly meanwhile.
         shared.indexer.kick();
-        let (jobs, job_receiver) = sync_channel(crate::ingest::CHECKPOINT_JOBS);
+        let (jobs, job_receiver) = sync_channel(crate::checkpoint::CHECKPOINT_JOBS);
         let (done, done_receiver) = std::sync::mpsc::channel();
         let checkpointer = Checkpointer {
             shared: Arc::clone(&shared),

@@ -2,12 +2,14 @@
 //! ingestion worker, checkpoints, and snapshots (taking, restoring, verifying). The only crate
 //! that knows both the log and the index.
 
+mod checkpoint;
 mod collection;
 mod config;
 mod error;
 mod failure;
 mod flush;
-mod ingest;
+mod indexer;
+mod ingestion;
 mod manifest;
 mod memory;
 mod op;

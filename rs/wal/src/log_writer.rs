@@ -458,6 +458,7 @@ fn run_writer(
     mut log: SegmentedLog,
     mut observer: Option<Box<dyn AppendObserver>>,
 ) {
+    crate::write_group::forbid_ticket_waits("WAL writer");
     let bounds = GroupBounds {
         max_members: shared.config.max_group_entries,
         max_weight: shared.config.max_group_bytes,

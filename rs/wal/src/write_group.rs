@@ -22,6 +22,20 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
+std::thread_local! {
+    /// The role of a thread that must never block on a ticket (see [`forbid_ticket_waits`]).
+    static NO_TICKET_WAITS: std::cell::Cell<Option<&'static str>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Declares that the calling thread must never block on a [`Ticket`]: the log-writer thread
+/// (it answers tickets), and any thread the writer may wait on (tarn's ingestion thread, which
+/// the writer feeds through a bounded channel). Such a wait could deadlock; debug builds panic
+/// in [`Ticket::wait`] instead, naming `role`.
+pub fn forbid_ticket_waits(role: &'static str) {
+    NO_TICKET_WAITS.with(|cell| cell.set(Some(role)));
+}
+
 /// The result a member gets when its group is dropped without being completed (the leader
 /// panicked or shut down). Results convert from it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +108,11 @@ impl<T> Ticket<T> {
     /// Blocks the calling thread until the result is in. Do not call it on an async runtime's
     /// worker thread: await the ticket there.
     pub fn wait(self) -> T {
+        if cfg!(debug_assertions) {
+            if let Some(role) = NO_TICKET_WAITS.with(std::cell::Cell::get) {
+                panic!("the {role} thread must never wait on a WAL ticket (docs/CHECKPOINT.md)");
+            }
+        }
         let mut state = lock(&self.completion.state);
         loop {
             if let Some(result) = state.result.take() {
@@ -358,6 +377,21 @@ mod tests {
             Taken::Closed
         ));
         assert!(queue.submit(1).is_err());
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    fn a_thread_that_must_not_wait_on_tickets_panics_when_it_does() {
+        let waited = thread::spawn(|| {
+            forbid_ticket_waits("test");
+            Ticket::<Outcome>::ready(Outcome::Done(1)).wait()
+        })
+        .join();
+        let panic = waited.unwrap_err();
+        let message = panic.downcast_ref::<String>().unwrap();
+        assert!(message.contains("test thread must never wait"), "{message}");
+        // Other threads are unaffected.
+        assert_eq!(Ticket::ready(Outcome::Done(2)).wait(), Outcome::Done(2));
     }
 
     #[test]
