@@ -121,13 +121,13 @@ impl Checkpointer {
     pub(crate) fn checkpoint(&mut self, seq: u64) -> Result<u64> {
         // Tests arm it with `panic` to kill this thread (`tests/thread_failure.rs`).
         fail::fail_point!("checkpoint::start");
-        if let Some(first_error) = self.wal.poisoned() {
+        if let Some(error) = self.wal.poison_error() {
             // Checked before sealing: the checkpoint could not publish (its WAL barrier would
             // fail), so it must not write segment files either.
             self.shared
                 .n_checkpoints_refused
                 .fetch_add(1, Ordering::Relaxed);
-            return Err(tarn_wal::WalError::Poisoned { first_error }.into());
+            return Err(error.into());
         }
         let dir = self.shared.dir.clone();
         let index_config = self.shared.config.index_config();

@@ -169,10 +169,20 @@ struct Shared {
     last_durable_seq: AtomicU64,
     first_seq: AtomicU64,
     poisoned: Mutex<Option<Arc<str>>>,
+    /// The poisoning error was the disk being full.
+    poisoned_out_of_space: std::sync::atomic::AtomicBool,
     counters: Counters,
 }
 
 impl Shared {
+    /// The error every request gets once the log is poisoned.
+    fn poison_error(&self) -> Option<WalError> {
+        self.poisoned().map(|first_error| WalError::Poisoned {
+            first_error,
+            out_of_space: self.poisoned_out_of_space.load(Ordering::Acquire),
+        })
+    }
+
     fn poisoned(&self) -> Option<Arc<str>> {
         self.poisoned
             .lock()
@@ -267,6 +277,7 @@ impl Wal {
             last_durable_seq: AtomicU64::new(log.last_synced_seq()),
             first_seq: AtomicU64::new(log.first_seq()),
             poisoned: Mutex::new(None),
+            poisoned_out_of_space: std::sync::atomic::AtomicBool::new(false),
             counters: Counters::default(),
         });
         let thread_shared = Arc::clone(&shared);
@@ -293,16 +304,16 @@ impl Wal {
     }
 
     fn submit(&self, request: Request) -> Ticket<Result<u64>> {
-        if let Some(first_error) = self.shared().poisoned() {
-            return Ticket::ready(Err(WalError::Poisoned { first_error }));
+        if let Some(error) = self.shared().poison_error() {
+            return Ticket::ready(Err(error));
         }
         match self.shared().queue.submit(request) {
             Ok(ticket) => ticket,
             // Closed: by `close`, or because the writer died (which poisons first).
-            Err(_) => Ticket::ready(Err(match self.shared().poisoned() {
-                Some(first_error) => WalError::Poisoned { first_error },
-                None => WalError::Closed,
-            })),
+            Err(_) => Ticket::ready(Err(self
+                .shared()
+                .poison_error()
+                .unwrap_or(WalError::Closed))),
         }
     }
 
@@ -382,6 +393,12 @@ impl Wal {
         self.shared().first_seq.load(Ordering::Acquire)
     }
 
+    /// The error requests get while the log is poisoned, if it is (`Poisoned`, out-of-space
+    /// when the disk was full).
+    pub fn poison_error(&self) -> Option<WalError> {
+        self.shared().poison_error()
+    }
+
     /// The first error that poisoned the log, if any.
     pub fn poisoned(&self) -> Option<Arc<str>> {
         self.shared().poisoned()
@@ -411,8 +428,8 @@ impl Wal {
     /// it. Every handle sees the log closed afterwards. Returns the poisoning error, if any.
     pub fn close(&self) -> Result<()> {
         self.handle.shut_down();
-        match self.poisoned() {
-            Some(first_error) => Err(WalError::Poisoned { first_error }),
+        match self.shared().poison_error() {
+            Some(error) => Err(error),
             None => Ok(()),
         }
     }
@@ -448,6 +465,7 @@ fn poison_and_drain(shared: &Shared, first_error: Arc<str>) {
     for member in shared.queue.close_and_drain() {
         member.complete(Err(WalError::Poisoned {
             first_error: Arc::clone(&first_error),
+            out_of_space: shared.poisoned_out_of_space.load(Ordering::Acquire),
         }));
     }
 }
@@ -517,6 +535,9 @@ fn publish(shared: &Shared, log: &SegmentedLog) {
         .store(log.last_synced_seq(), Ordering::Release);
     shared.first_seq.store(log.first_seq(), Ordering::Release);
     if let Some(first_error) = log.poisoned() {
+        if log.poisoned_out_of_space() {
+            shared.poisoned_out_of_space.store(true, Ordering::Release);
+        }
         let mut poisoned = shared.poisoned.lock().unwrap_or_else(|p| p.into_inner());
         poisoned.get_or_insert_with(|| Arc::clone(first_error));
     }

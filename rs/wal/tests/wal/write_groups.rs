@@ -328,7 +328,7 @@ fn a_panic_on_the_writer_thread_poisons_the_log_and_answers_every_queued_and_lat
     go.send(()).unwrap();
     for ticket in queued {
         match wait_or_report_hang(ticket) {
-            Err(tarn_wal::WalError::Poisoned { first_error }) => {
+            Err(tarn_wal::WalError::Poisoned { first_error, .. }) => {
                 assert!(
                     first_error.contains("observer refuses entry 2"),
                     "{first_error}"
@@ -411,7 +411,7 @@ fn poison_answers_queued_and_later_requests_while_the_writer_is_busy() {
     // Answered while the writer is still held in the observer.
     for ticket in queued {
         match wait_or_report_hang(ticket) {
-            Err(tarn_wal::WalError::Poisoned { first_error }) => {
+            Err(tarn_wal::WalError::Poisoned { first_error, .. }) => {
                 assert_eq!(&*first_error, "the consumer died")
             }
             other => panic!("expected Poisoned, got {other:?}"),
