@@ -299,13 +299,16 @@ impl Collection {
         let worker = IngestWorker {
             shared: Arc::clone(&shared),
             applied_seq: last_seq,
-            wal_bytes_since_checkpoint: replay_bytes,
-            first_unsaved_at: (n_replayed > 0).then(Instant::now),
+            triggers: crate::triggers::CheckpointTriggers::new(
+                shared.config.checkpoint_wal_bytes,
+                shared.config.checkpoint_mutable_bytes,
+                shared.config.checkpoint_interval(),
+                replay_bytes,
+                Instant::now(),
+            ),
             n_applied: 0,
-            mutable_bytes_trigger: shared.config.checkpoint_mutable_bytes,
             jobs: Some(jobs),
             done: done_receiver,
-            checkpoints_stopped: false,
             in_flight: 0,
             checkpointer: Some(checkpointer),
         };

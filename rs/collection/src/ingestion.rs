@@ -20,6 +20,7 @@ use crate::collection::Shared;
 use crate::flush::FlushReply;
 use crate::indexer::INDEX_BATCH;
 use crate::op;
+use crate::triggers::CheckpointTriggers;
 
 pub(crate) enum IngestSignal {
     Apply {
@@ -56,19 +57,12 @@ impl AppendObserver for IngestFeeder {
 pub(crate) struct IngestWorker {
     pub(crate) shared: Arc<Shared>,
     pub(crate) applied_seq: u64,
-    pub(crate) wal_bytes_since_checkpoint: u64,
-    pub(crate) first_unsaved_at: Option<Instant>,
     pub(crate) n_applied: u64,
-    /// The mutable segment's estimated size that triggers the next checkpoint: the configured
-    /// bound, pushed one bound further after a failed checkpoint so that a failing disk is not
-    /// retried on every apply.
-    pub(crate) mutable_bytes_trigger: u64,
+    /// When the next checkpoint is due (`triggers.rs`).
+    pub(crate) triggers: CheckpointTriggers,
     pub(crate) jobs: Option<SyncSender<CheckpointJob>>,
     /// One message per finished job.
     pub(crate) done: Receiver<JobOutcome>,
-    /// Set once the checkpoint thread reports the WAL poisoned: no automatic checkpoint starts
-    /// again (it could not publish), and a flush is refused without freezing anything.
-    pub(crate) checkpoints_stopped: bool,
     /// Jobs sent and not reported done. Automatic checkpoints start only when this is 0.
     pub(crate) in_flight: usize,
     pub(crate) checkpointer: Option<std::thread::JoinHandle<()>>,
@@ -83,10 +77,7 @@ impl IngestWorker {
         // docs/CHECKPOINT.md, "Who waits on whom".
         tarn_wal::forbid_ticket_waits("ingestion");
         loop {
-            let deadline = self
-                .first_unsaved_at
-                .filter(|_| !self.checkpoints_stopped)
-                .map(|at| at + self.shared.config.checkpoint_interval());
+            let deadline = self.triggers.deadline();
             let signal = match deadline {
                 None => signals.recv().map_err(|_| RecvTimeoutError::Disconnected),
                 Some(deadline) => {
@@ -97,23 +88,20 @@ impl IngestWorker {
             match signal {
                 Ok(IngestSignal::Apply { seq, payload }) => {
                     self.apply(seq, &payload);
-                    if self.in_flight == 0 && !self.checkpoints_stopped {
-                        let config = &self.shared.config;
-                        if self.wal_bytes_since_checkpoint >= config.checkpoint_wal_bytes {
-                            self.start_checkpoint(None, "WAL size");
-                        } else if self.shared.segments().mutable.estimated_bytes() as u64
-                            >= self.mutable_bytes_trigger
-                        {
-                            self.start_checkpoint(None, "mutable segment size");
-                        }
+                    let mutable_bytes = self.shared.segments().mutable.estimated_bytes() as u64;
+                    if let Some(reason) =
+                        self.triggers.due_by_size(mutable_bytes, self.in_flight > 0)
+                    {
+                        self.start_checkpoint(None, reason.as_str());
                     }
                 }
                 Ok(IngestSignal::Flush) => {}
-                Err(RecvTimeoutError::Timeout) if self.in_flight == 0 => {
-                    self.start_checkpoint(None, "age")
+                Err(RecvTimeoutError::Timeout) => {
+                    let in_flight = self.in_flight > 0;
+                    if let Some(reason) = self.triggers.deadline_passed(in_flight, Instant::now()) {
+                        self.start_checkpoint(None, reason.as_str());
+                    }
                 }
-                // A checkpoint is running; the next one is due an interval from now.
-                Err(RecvTimeoutError::Timeout) => self.first_unsaved_at = Some(Instant::now()),
                 Ok(IngestSignal::Shutdown) | Err(RecvTimeoutError::Disconnected) => break,
             }
             while let Some(reply) = self.shared.flushes.take_if_applied(self.applied_seq) {
@@ -158,8 +146,7 @@ impl IngestWorker {
             }
         }
         self.applied_seq = seq;
-        self.wal_bytes_since_checkpoint += payload.len() as u64;
-        self.first_unsaved_at.get_or_insert_with(Instant::now);
+        self.triggers.applied(payload.len() as u64, Instant::now());
         self.shared.applied.send_replace(seq);
         self.shared.indexer.kick();
         self.n_applied += 1;
@@ -196,7 +183,7 @@ impl IngestWorker {
     /// asks the checkpoint thread to seal it and publish a checkpoint at the applied sequence.
     fn start_checkpoint(&mut self, reply: Option<FlushReply>, reason: &str) {
         tracing::debug!(reason, seq = self.applied_seq, "checkpoint requested");
-        if !self.checkpoints_stopped {
+        if !self.triggers.stopped() {
             let _apply = self.shared.counts.lock();
             let mut segments = self.shared.segments.write();
             if !segments.mutable.is_empty() {
@@ -204,9 +191,7 @@ impl IngestWorker {
                 *segments = Arc::new(segments.freeze(self.applied_seq, fresh));
             }
         }
-        self.wal_bytes_since_checkpoint = 0;
-        self.first_unsaved_at = None;
-        self.mutable_bytes_trigger = self.shared.config.checkpoint_mutable_bytes;
+        self.triggers.started();
         let job = CheckpointJob {
             seq: self.applied_seq,
             reply,
@@ -228,23 +213,19 @@ impl IngestWorker {
         while let Ok(outcome) = self.done.try_recv() {
             self.in_flight = self.in_flight.saturating_sub(1);
             if let JobOutcome::WalPoisoned = outcome {
-                if !self.checkpoints_stopped {
+                if !self.triggers.stopped() {
                     tracing::error!(
                         "the WAL is poisoned: no more checkpoints until the collection is reopened"
                     );
                 }
-                self.checkpoints_stopped = true;
-                self.first_unsaved_at = None;
+                self.triggers.stop();
             }
             if let JobOutcome::Failed(error) = outcome {
                 tracing::error!(%error, "checkpoint failed; retrying at the next trigger");
                 // Retry on the next trigger, not in a tight loop. The frozen segments stay
                 // (searchable, and logged in the WAL) and the next checkpoint seals them.
-                self.first_unsaved_at = Some(Instant::now());
-                self.wal_bytes_since_checkpoint = 0;
-                self.mutable_bytes_trigger = self.shared.segments().mutable.estimated_bytes()
-                    as u64
-                    + self.shared.config.checkpoint_mutable_bytes;
+                let mutable_bytes = self.shared.segments().mutable.estimated_bytes() as u64;
+                self.triggers.failed(mutable_bytes, Instant::now());
             }
         }
     }

@@ -18,6 +18,7 @@ mod retention;
 mod segments;
 mod snapshot;
 mod snapshot_format;
+mod triggers;
 
 pub use collection::{
     Collection, CollectionStats, SearchHit, SearchRequest, MAX_PAIRS_PER_REQUEST,
