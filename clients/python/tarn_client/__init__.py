@@ -9,12 +9,17 @@
 Ids are Python ints up to 2**128 - 1 (tarn's u128, sent as two u64 halves); vectors are numpy
 arrays (or anything numpy can turn into float32). Errors are `grpc.RpcError` with tarn's status
 codes (INVALID_ARGUMENT naming the field, NOT_FOUND, ALREADY_EXISTS, UNAVAILABLE, ...).
+
+An overloaded server answers RESOURCE_EXHAUSTED with a `retry-after-ms` hint: `retry_after(error)`
+reads it (in seconds), and `Client(..., overload_retries=N)` makes every call wait that long and
+try again, up to N times (off by default; inserts and removes are safe to repeat).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence, Union
 
@@ -23,7 +28,25 @@ import numpy as np
 
 from tarn_client._gen import tarn_pb2, tarn_pb2_grpc
 
-__all__ = ["Client", "Hit", "Document", "CollectionInfo", "to_id", "from_id"]
+__all__ = ["Client", "Hit", "Document", "CollectionInfo", "to_id", "from_id", "retry_after"]
+
+RETRY_AFTER_MS = "retry-after-ms"
+
+
+def retry_after(error: grpc.RpcError) -> Optional[float]:
+    """Seconds an overloaded server asked to wait before the same call (its `retry-after-ms`
+    hint on a RESOURCE_EXHAUSTED answer), or None."""
+    code = getattr(error, "code", None)
+    if code is None or code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    trailing = getattr(error, "trailing_metadata", None)
+    for key, value in (trailing() if trailing else None) or ():
+        if key == RETRY_AFTER_MS:
+            try:
+                return int(value) / 1000.0
+            except ValueError:
+                return None
+    return None
 
 U128_MAX = (1 << 128) - 1
 U64_MASK = (1 << 64) - 1
@@ -124,6 +147,7 @@ class Client:
         api_key: Optional[str] = None,
         timeout: float = 30.0,
         max_message_bytes: int = 64 << 20,
+        overload_retries: int = 0,
     ):
         options = [
             ("grpc.max_send_message_length", max_message_bytes),
@@ -137,6 +161,7 @@ class Client:
         self.channel = grpc.insecure_channel(address, options=options)
         self.stub = tarn_pb2_grpc.TarnStub(self.channel)
         self.timeout = timeout
+        self.overload_retries = overload_retries
         self._metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
 
     def close(self) -> None:
@@ -149,7 +174,16 @@ class Client:
         self.close()
 
     def _call(self, method, request):
-        return method(request, timeout=self.timeout, metadata=self._metadata)
+        n_retries = 0
+        while True:
+            try:
+                return method(request, timeout=self.timeout, metadata=self._metadata)
+            except grpc.RpcError as error:
+                wait = retry_after(error)
+                if wait is None or n_retries >= self.overload_retries:
+                    raise
+                n_retries += 1
+                time.sleep(wait)
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Blocks until the channel connects (raises grpc.FutureTimeoutError otherwise)."""

@@ -166,3 +166,48 @@ def test_read_tokens_make_a_search_wait_for_the_write(client):
         client.search(name, [1, 0, 0, 0], read_token=b"garbage")
     assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "read_token" in bad.value.details()
+
+class _Overloaded(grpc.RpcError):
+    """What grpc raises for a RESOURCE_EXHAUSTED answer with the server's retry hint."""
+
+    def __init__(self, hint):
+        self._hint = hint
+
+    def code(self):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def trailing_metadata(self):
+        return () if self._hint is None else (("retry-after-ms", self._hint),)
+
+
+def test_retry_after_reads_the_hint_and_overload_retries_honour_it():
+    from tarn_client import retry_after
+
+    assert retry_after(_Overloaded("50")) == 0.05
+    assert retry_after(_Overloaded(None)) is None
+    assert retry_after(_Overloaded("soon")) is None
+
+    calls = []
+
+    def flaky(request, timeout, metadata):
+        calls.append(request)
+        if len(calls) < 3:
+            raise _Overloaded("1")
+        return "ok"
+
+    client = Client("localhost:1", overload_retries=5)
+    assert client._call(flaky, "req") == "ok" and len(calls) == 3
+    # Off by default, and bounded.
+    calls.clear()
+    with pytest.raises(grpc.RpcError):
+        Client("localhost:1")._call(flaky, "req")
+    assert len(calls) == 1
+    calls.clear()
+
+    def always(request, timeout, metadata):
+        calls.append(request)
+        raise _Overloaded("1")
+
+    with pytest.raises(grpc.RpcError):
+        Client("localhost:1", overload_retries=2)._call(always, "req")
+    assert len(calls) == 3

@@ -109,6 +109,8 @@ impl fmt::Display for Code {
 pub struct Error {
     code: Code,
     message: String,
+    /// The server's hint on an overload answer (`retry-after-ms` metadata).
+    retry_after: Option<std::time::Duration>,
 }
 
 impl Error {
@@ -117,7 +119,15 @@ impl Error {
         Error {
             code,
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    /// How long the server asked the caller to wait before sending the same call again, when
+    /// it refused it for overload (RESOURCE_EXHAUSTED with `retry-after-ms` metadata).
+    /// [`retry_overloaded`] honours it.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        self.retry_after
     }
 
     /// The status code.
@@ -165,9 +175,116 @@ impl From<tonic::Status> for Error {
             }
             code => Code::from_tonic(code),
         };
-        Error::new(code, message)
+        let retry_after = status
+            .metadata()
+            .get(RETRY_AFTER_MS)
+            .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
+            .map(std::time::Duration::from_millis);
+        Error {
+            retry_after,
+            ..Error::new(code, message)
+        }
+    }
+}
+
+/// The metadata key of the server's retry hint, in milliseconds.
+pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+
+/// Runs `call` and, while it fails with an overload answer that carries a retry hint, waits as
+/// long as the hint says and runs it again, up to `max_retries` times; any other result is
+/// returned at once. Opt-in: the client itself never retries. Inserts and removes are safe to
+/// repeat (an insert is an upsert).
+///
+/// ```no_run
+/// # async fn example(client: tarn_client::Client) -> tarn_client::Result<()> {
+/// let seq = tarn_client::retry_overloaded(5, || client.flush("docs")).await?;
+/// # Ok(()) }
+/// ```
+pub async fn retry_overloaded<T, F, Fut>(max_retries: usize, mut call: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut n_retries = 0;
+    loop {
+        match call().await {
+            Err(error) if n_retries < max_retries && error.code == Code::ResourceExhausted => {
+                let Some(wait) = error.retry_after else {
+                    return Err(error);
+                };
+                n_retries += 1;
+                tokio::time::sleep(wait).await;
+            }
+            result => return result,
+        }
     }
 }
 
 /// The client's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn overloaded(hint_ms: Option<&str>) -> Error {
+        let mut status = tonic::Status::resource_exhausted("too many writes in flight (1)");
+        if let Some(hint) = hint_ms {
+            status
+                .metadata_mut()
+                .insert(RETRY_AFTER_MS, hint.parse().unwrap());
+        }
+        Error::from(status)
+    }
+
+    #[test]
+    fn the_hint_is_read_from_the_status_metadata() {
+        assert_eq!(
+            overloaded(Some("50")).retry_after(),
+            Some(Duration::from_millis(50))
+        );
+        assert_eq!(overloaded(None).retry_after(), None);
+        assert_eq!(overloaded(Some("soon")).retry_after(), None);
+        assert!(overloaded(Some("50")).is_retryable());
+    }
+
+    #[tokio::test]
+    async fn retry_overloaded_follows_hints_and_stops_at_anything_else() {
+        let calls = std::cell::Cell::new(0);
+        let result = retry_overloaded(5, || {
+            calls.set(calls.get() + 1);
+            let n = calls.get();
+            async move {
+                if n < 3 {
+                    Err(overloaded(Some("1")))
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(result, Ok(3));
+        // The retries are bounded.
+        calls.set(0);
+        let result: Result<()> = retry_overloaded(2, || {
+            calls.set(calls.get() + 1);
+            async { Err(overloaded(Some("1"))) }
+        })
+        .await;
+        assert_eq!(result.unwrap_err().code(), Code::ResourceExhausted);
+        assert_eq!(calls.get(), 3);
+        // Without a hint, or for another code, no retry.
+        for error in [overloaded(None), Error::new(Code::Unavailable, "down")] {
+            calls.set(0);
+            let result: Result<()> = retry_overloaded(5, || {
+                calls.set(calls.get() + 1);
+                let error = error.clone();
+                async move { Err(error) }
+            })
+            .await;
+            assert!(result.is_err());
+            assert_eq!(calls.get(), 1);
+        }
+    }
+}

@@ -36,7 +36,7 @@ mod snapshot;
 mod types;
 
 pub use client::{Client, ClientBuilder};
-pub use error::{Code, Error, Result};
+pub use error::{retry_overloaded, Code, Error, Result, RETRY_AFTER_MS};
 pub use snapshot::{Restored, SnapshotStream};
 pub use types::{
     ClusterStatus, CollectionInfo, CollectionSpec, Document, Durability, Hit, Insert, Metric,

@@ -14,12 +14,13 @@ use parking_lot::{Mutex, RwLock};
 use tarn_index::{Metric, MutableSegment, SealedSegment};
 use tarn_wal::{Durability, Wal, WalConfig};
 
+use crate::checkpoint::{CheckpointState, Checkpointer};
 use crate::config::{CollectionConfig, MAX_TOP_K};
 use crate::error::{CollectionError, Result};
-use crate::ingest::{
-    run_indexer, CheckpointState, Checkpointer, IndexerSignal, IngestFeeder, IngestSignal,
-    IngestWorker,
-};
+use crate::failure::{run_guarded, ThreadFailure};
+use crate::flush::{batch_result, Joined};
+use crate::indexer::{run_indexer, IndexerSignal};
+use crate::ingestion::{IngestFeeder, IngestSignal, IngestWorker};
 use crate::manifest::{self, Manifest, SegmentEntry, CONFIG_FILE};
 use crate::op;
 use crate::retention::Retention;
@@ -38,17 +39,41 @@ pub(crate) struct Shared {
     /// Last applied sequence number; waiters subscribe for read-your-writes.
     pub(crate) applied: tokio::sync::watch::Sender<u64>,
     pub(crate) checkpoint_seq: AtomicU64,
-    /// Live documents per tenant.
+    /// Live documents per tenant. Its lock is the apply lock.
     pub(crate) counts: Mutex<HashMap<u128, u64>>,
+    /// The sum of `counts` and its length (tenants ever seen), kept by ingestion, so that stats
+    /// need not take the apply lock.
+    pub(crate) n_documents: AtomicU64,
+    pub(crate) n_tenants: AtomicU64,
+    /// The directory's size when it was last measured (at open and after each checkpoint, on
+    /// the checkpoint thread), and the WAL's written bytes then: stats add the WAL's growth.
+    pub(crate) disk_bytes_measured: AtomicU64,
+    pub(crate) wal_bytes_at_measure: AtomicU64,
     pub(crate) n_ingest_errors: AtomicU64,
     pub(crate) indexer: IndexerSignal,
     /// Set when the collection shuts down: pending checkpoint work is abandoned.
     pub(crate) stopping: AtomicBool,
     /// Files and WAL that open snapshots still read; checkpoints keep them.
     pub(crate) retention: Arc<Retention>,
+    /// Checkpoints published (or found nothing to publish) since open.
+    pub(crate) n_checkpoints: AtomicU64,
+    /// Checkpoint jobs refused because the WAL is poisoned (nothing sealed or written).
+    pub(crate) n_checkpoints_refused: AtomicU64,
+    /// Flush batches and their checkpoint requests (`flush.rs`).
+    pub(crate) flushes: crate::flush::Flushes,
+    /// Set once, when one of the collection's threads dies (`failure.rs`).
+    pub(crate) failure: std::sync::OnceLock<ThreadFailure>,
 }
 
 impl Shared {
+    /// Measures the collection's directory (a walk: on the checkpoint thread or at open only).
+    pub(crate) fn measure_disk(&self, wal: &Wal) {
+        self.wal_bytes_at_measure
+            .store(wal.stats().n_bytes, Ordering::Relaxed);
+        self.disk_bytes_measured
+            .store(dir_size(&self.dir), Ordering::Relaxed);
+    }
+
     pub(crate) fn segments(&self) -> Arc<SegmentSet> {
         Arc::clone(&self.segments.read())
     }
@@ -78,7 +103,8 @@ pub struct SearchRequest {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CollectionStats {
     pub n_documents: u64,
-    pub documents_per_tenant: HashMap<u128, u64>,
+    /// Tenants that had a document since the last open (some may have none left).
+    pub n_tenants: u64,
     /// Tombstoned slots in sealed segments, waiting for a rebuild.
     pub n_removed_not_compacted: u64,
     pub n_sealed_segments: usize,
@@ -86,10 +112,16 @@ pub struct CollectionStats {
     pub durable_seq: u64,
     pub applied_seq: u64,
     pub checkpoint_seq: u64,
+    /// The directory's size as of the last checkpoint, plus the WAL bytes written since: read
+    /// from counters, so stats never walk the directory.
     pub bytes_on_disk: u64,
     /// Approximate memory of the segments.
     pub memory_bytes: u64,
     pub n_ingest_errors: u64,
+    /// Checkpoints completed since open.
+    pub n_checkpoints: u64,
+    /// Checkpoint jobs refused since open because the WAL is poisoned.
+    pub n_checkpoints_refused: u64,
 }
 
 #[derive(Debug)]
@@ -221,20 +253,33 @@ impl Collection {
             segments: RwLock::new(Arc::new(set)),
             applied: tokio::sync::watch::Sender::new(last_seq),
             checkpoint_seq: AtomicU64::new(checkpoint_seq),
+            n_documents: AtomicU64::new(counts.values().sum()),
+            n_tenants: AtomicU64::new(counts.len() as u64),
             counts: Mutex::new(counts),
+            disk_bytes_measured: AtomicU64::new(0),
+            wal_bytes_at_measure: AtomicU64::new(0),
             n_ingest_errors: AtomicU64::new(0),
             indexer: IndexerSignal::default(),
             stopping: AtomicBool::new(false),
             retention: Arc::new(Retention::new(state.current.clone())),
+            n_checkpoints: AtomicU64::new(0),
+            n_checkpoints_refused: AtomicU64::new(0),
+            flushes: crate::flush::Flushes::default(),
+            failure: std::sync::OnceLock::new(),
         });
-        let indexer_shared = Arc::clone(&shared);
+        shared.measure_disk(&wal);
+        let (indexer_shared, indexer_wal) = (Arc::clone(&shared), wal.clone());
         let indexer = std::thread::Builder::new()
             .name("tarn-indexer".to_owned())
-            .spawn(move || run_indexer(indexer_shared))
+            .spawn(move || {
+                run_guarded(&indexer_shared, &indexer_wal, "indexing", || {
+                    run_indexer(Arc::clone(&indexer_shared))
+                })
+            })
             .map_err(|e| CollectionError::io("spawn indexing thread", dir, e))?;
         // The replayed tail gets indexed in the background; searches cover it exactly meanwhile.
         shared.indexer.kick();
-        let (jobs, job_receiver) = std::sync::mpsc::channel();
+        let (jobs, job_receiver) = sync_channel(crate::checkpoint::CHECKPOINT_JOBS);
         let (done, done_receiver) = std::sync::mpsc::channel();
         let checkpointer = Checkpointer {
             shared: Arc::clone(&shared),
@@ -242,25 +287,40 @@ impl Collection {
             state,
             done,
         };
+        let (checkpoint_shared, checkpoint_wal) = (Arc::clone(&shared), wal.clone());
         let checkpointer = std::thread::Builder::new()
             .name("tarn-checkpoint".to_owned())
-            .spawn(move || checkpointer.run(job_receiver))
+            .spawn(move || {
+                run_guarded(&checkpoint_shared, &checkpoint_wal, "checkpoint", || {
+                    checkpointer.run(job_receiver)
+                })
+            })
             .map_err(|e| CollectionError::io("spawn checkpoint thread", dir, e))?;
         let worker = IngestWorker {
             shared: Arc::clone(&shared),
             applied_seq: last_seq,
-            wal_bytes_since_checkpoint: replay_bytes,
-            first_unsaved_at: (n_replayed > 0).then(Instant::now),
+            triggers: crate::triggers::CheckpointTriggers::new(
+                shared.config.checkpoint_wal_bytes,
+                shared.config.checkpoint_mutable_bytes,
+                shared.config.checkpoint_interval(),
+                replay_bytes,
+                Instant::now(),
+            ),
             n_applied: 0,
-            mutable_bytes_trigger: shared.config.checkpoint_mutable_bytes,
             jobs: Some(jobs),
             done: done_receiver,
             in_flight: 0,
             checkpointer: Some(checkpointer),
         };
+        let (worker_shared, worker_wal) = (Arc::clone(&shared), wal.clone());
         let worker = std::thread::Builder::new()
             .name("tarn-ingest".to_owned())
-            .spawn(move || worker.run(receiver))
+            .spawn(move || {
+                let mut worker = worker;
+                run_guarded(&worker_shared, &worker_wal, "ingestion", || {
+                    worker.run(&receiver)
+                });
+            })
             .map_err(|e| CollectionError::io("spawn ingestion thread", dir, e))?;
         Ok(Collection {
             handle: Arc::new(Handle {
@@ -291,6 +351,7 @@ impl Collection {
         vectors: &[f32],
         durability: Option<Durability>,
     ) -> Result<u64> {
+        self.check_not_failed()?;
         let payload = self.encode_insert(doc_ids, user_ids, vectors)?;
         let durability = durability.unwrap_or_else(|| self.config().durability());
         Ok(self.handle.wal.append(payload.into(), durability).await?)
@@ -346,6 +407,7 @@ impl Collection {
         user_ids: &[u128],
         durability: Option<Durability>,
     ) -> Result<u64> {
+        self.check_not_failed()?;
         validate_ids(doc_ids, user_ids)?;
         let payload = op::encode_remove(user_ids, doc_ids);
         let durability = durability.unwrap_or_else(|| self.config().durability());
@@ -376,13 +438,19 @@ impl Collection {
     /// Waits until operation `seq` is applied (searchable), up to `timeout`.
     pub async fn wait_applied(&self, seq: u64, timeout: Duration) -> Result<()> {
         let mut applied = self.shared().applied.subscribe();
+        let failure = &self.shared().failure;
         let reached = tokio::time::timeout(timeout, async {
-            applied.wait_for(|a| *a >= seq).await.is_ok()
+            applied
+                .wait_for(|a| *a >= seq || failure.get().is_some())
+                .await
+                .is_ok()
         })
         .await;
         match reached {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(CollectionError::Closed),
+            // Applied before the failure: the wait is over either way.
+            Ok(true) if *self.shared().applied.borrow() >= seq => Ok(()),
+            Ok(true) => Err(self.closed_or_failed()),
+            Ok(false) => Err(self.closed_or_failed()),
             Err(_) => Err(CollectionError::DeadlineExceeded {
                 seq,
                 applied: *self.shared().applied.borrow(),
@@ -485,14 +553,29 @@ impl Collection {
     /// Makes everything acknowledged so far durable and checkpointed; returns the checkpoint's
     /// sequence number.
     pub async fn flush(&self) -> Result<u64> {
+        self.check_not_failed()?;
         let synced = self.handle.wal.sync().await?;
-        // Every entry up to `synced` was handed to ingestion before the barrier resolved, so a
-        // checkpoint queued now covers them.
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let signals = self.handle.signals.clone();
-        // The queue may be full: block a helper thread, not the caller's runtime.
-        std::thread::spawn(move || signals.send(IngestSignal::Checkpoint(reply)));
-        let checkpoint_seq = answer.await.map_err(|_| CollectionError::Closed)??;
+        // Every entry up to `synced` was handed to ingestion before the barrier resolved; the
+        // batch's checkpoint is taken once ingestion applied the highest such number of its
+        // members (`flush.rs`).
+        let result = match self.shared().flushes.join(synced) {
+            Joined::Member(result) => result,
+            Joined::Leader { batch, previous } => {
+                let result = batch.subscribe();
+                let leader = FlushLeader {
+                    shared: Arc::clone(&self.handle.shared),
+                    signals: self.handle.signals.clone(),
+                    batch: Some(batch),
+                };
+                // Flushes that arrive meanwhile join this batch.
+                if let Some(previous) = previous {
+                    let _ = batch_result(previous).await;
+                }
+                leader.request();
+                result
+            }
+        };
+        let checkpoint_seq = batch_result(result).await?;
         debug_assert!(checkpoint_seq >= synced);
         Ok(checkpoint_seq)
     }
@@ -500,16 +583,18 @@ impl Collection {
     pub fn stats(&self) -> CollectionStats {
         let shared = self.shared();
         let set = shared.segments();
-        let documents_per_tenant = shared.counts.lock().clone();
+        let wal_bytes = self.handle.wal.stats().n_bytes;
+        let bytes_on_disk = shared.disk_bytes_measured.load(Ordering::Relaxed)
+            + wal_bytes.saturating_sub(shared.wal_bytes_at_measure.load(Ordering::Relaxed));
         let mut stats = CollectionStats {
-            n_documents: documents_per_tenant.values().sum(),
-            documents_per_tenant,
+            n_documents: shared.n_documents.load(Ordering::Relaxed),
+            n_tenants: shared.n_tenants.load(Ordering::Relaxed),
             n_sealed_segments: set.sealed.len(),
             last_appended_seq: self.handle.wal.last_appended_seq(),
             durable_seq: self.handle.wal.last_durable_seq(),
             applied_seq: *shared.applied.borrow(),
             checkpoint_seq: shared.checkpoint_seq.load(Ordering::Acquire),
-            bytes_on_disk: dir_size(&shared.dir),
+            bytes_on_disk,
             memory_bytes: (set.mutable.memory_bytes()
                 + set
                     .frozen
@@ -517,6 +602,8 @@ impl Collection {
                     .map(|(_, f)| f.memory_bytes())
                     .sum::<usize>()) as u64,
             n_ingest_errors: shared.n_ingest_errors.load(Ordering::Relaxed),
+            n_checkpoints: shared.n_checkpoints.load(Ordering::Relaxed),
+            n_checkpoints_refused: shared.n_checkpoints_refused.load(Ordering::Relaxed),
             ..CollectionStats::default()
         };
         for segment in &set.sealed {
@@ -525,6 +612,12 @@ impl Collection {
             stats.memory_bytes += figures.memory_bytes as u64;
         }
         stats
+    }
+
+    /// Live documents per tenant (a copy of the whole map, taken under the apply lock: for
+    /// tests and diagnostics, not for every scrape).
+    pub fn documents_per_tenant(&self) -> HashMap<u128, u64> {
+        self.shared().counts.lock().clone()
     }
 
     /// Starts a snapshot of the collection, consistent at the WAL's durable sequence number
@@ -549,9 +642,33 @@ impl Collection {
         self.handle.wal.stats()
     }
 
-    /// The WAL's first poisoning error, if writes are refused.
+    /// Why writes are refused, if they are: a dead collection thread, or the WAL's first
+    /// poisoning error.
     pub fn write_error(&self) -> Option<String> {
-        self.handle.wal.poisoned().map(|e| e.to_string())
+        match self.failure() {
+            Some(failure) => Some(failure.to_string()),
+            None => self.handle.wal.poisoned().map(|e| e.to_string()),
+        }
+    }
+
+    /// The thread whose death failed the collection, if one did (until it is reopened).
+    pub fn failure(&self) -> Option<&ThreadFailure> {
+        self.shared().failure.get()
+    }
+
+    fn check_not_failed(&self) -> Result<()> {
+        match self.failure() {
+            Some(failure) => Err(CollectionError::Failed(failure.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// The error for a wait whose other side is gone: the failure, if that is why.
+    fn closed_or_failed(&self) -> CollectionError {
+        match self.failure() {
+            Some(failure) => CollectionError::Failed(failure.clone()),
+            None => CollectionError::Closed,
+        }
     }
 
     /// Stops ingestion after applying everything acknowledged; the WAL is synced. Later writes
@@ -562,6 +679,40 @@ impl Collection {
 
     pub fn metric(&self) -> Metric {
         self.config().metric()
+    }
+}
+
+/// A flush batch's leader until it has requested the checkpoint; dropped before that (its
+/// caller went away), it requests it then, so the batch's other members are answered.
+struct FlushLeader {
+    shared: Arc<Shared>,
+    signals: SyncSender<IngestSignal>,
+    batch: Option<Arc<crate::flush::Batch>>,
+}
+
+impl FlushLeader {
+    fn request(mut self) {
+        self.request_now();
+    }
+
+    fn request_now(&mut self) {
+        let Some(batch) = self.batch.take() else {
+            return;
+        };
+        if self.shared.flushes.request(&self.shared, &batch) {
+            // Full: ingestion is busy and looks at the request after its next signal.
+            if let Err(std::sync::mpsc::TrySendError::Disconnected(_)) =
+                self.signals.try_send(IngestSignal::Flush)
+            {
+                self.shared.flushes.close();
+            }
+        }
+    }
+}
+
+impl Drop for FlushLeader {
+    fn drop(&mut self) {
+        self.request_now();
     }
 }
 

@@ -2,10 +2,14 @@
 //! ingestion worker, checkpoints, and snapshots (taking, restoring, verifying). The only crate
 //! that knows both the log and the index.
 
+mod checkpoint;
 mod collection;
 mod config;
 mod error;
-mod ingest;
+mod failure;
+mod flush;
+mod indexer;
+mod ingestion;
 mod manifest;
 mod memory;
 mod op;
@@ -14,6 +18,7 @@ mod retention;
 mod segments;
 mod snapshot;
 mod snapshot_format;
+mod triggers;
 
 pub use collection::{
     Collection, CollectionStats, SearchHit, SearchRequest, MAX_PAIRS_PER_REQUEST,
@@ -21,7 +26,8 @@ pub use collection::{
 pub use config::{
     CollectionConfig, DurabilityName, HnswConfig, MetricName, MAX_DIMENSION, MAX_TOP_K,
 };
-pub use error::{CollectionError, Result};
+pub use error::{CollectionError, ErrorKind, Result};
+pub use failure::ThreadFailure;
 pub use restore::{remove_interrupted_restores, verify_snapshot, SnapshotRestore};
 pub use snapshot::Snapshot;
 pub use snapshot_format::SnapshotInfo;

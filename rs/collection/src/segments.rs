@@ -28,7 +28,9 @@ pub(crate) struct SegmentSet {
 
 impl SegmentSet {
     /// Applies one logged operation; keeps `counts` (live documents per tenant) current.
-    pub(crate) fn apply(&self, op: &Operation, counts: &mut HashMap<u128, u64>) {
+    /// Returns the change in the number of live documents.
+    pub(crate) fn apply(&self, op: &Operation, counts: &mut HashMap<u128, u64>) -> i64 {
+        let mut delta = 0i64;
         match op {
             Operation::Insert {
                 user_ids,
@@ -42,6 +44,7 @@ impl SegmentSet {
                         let replaced = replaced_here || self.remove_settled(user_id, *doc_id);
                         if !replaced {
                             *counts.entry(user_id).or_default() += 1;
+                            delta += 1;
                         }
                     }
                 }
@@ -53,13 +56,17 @@ impl SegmentSet {
                             || self.remove_settled(user_id, *doc_id);
                         if removed {
                             if let Some(n) = counts.get_mut(&user_id) {
-                                *n = n.saturating_sub(1);
+                                if *n > 0 {
+                                    *n -= 1;
+                                    delta -= 1;
+                                }
                             }
                         }
                     }
                 }
             }
         }
+        delta
     }
 
     /// Removes `(user_id, doc_id)` from the frozen or sealed segment holding it; true if one did.

@@ -6,7 +6,7 @@
 //! `checkpoint_seq + 1` through S. Taking one pins those files and that WAL (`retention.rs`)
 //! first, and only then asks the WAL for its durable sequence number with a sync barrier: the
 //! pinned manifest was written after its checkpoint's operations were durable, so its
-//! checkpoint (and any later removal its files copied, see `ingest.rs`) is at or before S, and
+//! checkpoint (and any later removal its files copied, see `checkpoint.rs`) is at or before S, and
 //! replaying the WAL tail over its files gives exactly the operations up to S, as recovery does.
 //! Writes, searches, checkpoints and merges go on meanwhile; the pins go when the snapshot is
 //! dropped.

@@ -107,7 +107,7 @@ pub fn collection_info(
         durable_seq_no: stats.durable_seq,
         n_sealed_segments: stats.n_sealed_segments as u32,
         n_removed_not_compacted: stats.n_removed_not_compacted,
-        n_tenants: stats.documents_per_tenant.len() as u32,
+        n_tenants: stats.n_tenants as u32,
         shards: 1,
         shard_key: pb::ShardKey::User as i32,
     }

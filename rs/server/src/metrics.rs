@@ -157,6 +157,21 @@ impl Metrics {
                 .iter()
                 .map(|(n, _, _, e)| (n.clone(), f64::from(u8::from(e.is_some())))),
         );
+        let _ = writeln!(
+            text,
+            "# HELP tarn_collection_failed 1 when the collection's thread died (it refuses writes until restart)\n\
+             # TYPE tarn_collection_failed gauge"
+        );
+        for (collection, handle) in &all {
+            let failed = handle.failure().map(|f| f.thread);
+            for thread in tarn_collection::ThreadFailure::THREADS {
+                let _ = writeln!(
+                    text,
+                    "tarn_collection_failed{{collection=\"{collection}\",thread=\"{thread}\"}} {}",
+                    u8::from(failed == Some(thread))
+                );
+            }
+        }
         for (name, help, pick) in [
             ("tarn_wal_sync_seconds", "WAL fdatasync latency", 0),
             ("tarn_wal_group_size", "entries per WAL write group", 1),

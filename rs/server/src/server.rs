@@ -382,7 +382,7 @@ async fn watch_health(
                 let status = if ok {
                     ServingStatus::Serving
                 } else {
-                    tracing::error!(collection = %name, error = ?collection.write_error(), "WAL poisoned: reporting NOT_SERVING until restart");
+                    tracing::error!(collection = %name, error = ?collection.write_error(), "collection refuses writes (WAL poisoned or a thread died): reporting NOT_SERVING until restart");
                     ServingStatus::NotServing
                 };
                 reporter

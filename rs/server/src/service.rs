@@ -542,6 +542,10 @@ impl TarnService {
     }
 
     pub(crate) async fn local_flush(&self, name: &str) -> Result<u64, ApiError> {
-        Ok(self.resolve(name).await?.flush().await?)
+        let collection = self.resolve(name).await?;
+        // A flush holds a write slot like a write: it waits on the WAL and a checkpoint, and
+        // under overload it is refused the same way.
+        let _permit = self.write_permit()?;
+        Ok(collection.flush().await?)
     }
 }

@@ -1,6 +1,6 @@
 //! Every error the service can return, and the one place that maps each to a gRPC status.
 
-use tarn_collection::CollectionError;
+use tarn_collection::{CollectionError, ErrorKind};
 use tonic::Status;
 
 #[derive(Debug, thiserror::Error)]
@@ -60,29 +60,38 @@ impl From<ApiError> for Status {
     fn from(error: ApiError) -> Status {
         let message = error.to_string();
         match error {
-            ApiError::Collection(inner) => match inner {
-                CollectionError::InvalidArgument { .. } => Status::invalid_argument(message),
-                CollectionError::AlreadyExists { .. } => Status::already_exists(message),
-                CollectionError::NotFound { .. } => Status::not_found(message),
-                CollectionError::Unavailable(_) | CollectionError::Closed => {
-                    Status::unavailable(message)
+            ApiError::Collection(inner) => {
+                // The client gets no server paths; the log keeps the full error.
+                let client_message = inner.client_message();
+                if client_message != message {
+                    tracing::warn!(error = %message, "collection error (sent without server paths)");
                 }
-                CollectionError::OutOfSpace(_) => Status::resource_exhausted(message),
-                CollectionError::DeadlineExceeded { .. } => Status::deadline_exceeded(message),
-                CollectionError::Corrupt(_) => Status::data_loss(message),
-                // An uploaded snapshot file is bad: the client's input, not the server's data.
-                CollectionError::SnapshotDamaged { .. }
-                | CollectionError::SnapshotVersion { .. } => Status::invalid_argument(message),
-                _ => Status::internal(message),
-            },
+                let message = client_message;
+                // Exhaustive on purpose: a new kind must be given its code here.
+                match inner.kind() {
+                    // Including a bad uploaded snapshot file: the client's input.
+                    ErrorKind::InvalidArgument => Status::invalid_argument(message),
+                    ErrorKind::AlreadyExists => Status::already_exists(message),
+                    ErrorKind::NotFound => Status::not_found(message),
+                    ErrorKind::Unavailable => Status::unavailable(message),
+                    ErrorKind::OutOfSpace => Status::resource_exhausted(message),
+                    ErrorKind::DeadlineExceeded => Status::deadline_exceeded(message),
+                    ErrorKind::DataLoss => Status::data_loss(message),
+                    ErrorKind::Internal => Status::internal(message),
+                }
+            }
             ApiError::NotFound(_) => Status::not_found(message),
             ApiError::AlreadyExists(_) => Status::already_exists(message),
             ApiError::InvalidArgument { .. } => Status::invalid_argument(message),
-            ApiError::Overloaded(_) => Status::resource_exhausted(message),
+            ApiError::Overloaded(_) => {
+                with_retry_after(Status::resource_exhausted(message), WRITE_RETRY_AFTER_MS)
+            }
             ApiError::Unauthenticated => Status::unauthenticated(message),
             ApiError::PermissionDenied => Status::permission_denied(message),
             ApiError::Aborted(_) => Status::aborted(message),
-            ApiError::TooManySnapshots(_) => Status::resource_exhausted(message),
+            ApiError::TooManySnapshots(_) => {
+                with_retry_after(Status::resource_exhausted(message), SNAPSHOT_RETRY_AFTER_MS)
+            }
             ApiError::StaleShardMap(_) => Status::aborted(message),
             ApiError::Unsupported(_) => Status::failed_precondition(message),
             ApiError::ShardUnavailable { .. } | ApiError::ClusterStore(_) => {
@@ -92,6 +101,21 @@ impl From<ApiError> for Status {
             ApiError::Internal(_) => Status::internal(message),
         }
     }
+}
+
+/// The metadata key of the retry hint on an overload answer: milliseconds to wait before
+/// trying the same call again (the Rust and Python clients read it).
+pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+/// The hint when every write slot is taken: about one group commit and its apply.
+const WRITE_RETRY_AFTER_MS: u64 = 50;
+/// The hint when every snapshot or restore slot is taken: those take seconds.
+const SNAPSHOT_RETRY_AFTER_MS: u64 = 1000;
+
+fn with_retry_after(mut status: Status, millis: u64) -> Status {
+    status
+        .metadata_mut()
+        .insert(RETRY_AFTER_MS, tonic::metadata::MetadataValue::from(millis));
+    status
 }
 
 /// The gRPC code of another node's answer, passed on unchanged.

@@ -493,21 +493,44 @@ fn overload_is_resource_exhausted() {
         c.create_collection(create("o", 2, pb::Metric::L2))
             .await
             .unwrap();
+        // Every fourth call a Flush, which takes a write slot too.
         let tasks: Vec<_> = (0..64u128)
             .map(|i| {
                 let mut c = c.clone();
                 tokio::spawn(async move {
-                    c.insert(insert("o", &[i], &[], vec![1.0, 2.0]))
+                    let result = if i % 4 == 3 {
+                        c.flush(pb::FlushRequest {
+                            collection: "o".into(),
+                        })
                         .await
                         .map(|_| ())
+                    } else {
+                        c.insert(insert("o", &[i], &[], vec![1.0, 2.0]))
+                            .await
+                            .map(|_| ())
+                    };
+                    let hint = result.as_ref().err().and_then(|status| {
+                        status
+                            .metadata()
+                            .get("retry-after-ms")
+                            .map(|v| v.to_str().unwrap().to_owned())
+                    });
+                    (result, hint)
                 })
             })
             .collect();
         let mut codes = Vec::new();
+        let mut hints = Vec::new();
         for t in tasks {
-            codes.push(t.await.unwrap().err().map(|s| s.code()));
+            let (result, hint) = t.await.unwrap();
+            codes.push(result.err().map(|s| s.code()));
+            hints.push(hint);
         }
         assert!(codes.contains(&None), "some writes get through");
+        // An overload answer carries the retry hint the clients honour.
+        let hints: Vec<_> = hints.into_iter().flatten().collect();
+        assert!(!hints.is_empty());
+        assert!(hints.iter().all(|h| h == "50"), "{hints:?}");
         assert!(codes.contains(&Some(Code::ResourceExhausted)), "{codes:?}");
         assert!(codes
             .iter()
@@ -599,6 +622,10 @@ fn a_failing_fdatasync_makes_writes_unavailable_until_restart() {
                 .await
                 .unwrap_err();
             assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+            // The log has the WAL file's path; the client does not get it.
+            let data_dir = dir.path().to_str().unwrap();
+            assert!(!status.message().contains(data_dir), "{status:?}");
+            assert!(status.message().contains("fdatasync"), "{status:?}");
         }
         let hits = c
             .search(search("f", &[], vec![1.0, 1.0], 5))
@@ -676,6 +703,115 @@ fn a_failing_fdatasync_makes_writes_unavailable_until_restart() {
         healthcheck.status.success(),
         "healthy again after the restart"
     );
+}
+
+/// A panic on one collection's ingestion thread (fail point `ingest::apply=1*panic`): its writes
+/// are UNAVAILABLE naming the thread, health is NOT_SERVING for it and for the server while the
+/// other collection stays SERVING and writable, `tarn_collection_failed` says which thread;
+/// a restart recovers the acknowledged write that ingestion died applying.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_dead_ingestion_thread_fails_its_collection_only_until_restart() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let server = Server::start_with_env(
+        dir.path(),
+        &[],
+        &[("FAILPOINTS", "ingest::apply=1*panic(killed by a test)")],
+    );
+    rt.block_on(async {
+        let mut c = server.client().await;
+        for name in ["f", "g"] {
+            c.create_collection(create(name, 2, pb::Metric::L2))
+                .await
+                .unwrap();
+        }
+        // Acknowledged: in the WAL, although ingestion dies applying it.
+        c.insert(insert("f", &[1], &[], vec![1.0, 1.0]))
+            .await
+            .unwrap();
+        let channel = tonic::transport::Endpoint::new(server.addr.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        for (service, want) in [
+            ("", ServingStatus::NotServing),
+            ("tarn.v1.Tarn", ServingStatus::NotServing),
+            ("tarn.v1.Tarn/f", ServingStatus::NotServing),
+            ("tarn.v1.Tarn/g", ServingStatus::Serving),
+        ] {
+            let mut status = 0;
+            // The watcher looks every 500 ms.
+            for _ in 0..100 {
+                status = health
+                    .check(tonic_health::pb::HealthCheckRequest {
+                        service: service.into(),
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .status;
+                if status == want as i32 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(status, want as i32, "health of {service:?}");
+        }
+        let status = c
+            .insert(insert("f", &[2], &[], vec![2.0, 2.0]))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(status.message().contains("ingestion thread"), "{status:?}");
+        let status = c
+            .flush(pb::FlushRequest {
+                collection: "f".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        // The other collection works.
+        c.insert(insert("g", &[1], &[], vec![1.0, 1.0]))
+            .await
+            .unwrap();
+        c.flush(pb::FlushRequest {
+            collection: "g".into(),
+        })
+        .await
+        .unwrap();
+    });
+    let body = http_get(&server.metrics_addr, "/metrics");
+    assert!(
+        body.contains("tarn_collection_failed{collection=\"f\",thread=\"ingestion\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("tarn_collection_failed{collection=\"g\",thread=\"ingestion\"} 0"),
+        "{body}"
+    );
+    drop(server);
+    let server = Server::start(dir.path(), &[]);
+    rt.block_on(async {
+        let mut c = server.client().await;
+        let docs = c
+            .get(pb::GetRequest {
+                collection: "f".into(),
+                user_id: None,
+                doc_ids: vec![id(1)],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .docs;
+        assert_eq!(docs.len(), 1, "the acknowledged write is back");
+        c.insert(insert("f", &[3], &[], vec![3.0, 3.0]))
+            .await
+            .unwrap();
+    });
 }
 
 fn write_vecs(path: &Path, rows: &[Vec<u32>]) {

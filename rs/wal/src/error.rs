@@ -28,7 +28,11 @@ pub enum WalError {
     #[error(
         "WAL is poisoned by an earlier failure and refuses writes until reopened: {first_error}"
     )]
-    Poisoned { first_error: Arc<str> },
+    Poisoned {
+        first_error: Arc<str>,
+        /// The first error was the disk being full: every later refusal is out-of-space too.
+        out_of_space: bool,
+    },
     /// Damage that is not a torn tail: inside a sealed segment, or followed by valid entries, or a
     /// missing range of sequence numbers. Opening with [`crate::RecoveryMode::SalvagePrefix`] keeps
     /// everything before it.
@@ -72,9 +76,30 @@ impl WalError {
         }
     }
 
+    /// The error as a client may see it: like `Display`, without server file paths (log the
+    /// error itself for those).
+    pub fn client_message(&self) -> String {
+        match self {
+            WalError::Io { op, source, .. } => format!("WAL {op} failed: {source}"),
+            WalError::Corrupt { offset, reason, .. } => {
+                format!("WAL damaged at byte {offset}: {reason}")
+            }
+            WalError::NotEmpty { .. } => {
+                "cannot create a WAL: the directory is not empty".to_owned()
+            }
+            WalError::Poisoned { .. }
+            | WalError::EntryTooLarge { .. }
+            | WalError::Truncated { .. }
+            | WalError::BeyondEnd { .. }
+            | WalError::Closed
+            | WalError::InvalidConfig(_) => self.to_string(),
+        }
+    }
+
     /// True when the error comes from the disk being full (`ENOSPC` or `EDQUOT`).
     pub fn is_out_of_space(&self) -> bool {
         match self {
+            WalError::Poisoned { out_of_space, .. } => *out_of_space,
             WalError::Io { source, .. } => matches!(
                 source.raw_os_error(),
                 Some(code) if code == rustix::io::Errno::NOSPC.raw_os_error()

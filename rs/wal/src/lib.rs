@@ -23,7 +23,7 @@ pub use log_writer::{
     AppendObserver, Histogram, Wal, WalStats, GROUP_SIZE_BOUNDS, SYNC_SECONDS_BOUNDS,
 };
 pub use replay::Replay;
-pub use write_group::{Abandoned, Ticket};
+pub use write_group::{forbid_ticket_waits, Abandoned, Ticket};
 
 /// Byte-layout constants, for tests and tools that inspect segment files.
 pub mod layout {

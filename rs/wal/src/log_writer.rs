@@ -9,6 +9,9 @@
 //!   truncation) last. Requests that arrive during the sync form the next group.
 //! - Sequence numbers are handed out in queue order; the `n`-th append of a group gets the
 //!   group's first sequence number plus `n`.
+//! - A panic on the log-writer thread (in the log or in the observer) poisons the log and closes
+//!   its queue: the group in flight is answered `Closed`, everything queued and every later
+//!   request `Poisoned` naming the panic, so no ticket waits forever.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -166,10 +169,20 @@ struct Shared {
     last_durable_seq: AtomicU64,
     first_seq: AtomicU64,
     poisoned: Mutex<Option<Arc<str>>>,
+    /// The poisoning error was the disk being full.
+    poisoned_out_of_space: std::sync::atomic::AtomicBool,
     counters: Counters,
 }
 
 impl Shared {
+    /// The error every request gets once the log is poisoned.
+    fn poison_error(&self) -> Option<WalError> {
+        self.poisoned().map(|first_error| WalError::Poisoned {
+            first_error,
+            out_of_space: self.poisoned_out_of_space.load(Ordering::Acquire),
+        })
+    }
+
     fn poisoned(&self) -> Option<Arc<str>> {
         self.poisoned
             .lock()
@@ -264,12 +277,19 @@ impl Wal {
             last_durable_seq: AtomicU64::new(log.last_synced_seq()),
             first_seq: AtomicU64::new(log.first_seq()),
             poisoned: Mutex::new(None),
+            poisoned_out_of_space: std::sync::atomic::AtomicBool::new(false),
             counters: Counters::default(),
         });
         let thread_shared = Arc::clone(&shared);
         let writer_thread = std::thread::Builder::new()
             .name("tarn-wal-writer".to_owned())
-            .spawn(move || run_writer(&thread_shared, log, observer))
+            .spawn(move || {
+                let run =
+                    std::panic::AssertUnwindSafe(|| run_writer(&thread_shared, log, observer));
+                if let Err(panic) = std::panic::catch_unwind(run) {
+                    writer_died(&thread_shared, panic_message(panic.as_ref()));
+                }
+            })
             .map_err(|e| WalError::io("spawn writer thread", dir, e))?;
         Ok(Wal {
             handle: Arc::new(Handle {
@@ -284,12 +304,16 @@ impl Wal {
     }
 
     fn submit(&self, request: Request) -> Ticket<Result<u64>> {
-        if let Some(first_error) = self.shared().poisoned() {
-            return Ticket::ready(Err(WalError::Poisoned { first_error }));
+        if let Some(error) = self.shared().poison_error() {
+            return Ticket::ready(Err(error));
         }
         match self.shared().queue.submit(request) {
             Ok(ticket) => ticket,
-            Err(_) => Ticket::ready(Err(WalError::Closed)),
+            // Closed: by `close`, or because the writer died (which poisons first).
+            Err(_) => Ticket::ready(Err(self
+                .shared()
+                .poison_error()
+                .unwrap_or(WalError::Closed))),
         }
     }
 
@@ -369,6 +393,12 @@ impl Wal {
         self.shared().first_seq.load(Ordering::Acquire)
     }
 
+    /// The error requests get while the log is poisoned, if it is (`Poisoned`, out-of-space
+    /// when the disk was full).
+    pub fn poison_error(&self) -> Option<WalError> {
+        self.shared().poison_error()
+    }
+
     /// The first error that poisoned the log, if any.
     pub fn poisoned(&self) -> Option<Arc<str>> {
         self.shared().poisoned()
@@ -386,14 +416,57 @@ impl Wal {
         }
     }
 
+    /// Poisons the log from outside, for a consumer that can no longer do its part (tarn's
+    /// collection when one of its threads dies): every queued and later request fails with
+    /// `Poisoned { first_error: why }` (or the earlier poisoning error, if any). The group the
+    /// writer holds now still completes normally; what it wrote is in the log at the next open.
+    pub fn poison(&self, why: &str) {
+        poison_and_drain(self.shared(), why.into());
+    }
+
     /// Stops accepting requests, lets the writer finish what is queued and sync, and waits for
     /// it. Every handle sees the log closed afterwards. Returns the poisoning error, if any.
     pub fn close(&self) -> Result<()> {
         self.handle.shut_down();
-        match self.poisoned() {
-            Some(first_error) => Err(WalError::Poisoned { first_error }),
+        match self.shared().poison_error() {
+            Some(error) => Err(error),
             None => Ok(()),
         }
+    }
+}
+
+/// What a panic carried, as text.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// The log-writer thread panicked: poison the log, close the queue and answer what is queued,
+/// so every waiting and later caller fails at once.
+fn writer_died(shared: &Shared, why: String) {
+    let first_error = format!("the WAL writer thread panicked: {why}");
+    tracing::error!(error = %first_error, "WAL writer thread died; the log refuses writes until reopened");
+    poison_and_drain(shared, first_error.into());
+}
+
+/// Records `first_error` (unless the log is poisoned already), closes the queue and answers
+/// every queued request `Poisoned`.
+fn poison_and_drain(shared: &Shared, first_error: Arc<str>) {
+    let first_error = Arc::clone(
+        shared
+            .poisoned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(first_error),
+    );
+    for member in shared.queue.close_and_drain() {
+        member.complete(Err(WalError::Poisoned {
+            first_error: Arc::clone(&first_error),
+            out_of_space: shared.poisoned_out_of_space.load(Ordering::Acquire),
+        }));
     }
 }
 
@@ -403,6 +476,7 @@ fn run_writer(
     mut log: SegmentedLog,
     mut observer: Option<Box<dyn AppendObserver>>,
 ) {
+    crate::write_group::forbid_ticket_waits("WAL writer");
     let bounds = GroupBounds {
         max_members: shared.config.max_group_entries,
         max_weight: shared.config.max_group_bytes,
@@ -461,6 +535,9 @@ fn publish(shared: &Shared, log: &SegmentedLog) {
         .store(log.last_synced_seq(), Ordering::Release);
     shared.first_seq.store(log.first_seq(), Ordering::Release);
     if let Some(first_error) = log.poisoned() {
+        if log.poisoned_out_of_space() {
+            shared.poisoned_out_of_space.store(true, Ordering::Release);
+        }
         let mut poisoned = shared.poisoned.lock().unwrap_or_else(|p| p.into_inner());
         poisoned.get_or_insert_with(|| Arc::clone(first_error));
     }

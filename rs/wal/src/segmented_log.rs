@@ -47,6 +47,7 @@ pub(crate) struct SegmentedLog {
     /// Last sequence number known to be on disk.
     synced_seq: u64,
     poisoned: Option<Arc<str>>,
+    poisoned_out_of_space: bool,
 }
 
 impl SegmentedLog {
@@ -155,6 +156,7 @@ impl SegmentedLog {
             next_seq,
             synced_seq: next_seq - 1,
             poisoned: None,
+            poisoned_out_of_space: false,
         };
         Ok((log, report))
     }
@@ -179,10 +181,16 @@ impl SegmentedLog {
         self.poisoned.as_ref()
     }
 
+    /// Whether the poisoning error was the disk being full.
+    pub(crate) fn poisoned_out_of_space(&self) -> bool {
+        self.poisoned_out_of_space
+    }
+
     fn check_not_poisoned(&self) -> Result<()> {
         match &self.poisoned {
             Some(first_error) => Err(WalError::Poisoned {
                 first_error: Arc::clone(first_error),
+                out_of_space: self.poisoned_out_of_space,
             }),
             None => Ok(()),
         }
@@ -194,7 +202,9 @@ impl SegmentedLog {
         let result = op(self);
         if let Err(error) = &result {
             tracing::error!(%error, "WAL poisoned: refusing every later write until reopened");
-            self.poisoned = Some(Arc::from(error.to_string()));
+            // Without the path: this text reaches clients (the line above logs the path).
+            self.poisoned = Some(Arc::from(error.client_message()));
+            self.poisoned_out_of_space = error.is_out_of_space();
         }
         result
     }
@@ -358,9 +368,14 @@ impl SegmentedLog {
 }
 
 fn fdatasync(file: &File) -> io::Result<()> {
-    fail::fail_point!("wal::fdatasync", |_| Err(io::Error::other(
-        "fail point wal::fdatasync"
-    )));
+    // `return(nospc)` fails as a full disk does; plain `return` with another error.
+    fail::fail_point!("wal::fdatasync", |arg: Option<String>| Err(
+        if arg.as_deref() == Some("nospc") {
+            io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error())
+        } else {
+            io::Error::other("fail point wal::fdatasync")
+        }
+    ));
     file.sync_data()
 }
 

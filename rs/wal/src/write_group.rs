@@ -9,6 +9,11 @@
 //! In tarn the leader is the log-writer thread, so no caller's thread (and never a tokio worker)
 //! blocks on file I/O. Dropping a ticket is safe: the request still runs with its group and its
 //! result is discarded; no other member waits for it.
+//!
+//! If the leader dies (panics), the members of the group it held are answered [`Abandoned`]
+//! when the group is dropped during unwinding; the leader's owner then calls
+//! [`GroupQueue::close_and_drain`] to refuse later submissions and answer everything still
+//! queued, so no ticket waits forever (`log_writer.rs` does this and poisons the log).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -16,6 +21,20 @@ use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
+
+std::thread_local! {
+    /// The role of a thread that must never block on a ticket (see [`forbid_ticket_waits`]).
+    static NO_TICKET_WAITS: std::cell::Cell<Option<&'static str>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Declares that the calling thread must never block on a [`Ticket`]: the log-writer thread
+/// (it answers tickets), and any thread the writer may wait on (tarn's ingestion thread, which
+/// the writer feeds through a bounded channel). Such a wait could deadlock; debug builds panic
+/// in [`Ticket::wait`] instead, naming `role`.
+pub fn forbid_ticket_waits(role: &'static str) {
+    NO_TICKET_WAITS.with(|cell| cell.set(Some(role)));
+}
 
 /// The result a member gets when its group is dropped without being completed (the leader
 /// panicked or shut down). Results convert from it.
@@ -89,6 +108,11 @@ impl<T> Ticket<T> {
     /// Blocks the calling thread until the result is in. Do not call it on an async runtime's
     /// worker thread: await the ticket there.
     pub fn wait(self) -> T {
+        if cfg!(debug_assertions) {
+            if let Some(role) = NO_TICKET_WAITS.with(std::cell::Cell::get) {
+                panic!("the {role} thread must never wait on a WAL ticket (docs/CHECKPOINT.md)");
+            }
+        }
         let mut state = lock(&self.completion.state);
         loop {
             if let Some(result) = state.result.take() {
@@ -217,6 +241,18 @@ impl<R, T: From<Abandoned>> GroupQueue<R, T> {
         self.arrived.notify_all();
     }
 
+    /// Stops accepting requests and takes everything still queued, for a leader that cannot go
+    /// on (its owner answers them; dropping them answers [`Abandoned`]).
+    pub(crate) fn close_and_drain(&self) -> Vec<Member<R, T>> {
+        let drained: Vec<_> = {
+            let mut state = lock(&self.state);
+            state.closed = true;
+            state.pending.drain(..).collect()
+        };
+        self.arrived.notify_all();
+        drained
+    }
+
     /// Waits until at least one request is queued (or `deadline` passes, or the queue is closed
     /// and drained), then takes every queued request up to `bounds`.
     pub(crate) fn take_group(
@@ -341,6 +377,45 @@ mod tests {
             Taken::Closed
         ));
         assert!(queue.submit(1).is_err());
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    fn a_thread_that_must_not_wait_on_tickets_panics_when_it_does() {
+        let waited = thread::spawn(|| {
+            forbid_ticket_waits("test");
+            Ticket::<Outcome>::ready(Outcome::Done(1)).wait()
+        })
+        .join();
+        let panic = waited.unwrap_err();
+        let message = panic.downcast_ref::<String>().unwrap();
+        assert!(message.contains("test thread must never wait"), "{message}");
+        // Other threads are unaffected.
+        assert_eq!(Ticket::ready(Outcome::Done(2)).wait(), Outcome::Done(2));
+    }
+
+    #[test]
+    fn close_and_drain_hands_back_every_queued_member_and_refuses_later_ones() {
+        let queue: GroupQueue<usize, Outcome> = GroupQueue::new();
+        let tickets: Vec<_> = (0..3).map(|i| queue.submit(i).unwrap()).collect();
+        let drained = queue.close_and_drain();
+        assert_eq!(
+            drained.iter().map(|m| m.request).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        let mut drained = drained.into_iter();
+        drained.next().unwrap().complete(Outcome::Done(7));
+        drop(drained);
+        let results: Vec<_> = tickets.into_iter().map(Ticket::wait).collect();
+        assert_eq!(
+            results,
+            vec![Outcome::Done(7), Outcome::Abandoned, Outcome::Abandoned]
+        );
+        assert!(queue.submit(3).is_err());
+        assert!(matches!(
+            queue.take_group(BOUNDS, |_| 1, None),
+            Taken::Closed
+        ));
     }
 
     #[test]

@@ -172,3 +172,57 @@ fn a_failed_background_sync_poisons_written_mode() {
     assert_poisoned(&wal);
     scenario.teardown();
 }
+
+/// A full disk poisons the log like any failed sync, and the refusals that follow stay
+/// out-of-space (so a server answers RESOURCE_EXHAUSTED, not UNAVAILABLE, until restarted).
+#[test]
+fn a_full_disk_keeps_every_later_refusal_out_of_space() {
+    let scenario = FailScenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(dir.path(), WalConfig::default()).unwrap();
+    wal.append(payload(1), Durability::Fsync).wait().unwrap();
+    fail::cfg("wal::fdatasync", "return(nospc)").unwrap();
+    let first = wal
+        .append(payload(2), Durability::Fsync)
+        .wait()
+        .unwrap_err();
+    assert!(
+        matches!(first, WalError::Io { .. }) && first.is_out_of_space(),
+        "{first}"
+    );
+    fail::remove("wal::fdatasync");
+    for later in [
+        wal.append(payload(3), Durability::Fsync).wait(),
+        wal.append(payload(4), Durability::Written).wait(),
+        wal.sync().wait(),
+    ] {
+        let error = later.unwrap_err();
+        assert!(
+            matches!(
+                error,
+                WalError::Poisoned {
+                    out_of_space: true,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        assert!(error.is_out_of_space());
+    }
+    assert!(wal.poison_error().unwrap().is_out_of_space());
+    // Another failure poisons without claiming a full disk.
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(dir.path(), WalConfig::default()).unwrap();
+    fail::cfg("wal::fdatasync", "return").unwrap();
+    assert!(!wal
+        .append(payload(1), Durability::Fsync)
+        .wait()
+        .unwrap_err()
+        .is_out_of_space());
+    assert!(!wal
+        .append(payload(2), Durability::Fsync)
+        .wait()
+        .unwrap_err()
+        .is_out_of_space());
+    scenario.teardown();
+}

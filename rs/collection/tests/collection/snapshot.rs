@@ -124,7 +124,13 @@ fn model_up_to(log: &[(u64, Op)], seq_no: u64) -> Model {
 /// must return exactly its live documents with their distances.
 fn check_model(c: &Collection, model: &Model, when: &str) {
     let stats = c.stats();
+    let per_tenant = c.documents_per_tenant();
     assert_eq!(stats.n_documents, model.len() as u64, "{when}: count");
+    assert_eq!(
+        per_tenant.values().sum::<u64>(),
+        stats.n_documents,
+        "{when}"
+    );
     for user in 0..N_USERS {
         for doc in 0..N_DOCS {
             let got = c.get(user, &[doc]);
@@ -139,7 +145,7 @@ fn check_model(c: &Collection, model: &Model, when: &str) {
             .map(|((_, d), v)| (*d, v))
             .collect();
         assert_eq!(
-            stats.documents_per_tenant.get(&user).copied().unwrap_or(0),
+            per_tenant.get(&user).copied().unwrap_or(0),
             live.len() as u64,
             "{when}: count of tenant {user}"
         );

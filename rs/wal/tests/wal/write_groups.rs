@@ -274,3 +274,158 @@ fn the_observer_sees_every_acknowledged_entry_in_order_before_a_later_sync_resol
     let replayed = replay_all(&wal, 1);
     assert_eq!(seen, replayed);
 }
+
+/// A panic on the writer thread (here in the observer, on its second entry) poisons the log and
+/// closes its queue: the appends queued behind it and every later request fail at once with
+/// `Poisoned` naming the panic, instead of waiting forever; a reopen keeps what was written.
+#[test]
+fn a_panic_on_the_writer_thread_poisons_the_log_and_answers_every_queued_and_later_request() {
+    use std::sync::mpsc::{channel, Receiver, Sender};
+    struct PanicsOnSecond {
+        entered: Sender<()>,
+        go: Receiver<()>,
+    }
+    impl tarn_wal::AppendObserver for PanicsOnSecond {
+        fn on_appended(&mut self, seq: u64, _payload: &Arc<[u8]>) {
+            if seq == 2 {
+                self.entered.send(()).unwrap();
+                self.go.recv().unwrap();
+                panic!("observer refuses entry {seq}");
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (entered_tx, entered) = channel();
+    let (go, go_rx) = channel();
+    let (wal, _) = tarn_wal::Wal::open_with_observer(
+        dir.path(),
+        WalConfig::default(),
+        Box::new(PanicsOnSecond {
+            entered: entered_tx,
+            go: go_rx,
+        }),
+    )
+    .unwrap();
+    assert_eq!(
+        wal.append(payload(1, 40), Durability::Fsync)
+            .wait()
+            .unwrap(),
+        1
+    );
+    // Entry 2's ticket resolves before the observer sees it.
+    assert_eq!(
+        wal.append(payload(2, 40), Durability::Fsync)
+            .wait()
+            .unwrap(),
+        2
+    );
+    entered.recv().unwrap();
+    // Queued while the writer is stuck in the observer.
+    let queued: Vec<_> = (3..6)
+        .map(|i| wal.append(payload(i, 40), Durability::Fsync))
+        .collect();
+    let queued_sync = wal.sync();
+    go.send(()).unwrap();
+    for ticket in queued {
+        match wait_or_report_hang(ticket) {
+            Err(tarn_wal::WalError::Poisoned { first_error, .. }) => {
+                assert!(
+                    first_error.contains("observer refuses entry 2"),
+                    "{first_error}"
+                )
+            }
+            other => panic!("expected Poisoned, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        wait_or_report_hang(queued_sync),
+        Err(tarn_wal::WalError::Poisoned { .. })
+    ));
+    let why = wal.poisoned().expect("the log is poisoned");
+    assert!(why.contains("WAL writer thread panicked"), "{why}");
+    assert!(matches!(
+        wal.append(payload(9, 40), Durability::Written).wait(),
+        Err(tarn_wal::WalError::Poisoned { .. })
+    ));
+    assert!(matches!(
+        wal.truncate_before(2).wait(),
+        Err(tarn_wal::WalError::Poisoned { .. })
+    ));
+    assert!(wal.close().is_err());
+    drop(wal);
+    let (wal, report) = open(dir.path(), WalConfig::default());
+    assert_eq!(report.last_seq, 2);
+    let entries = replay_all(&wal, 1);
+    assert_eq!(entries.len(), 2);
+    assert_eq!(entries[1].1, payload(2, 40).to_vec());
+}
+
+/// Waits for a ticket on a helper thread, so that a ticket nobody will ever answer fails the
+/// test (after a minute, far past any real answer) instead of hanging the suite.
+fn wait_or_report_hang<T: Send + 'static>(ticket: tarn_wal::Ticket<T>) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(ticket.wait()));
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("the ticket was never answered")
+}
+
+/// `Wal::poison` (a consumer that cannot go on) answers every queued request `Poisoned` with
+/// its reason at once, even while the writer is busy, and refuses every later one; the group
+/// the writer held completes and stays in the log.
+#[test]
+fn poison_answers_queued_and_later_requests_while_the_writer_is_busy() {
+    use std::sync::mpsc::{channel, Receiver, Sender};
+    struct BlocksOnSecond {
+        entered: Sender<()>,
+        go: Receiver<()>,
+    }
+    impl tarn_wal::AppendObserver for BlocksOnSecond {
+        fn on_appended(&mut self, seq: u64, _payload: &Arc<[u8]>) {
+            if seq == 2 {
+                self.entered.send(()).unwrap();
+                self.go.recv().unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (entered_tx, entered) = channel();
+    let (go, go_rx) = channel();
+    let (wal, _) = tarn_wal::Wal::open_with_observer(
+        dir.path(),
+        WalConfig::default(),
+        Box::new(BlocksOnSecond {
+            entered: entered_tx,
+            go: go_rx,
+        }),
+    )
+    .unwrap();
+    for seq in 1..=2 {
+        let got = wal.append(payload(seq, 40), Durability::Fsync).wait();
+        assert_eq!(got.unwrap(), seq);
+    }
+    entered.recv().unwrap();
+    let queued: Vec<_> = (3..6)
+        .map(|i| wal.append(payload(i, 40), Durability::Written))
+        .collect();
+    wal.poison("the consumer died");
+    // Answered while the writer is still held in the observer.
+    for ticket in queued {
+        match wait_or_report_hang(ticket) {
+            Err(tarn_wal::WalError::Poisoned { first_error, .. }) => {
+                assert_eq!(&*first_error, "the consumer died")
+            }
+            other => panic!("expected Poisoned, got {other:?}"),
+        }
+    }
+    go.send(()).unwrap();
+    assert!(matches!(
+        wal.append(payload(9, 40), Durability::Fsync).wait(),
+        Err(tarn_wal::WalError::Poisoned { .. })
+    ));
+    assert_eq!(wal.poisoned().as_deref(), Some("the consumer died"));
+    assert!(wal.close().is_err());
+    drop(wal);
+    let (wal, report) = open(dir.path(), WalConfig::default());
+    assert_eq!(report.last_seq, 2);
+    assert_eq!(replay_all(&wal, 1).len(), 2);
+}

@@ -1,104 +1,22 @@
-//! Ingestion and checkpoints. Per collection, one ingestion thread applies logged operations in
-//! sequence order and freezes the mutable segment when a checkpoint is due; one checkpoint
-//! thread seals frozen segments, merges and rebuilds, writes manifests, truncates the WAL and
-//! deletes old files, while writes go on; one indexing thread moves stored vectors into the
-//! mutable segment's graphs.
-//!
-//! Invariant (WAL order = apply order): the WAL's writer thread hands every acknowledged entry to
-//! this worker through one bounded channel, in sequence order, before the writer's ticket
-//! resolves (`IngestFeeder`). The channel being full holds up the WAL writer, which holds up every
-//! writer: back-pressure instead of unbounded memory.
+//! The checkpoint thread: seals frozen segments, merges and rebuilds, writes manifests,
+//! truncates the WAL and deletes old files, while writes go on (docs/CHECKPOINT.md).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::Receiver;
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 
 use tarn_index::{MutableSegment, SealedSegment};
-use tarn_wal::{AppendObserver, Wal};
+use tarn_wal::Wal;
 
 use crate::collection::Shared;
 use crate::error::{CollectionError, Result};
+use crate::flush::FlushReply;
+use crate::indexer::in_pool;
 use crate::manifest::{self, Manifest, SegmentEntry};
-use crate::op;
 use crate::retention::Retention;
 use crate::segments::SegmentSet;
-
-/// Wakes the indexing thread, which moves stored vectors into the mutable segment's graphs.
-#[derive(Debug, Default)]
-pub(crate) struct IndexerSignal {
-    pending: parking_lot::Mutex<bool>,
-    wake: parking_lot::Condvar,
-    stop: std::sync::atomic::AtomicBool,
-}
-
-impl IndexerSignal {
-    pub(crate) fn kick(&self) {
-        let mut pending = self.pending.lock();
-        if !*pending {
-            *pending = true;
-            self.wake.notify_one();
-        }
-    }
-
-    pub(crate) fn stop(&self) {
-        self.stop.store(true, Ordering::Release);
-        let _pending = self.pending.lock();
-        self.wake.notify_all();
-    }
-}
-
-/// The indexing thread: whenever kicked, indexes the current mutable segment's pending tail in
-/// batches (hnsw_rs inserts in parallel) until nothing is pending.
-pub(crate) fn run_indexer(shared: Arc<Shared>) {
-    loop {
-        {
-            let mut pending = shared.indexer.pending.lock();
-            while !*pending && !shared.indexer.stop.load(Ordering::Acquire) {
-                shared.indexer.wake.wait(&mut pending);
-            }
-            if shared.indexer.stop.load(Ordering::Acquire) {
-                return;
-            }
-            *pending = false;
-        }
-        while in_index_pool(|| shared.segments().mutable.index_pending(INDEX_BATCH)) > 0 {
-            if shared.indexer.stop.load(Ordering::Acquire) {
-                return;
-            }
-        }
-    }
-}
-
-/// Vectors per indexing batch: large enough for parallel inserts to pay, small enough that a
-/// checkpoint or shutdown does not wait long for the indexer.
-const INDEX_BATCH: usize = 256;
-
-pub(crate) enum IngestSignal {
-    Apply { seq: u64, payload: Arc<[u8]> },
-    Checkpoint(tokio::sync::oneshot::Sender<Result<u64>>),
-    Shutdown,
-}
-
-/// The WAL observer that feeds the ingestion channel.
-pub(crate) struct IngestFeeder(pub(crate) SyncSender<IngestSignal>);
-
-impl AppendObserver for IngestFeeder {
-    fn on_appended(&mut self, seq: u64, payload: &Arc<[u8]>) {
-        let signal = IngestSignal::Apply {
-            seq,
-            payload: Arc::clone(payload),
-        };
-        if self.0.send(signal).is_err() {
-            tracing::error!(
-                seq,
-                "ingestion has stopped; the entry is logged and will be applied at the next open"
-            );
-        }
-    }
-}
 
 /// Checkpoint bookkeeping, owned by the checkpoint thread.
 pub(crate) struct CheckpointState {
@@ -113,187 +31,35 @@ pub(crate) struct CheckpointState {
     pub(crate) persisted_tombstones: HashMap<u64, usize>,
 }
 
+/// What the checkpoint thread reports to ingestion after each job.
+#[derive(Debug)]
+pub(crate) enum JobOutcome {
+    Done,
+    /// The checkpoint failed; ingestion retries at the next trigger.
+    Failed(String),
+    /// The WAL is poisoned: the job was refused before sealing anything, and so will every
+    /// later one be until the collection is reopened, so ingestion stops starting them.
+    WalPoisoned,
+}
+
 /// A request to the checkpoint thread: seal every frozen segment holding operations up to
 /// `seq`, and publish a checkpoint at `seq`.
 pub(crate) struct CheckpointJob {
     pub(crate) seq: u64,
-    pub(crate) reply: Option<tokio::sync::oneshot::Sender<Result<u64>>>,
+    pub(crate) reply: Option<FlushReply>,
 }
 
-/// The ingestion thread: applies operations, decides when to checkpoint, and freezes the
-/// mutable segment for the checkpoint thread. It never waits for a checkpoint (the WAL writer
-/// may be waiting on it, and a checkpoint waits on the WAL writer), so writes go on while the
-/// checkpoint thread seals, merges and rebuilds.
-pub(crate) struct IngestWorker {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) applied_seq: u64,
-    pub(crate) wal_bytes_since_checkpoint: u64,
-    pub(crate) first_unsaved_at: Option<Instant>,
-    pub(crate) n_applied: u64,
-    /// The mutable segment's estimated size that triggers the next checkpoint: the configured
-    /// bound, pushed one bound further after a failed checkpoint so that a failing disk is not
-    /// retried on every apply.
-    pub(crate) mutable_bytes_trigger: u64,
-    pub(crate) jobs: Option<std::sync::mpsc::Sender<CheckpointJob>>,
-    /// One message per finished job: `None` on success, the error otherwise.
-    pub(crate) done: Receiver<Option<String>>,
-    /// Jobs sent and not reported done. Automatic checkpoints start only when this is 0.
-    pub(crate) in_flight: usize,
-    pub(crate) checkpointer: Option<std::thread::JoinHandle<()>>,
-}
-
-impl IngestWorker {
-    pub(crate) fn run(mut self, signals: Receiver<IngestSignal>) {
-        loop {
-            let deadline = self
-                .first_unsaved_at
-                .map(|at| at + self.shared.config.checkpoint_interval());
-            let signal = match deadline {
-                None => signals.recv().map_err(|_| RecvTimeoutError::Disconnected),
-                Some(deadline) => {
-                    signals.recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                }
-            };
-            self.collect_done();
-            match signal {
-                Ok(IngestSignal::Apply { seq, payload }) => {
-                    self.apply(seq, &payload);
-                    if self.in_flight == 0 {
-                        let config = &self.shared.config;
-                        if self.wal_bytes_since_checkpoint >= config.checkpoint_wal_bytes {
-                            self.start_checkpoint(None, "WAL size");
-                        } else if self.shared.segments().mutable.estimated_bytes() as u64
-                            >= self.mutable_bytes_trigger
-                        {
-                            self.start_checkpoint(None, "mutable segment size");
-                        }
-                    }
-                }
-                Ok(IngestSignal::Checkpoint(reply)) => self.start_checkpoint(Some(reply), "flush"),
-                Err(RecvTimeoutError::Timeout) if self.in_flight == 0 => {
-                    self.start_checkpoint(None, "age")
-                }
-                // A checkpoint is running; the next one is due an interval from now.
-                Err(RecvTimeoutError::Timeout) => self.first_unsaved_at = Some(Instant::now()),
-                Ok(IngestSignal::Shutdown) | Err(RecvTimeoutError::Disconnected) => break,
-            }
-        }
-        // Queued checkpoint jobs are answered `Closed`; a running one fails at its WAL barrier
-        // (the WAL is closed first) and publishes nothing. The WAL holds everything.
-        self.shared.stopping.store(true, Ordering::Release);
-        self.jobs = None;
-        if let Some(checkpointer) = self.checkpointer.take() {
-            if checkpointer.join().is_err() {
-                tracing::error!("the checkpoint thread panicked");
-            }
-        }
-    }
-
-    fn apply(&mut self, seq: u64, payload: &[u8]) {
-        match op::decode(payload, self.shared.config.dimension) {
-            Ok(operation) => {
-                // The apply lock first, then the set: the checkpoint thread installs a new set
-                // under the same lock.
-                let mut counts = self.shared.counts.lock();
-                self.shared.segments().apply(&operation, &mut counts);
-            }
-            Err(error) => {
-                // Only a bug can get here: every payload was encoded by this crate after
-                // validation, and the WAL checksums it.
-                self.shared.n_ingest_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(seq, %error, "skipped an undecodable WAL entry");
-            }
-        }
-        self.applied_seq = seq;
-        self.wal_bytes_since_checkpoint += payload.len() as u64;
-        self.first_unsaved_at.get_or_insert_with(Instant::now);
-        self.shared.applied.send_replace(seq);
-        self.shared.indexer.kick();
-        self.n_applied += 1;
-        if self.in_flight > 0 {
-            // Back-pressure on a checkpoint that cannot keep up: past twice its bound, the
-            // mutable segment grows at most about 1,000 operations a second until the checkpoint
-            // is done. A bounded pause, never a wait for the checkpoint thread, which may itself
-            // be waiting for the WAL writer, which may be waiting for this thread.
-            let bound = self
-                .shared
-                .config
-                .checkpoint_mutable_bytes
-                .saturating_mul(2);
-            if self.shared.segments().mutable.estimated_bytes() as u64 > bound {
-                self.collect_done();
-                if self.in_flight > 0 {
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-            }
-        }
-        if self.n_applied.is_multiple_of(64) {
-            // Back-pressure: past the bound, ingestion helps the indexer instead of growing the
-            // exactly-searched tail (and a full ingestion queue then holds writers back).
-            let mutable = Arc::clone(&self.shared.segments().mutable);
-            while mutable.n_unindexed() > self.shared.config.max_unindexed {
-                if mutable.index_pending(INDEX_BATCH) == 0 {
-                    break;
-                }
-            }
-        }
-    }
-
-    /// Freezes the mutable segment (searches keep reading it; a fresh one takes new writes) and
-    /// asks the checkpoint thread to seal it and publish a checkpoint at the applied sequence.
-    fn start_checkpoint(
-        &mut self,
-        reply: Option<tokio::sync::oneshot::Sender<Result<u64>>>,
-        reason: &str,
-    ) {
-        tracing::debug!(reason, seq = self.applied_seq, "checkpoint requested");
-        {
-            let _apply = self.shared.counts.lock();
-            let mut segments = self.shared.segments.write();
-            if !segments.mutable.is_empty() {
-                let fresh = MutableSegment::new(self.shared.config.index_config());
-                *segments = Arc::new(segments.freeze(self.applied_seq, fresh));
-            }
-        }
-        self.wal_bytes_since_checkpoint = 0;
-        self.first_unsaved_at = None;
-        self.mutable_bytes_trigger = self.shared.config.checkpoint_mutable_bytes;
-        let job = CheckpointJob {
-            seq: self.applied_seq,
-            reply,
-        };
-        match self.jobs.as_ref().map(|jobs| jobs.send(job)) {
-            Some(Ok(())) => self.in_flight += 1,
-            // The checkpoint thread is gone (it panicked): the reply is dropped, so a flush
-            // gets `Closed`; the frozen segment stays searchable and in the WAL.
-            _ => tracing::error!("the checkpoint thread has stopped; no checkpoint is made"),
-        }
-    }
-
-    /// Takes in the checkpoint thread's reports.
-    fn collect_done(&mut self) {
-        while let Ok(outcome) = self.done.try_recv() {
-            self.in_flight = self.in_flight.saturating_sub(1);
-            if let Some(error) = outcome {
-                tracing::error!(%error, "checkpoint failed; retrying at the next trigger");
-                // Retry on the next trigger, not in a tight loop. The frozen segments stay
-                // (searchable, and logged in the WAL) and the next checkpoint seals them.
-                self.first_unsaved_at = Some(Instant::now());
-                self.wal_bytes_since_checkpoint = 0;
-                self.mutable_bytes_trigger = self.shared.segments().mutable.estimated_bytes()
-                    as u64
-                    + self.shared.config.checkpoint_mutable_bytes;
-            }
-        }
-    }
-}
+/// Bound of the checkpoint job queue. It never fills: an automatic checkpoint starts only when
+/// no job is in flight, and flush requests come one batch at a time, each after the previous
+/// batch's checkpoint was answered (`flush.rs`), so at most two jobs are ever queued.
+pub(crate) const CHECKPOINT_JOBS: usize = 4;
 
 /// The checkpoint thread: runs `CheckpointJob`s one at a time, in order.
 pub(crate) struct Checkpointer {
     pub(crate) shared: Arc<Shared>,
     pub(crate) wal: Wal,
     pub(crate) state: CheckpointState,
-    pub(crate) done: std::sync::mpsc::Sender<Option<String>>,
+    pub(crate) done: std::sync::mpsc::Sender<JobOutcome>,
 }
 
 impl Checkpointer {
@@ -302,15 +68,41 @@ impl Checkpointer {
             let result = if self.shared.stopping.load(Ordering::Acquire) {
                 Err(CollectionError::Closed)
             } else {
-                self.checkpoint(job.seq)
+                // A panic fails the collection before the job's flush is answered, so that it
+                // gets the failure rather than a dropped reply.
+                let seq = job.seq;
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.checkpoint(seq)
+                })) {
+                    Ok(result) => result,
+                    Err(panic) => {
+                        let failure = crate::failure::ThreadFailure {
+                            thread: "checkpoint",
+                            why: crate::failure::panic_message(panic.as_ref()),
+                        };
+                        crate::failure::mark_failed(&self.shared, &self.wal, failure.clone());
+                        if let Some(reply) = job.reply {
+                            reply.answer(Err(Arc::new(CollectionError::Failed(failure))));
+                        }
+                        return;
+                    }
+                }
             };
             if result.is_ok() {
                 // The frozen segments and replaced sealed ones are dropped by now.
                 crate::memory::release_free_memory();
+                self.shared.measure_disk(&self.wal);
             }
-            let outcome = result.as_ref().err().map(ToString::to_string);
+            let outcome = match &result {
+                Ok(_) => {
+                    self.shared.n_checkpoints.fetch_add(1, Ordering::Relaxed);
+                    JobOutcome::Done
+                }
+                Err(_) if self.wal.poisoned().is_some() => JobOutcome::WalPoisoned,
+                Err(error) => JobOutcome::Failed(error.to_string()),
+            };
             if let Some(reply) = job.reply {
-                let _ = reply.send(result);
+                reply.answer(result.map_err(Arc::new));
             }
             let _ = self.done.send(outcome);
         }
@@ -327,6 +119,16 @@ impl Checkpointer {
     /// changes nothing), which is why the WAL must be durable past them before the manifest
     /// names the files. Removals that arrive after the copy are carried over at install.
     pub(crate) fn checkpoint(&mut self, seq: u64) -> Result<u64> {
+        // Tests arm it with `panic` to kill this thread (`tests/thread_failure.rs`).
+        fail::fail_point!("checkpoint::start");
+        if let Some(error) = self.wal.poison_error() {
+            // Checked before sealing: the checkpoint could not publish (its WAL barrier would
+            // fail), so it must not write segment files either.
+            self.shared
+                .n_checkpoints_refused
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(error.into());
+        }
         let dir = self.shared.dir.clone();
         let index_config = self.shared.config.index_config();
         let rebuild_fraction = self.shared.config.rebuild_tombstone_fraction;
@@ -556,62 +358,6 @@ impl Checkpointer {
 fn in_build_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
     static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
     in_pool(&POOL, "tarn-build", |cores| cores / 2, 0, work)
-}
-
-/// Runs the indexer's batches in a pool of all cores but one (at least one thread). In rayon's
-/// global pool a burst of writes had hnsw_rs inserting on every core (about 0.7 ms of CPU per
-/// 128-d vector at ef_construction 200, more than a core's worth at 1,400 inserts/s on 2
-/// cores), and the threads that answer requests waited for a core after each of their
-/// wake-ups (`perf sched`: 0.1 ms on average, 5 ms at worst). With one core left to them,
-/// durable inserts went up 1.12x from one client and 1.27x from 64 (medians of 8 alternating
-/// rounds, `scripts/bench-insert-ab.sh`). The cost, a slower indexer under a sustained load, is
-/// bounded: past `max_unindexed` ingestion itself indexes with every core (see `apply`), and
-/// the unindexed tail is searched exactly meanwhile. Its threads run at `INDEX_NICE`.
-pub(crate) fn in_index_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
-    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    in_pool(&POOL, "tarn-index", |cores| cores - 1, INDEX_NICE, work)
-}
-
-/// The index pool's nice value (the request threads' is 0): when both cores are busy, a woken
-/// request thread gets a core ahead of the indexer, which has a quarter of a busy core's time
-/// instead of half. Background work below foreground work, as databases run compaction; not
-/// lower, because the indexer holds the mutable segment's graph locks that searches read (the
-/// idle class starved it while it held one: a 106 ms stall). Measured (docs/BENCHMARKS.md):
-/// 64 clients 1.15x (8 alternating rounds); `scripts/soak.sh 600` search p99 30.6 / 46.9 ms in
-/// the first / last third (36 / 90 before).
-const INDEX_NICE: i32 = 5;
-
-fn in_pool<R: Send>(
-    pool: &OnceLock<Option<rayon::ThreadPool>>,
-    name: &'static str,
-    threads_for_cores: fn(usize) -> usize,
-    nice: i32,
-    work: impl FnOnce() -> R + Send,
-) -> R {
-    let pool = pool.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads_for_cores(cores).max(1))
-            .thread_name(move |i| format!("{name}-{i}"))
-            .start_handler(move |_| {
-                if nice != 0 {
-                    // Linux keeps a nice value per thread: this one only.
-                    let thread = rustix::process::Pid::from_raw(
-                        rustix::thread::gettid().as_raw_nonzero().get(),
-                    );
-                    if let Err(error) = rustix::process::setpriority_process(thread, nice) {
-                        tracing::warn!(%error, name, nice, "could not lower the pool's priority");
-                    }
-                }
-            })
-            .build()
-            .map_err(|error| tracing::warn!(%error, name, "no thread pool; using the shared one"))
-            .ok()
-    });
-    match pool {
-        Some(pool) => pool.install(work),
-        None => work(),
-    }
 }
 
 #[cfg(feature = "failpoints")]

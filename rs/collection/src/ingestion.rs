@@ -1,0 +1,232 @@
+//! The ingestion thread. Per collection, one ingestion thread applies logged operations in
+//! sequence order and freezes the mutable segment when a checkpoint is due, handing the frozen
+//! segment to the checkpoint thread (`checkpoint.rs`).
+//!
+//! Invariant (WAL order = apply order): the WAL's writer thread hands every acknowledged entry to
+//! this worker through one bounded channel, in sequence order, before the writer's ticket
+//! resolves (`IngestFeeder`). The channel being full holds up the WAL writer, which holds up every
+//! writer: back-pressure instead of unbounded memory.
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tarn_index::MutableSegment;
+use tarn_wal::AppendObserver;
+
+use crate::checkpoint::{CheckpointJob, JobOutcome};
+use crate::collection::Shared;
+use crate::flush::FlushReply;
+use crate::indexer::INDEX_BATCH;
+use crate::op;
+use crate::triggers::CheckpointTriggers;
+
+pub(crate) enum IngestSignal {
+    Apply {
+        seq: u64,
+        payload: Arc<[u8]>,
+    },
+    /// A flush request is queued (`flush.rs`); ingestion also looks after every signal.
+    Flush,
+    Shutdown,
+}
+
+/// The WAL observer that feeds the ingestion channel.
+pub(crate) struct IngestFeeder(pub(crate) SyncSender<IngestSignal>);
+
+impl AppendObserver for IngestFeeder {
+    fn on_appended(&mut self, seq: u64, payload: &Arc<[u8]>) {
+        let signal = IngestSignal::Apply {
+            seq,
+            payload: Arc::clone(payload),
+        };
+        if self.0.send(signal).is_err() {
+            tracing::error!(
+                seq,
+                "ingestion has stopped; the entry is logged and will be applied at the next open"
+            );
+        }
+    }
+}
+
+/// The ingestion thread: applies operations, decides when to checkpoint, and freezes the
+/// mutable segment for the checkpoint thread. It never waits for a checkpoint (the WAL writer
+/// may be waiting on it, and a checkpoint waits on the WAL writer), so writes go on while the
+/// checkpoint thread seals, merges and rebuilds.
+pub(crate) struct IngestWorker {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) applied_seq: u64,
+    pub(crate) n_applied: u64,
+    /// When the next checkpoint is due (`triggers.rs`).
+    pub(crate) triggers: CheckpointTriggers,
+    pub(crate) jobs: Option<SyncSender<CheckpointJob>>,
+    /// One message per finished job.
+    pub(crate) done: Receiver<JobOutcome>,
+    /// Jobs sent and not reported done. Automatic checkpoints start only when this is 0.
+    pub(crate) in_flight: usize,
+    pub(crate) checkpointer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl IngestWorker {
+    /// Runs until shutdown. Takes its state by reference so that, if it panics, the channel
+    /// (and the flush replies queued in it) outlives the unwinding until the collection is
+    /// marked failed (`failure::run_guarded`): a flush then sees the failure, not `Closed`.
+    pub(crate) fn run(&mut self, signals: &Receiver<IngestSignal>) {
+        // The WAL writer may be waiting on this thread (the bounded channel): see
+        // docs/CHECKPOINT.md, "Who waits on whom".
+        tarn_wal::forbid_ticket_waits("ingestion");
+        loop {
+            let deadline = self.triggers.deadline();
+            let signal = match deadline {
+                None => signals.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(deadline) => {
+                    signals.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                }
+            };
+            self.collect_done();
+            match signal {
+                Ok(IngestSignal::Apply { seq, payload }) => {
+                    self.apply(seq, &payload);
+                    let mutable_bytes = self.shared.segments().mutable.estimated_bytes() as u64;
+                    if let Some(reason) =
+                        self.triggers.due_by_size(mutable_bytes, self.in_flight > 0)
+                    {
+                        self.start_checkpoint(None, reason.as_str());
+                    }
+                }
+                Ok(IngestSignal::Flush) => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    let in_flight = self.in_flight > 0;
+                    if let Some(reason) = self.triggers.deadline_passed(in_flight, Instant::now()) {
+                        self.start_checkpoint(None, reason.as_str());
+                    }
+                }
+                Ok(IngestSignal::Shutdown) | Err(RecvTimeoutError::Disconnected) => break,
+            }
+            while let Some(reply) = self.shared.flushes.take_if_applied(self.applied_seq) {
+                self.start_checkpoint(Some(reply), "flush");
+            }
+        }
+        // A flush queued now is answered `Closed` (its checkpoint would never be taken).
+        self.shared.flushes.close();
+        // Queued checkpoint jobs are answered `Closed`; a running one fails at its WAL barrier
+        // (the WAL is closed first) and publishes nothing. The WAL holds everything.
+        self.shared.stopping.store(true, Ordering::Release);
+        self.jobs = None;
+        if let Some(checkpointer) = self.checkpointer.take() {
+            if checkpointer.join().is_err() {
+                tracing::error!("the checkpoint thread panicked");
+            }
+        }
+    }
+
+    fn apply(&mut self, seq: u64, payload: &[u8]) {
+        // Tests arm it with `panic` to kill this thread (`tests/thread_failure.rs`).
+        fail::fail_point!("ingest::apply");
+        match op::decode(payload, self.shared.config.dimension) {
+            Ok(operation) => {
+                // The apply lock first, then the set: the checkpoint thread installs a new set
+                // under the same lock.
+                let mut counts = self.shared.counts.lock();
+                let delta = self.shared.segments().apply(&operation, &mut counts);
+                // Figures that stats read without the apply lock.
+                self.shared
+                    .n_documents
+                    .fetch_add(delta as u64, Ordering::Relaxed);
+                self.shared
+                    .n_tenants
+                    .store(counts.len() as u64, Ordering::Relaxed);
+            }
+            Err(error) => {
+                // Only a bug can get here: every payload was encoded by this crate after
+                // validation, and the WAL checksums it.
+                self.shared.n_ingest_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(seq, %error, "skipped an undecodable WAL entry");
+            }
+        }
+        self.applied_seq = seq;
+        self.triggers.applied(payload.len() as u64, Instant::now());
+        self.shared.applied.send_replace(seq);
+        self.shared.indexer.kick();
+        self.n_applied += 1;
+        if self.in_flight > 0 {
+            // Back-pressure on a checkpoint that cannot keep up: past twice its bound, the
+            // mutable segment grows at most about 1,000 operations a second until the checkpoint
+            // is done. A bounded pause, never a wait for the checkpoint thread, which may itself
+            // be waiting for the WAL writer, which may be waiting for this thread.
+            let bound = self
+                .shared
+                .config
+                .checkpoint_mutable_bytes
+                .saturating_mul(2);
+            if self.shared.segments().mutable.estimated_bytes() as u64 > bound {
+                self.collect_done();
+                if self.in_flight > 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
+        if self.n_applied.is_multiple_of(64) {
+            // Back-pressure: past the bound, ingestion helps the indexer instead of growing the
+            // exactly-searched tail (and a full ingestion queue then holds writers back).
+            let mutable = Arc::clone(&self.shared.segments().mutable);
+            while mutable.n_unindexed() > self.shared.config.max_unindexed {
+                if mutable.index_pending(INDEX_BATCH) == 0 {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Freezes the mutable segment (searches keep reading it; a fresh one takes new writes) and
+    /// asks the checkpoint thread to seal it and publish a checkpoint at the applied sequence.
+    fn start_checkpoint(&mut self, reply: Option<FlushReply>, reason: &str) {
+        tracing::debug!(reason, seq = self.applied_seq, "checkpoint requested");
+        if !self.triggers.stopped() {
+            let _apply = self.shared.counts.lock();
+            let mut segments = self.shared.segments.write();
+            if !segments.mutable.is_empty() {
+                let fresh = MutableSegment::new(self.shared.config.index_config());
+                *segments = Arc::new(segments.freeze(self.applied_seq, fresh));
+            }
+        }
+        self.triggers.started();
+        let job = CheckpointJob {
+            seq: self.applied_seq,
+            reply,
+        };
+        match self.jobs.as_ref().map(|jobs| jobs.try_send(job)) {
+            Some(Ok(())) => self.in_flight += 1,
+            Some(Err(std::sync::mpsc::TrySendError::Full(_))) => {
+                // Cannot happen (see `CHECKPOINT_JOBS`); the flush, if any, is answered `Closed`.
+                tracing::error!("the checkpoint job queue is full; no checkpoint is made");
+            }
+            // The checkpoint thread is gone (it panicked): the reply is dropped, so a flush
+            // gets `Closed`; the frozen segment stays searchable and in the WAL.
+            _ => tracing::error!("the checkpoint thread has stopped; no checkpoint is made"),
+        }
+    }
+
+    /// Takes in the checkpoint thread's reports.
+    fn collect_done(&mut self) {
+        while let Ok(outcome) = self.done.try_recv() {
+            self.in_flight = self.in_flight.saturating_sub(1);
+            if let JobOutcome::WalPoisoned = outcome {
+                if !self.triggers.stopped() {
+                    tracing::error!(
+                        "the WAL is poisoned: no more checkpoints until the collection is reopened"
+                    );
+                }
+                self.triggers.stop();
+            }
+            if let JobOutcome::Failed(error) = outcome {
+                tracing::error!(%error, "checkpoint failed; retrying at the next trigger");
+                // Retry on the next trigger, not in a tight loop. The frozen segments stay
+                // (searchable, and logged in the WAL) and the next checkpoint seals them.
+                let mutable_bytes = self.shared.segments().mutable.estimated_bytes() as u64;
+                self.triggers.failed(mutable_bytes, Instant::now());
+            }
+        }
+    }
+}
