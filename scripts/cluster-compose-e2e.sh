@@ -8,18 +8,9 @@
 # exits 0 when no Docker engine answers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v docker >/dev/null || ! docker info >/dev/null 2>&1; then
-    echo "cluster-compose-e2e: SKIPPED (no Docker engine)"
-    exit 0
-fi
-if docker compose version >/dev/null 2>&1; then
-    compose=(docker compose)
-elif command -v docker-compose >/dev/null; then
-    compose=(docker-compose)
-else
-    echo "cluster-compose-e2e: SKIPPED (no docker compose / docker-compose)"
-    exit 0
-fi
+# shellcheck source=scripts/lib-docker.sh
+source scripts/lib-docker.sh
+find_compose cluster-compose-e2e
 scripts/docker-image.sh tarn:e2e
 scripts/docker-etcd-image.sh tarn-etcd:e2e
 venv="${TARN_CLIENT_VENV:-target/venv-client}"

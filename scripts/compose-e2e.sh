@@ -10,18 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v docker >/dev/null || ! docker info >/dev/null 2>&1; then
-    echo "compose-e2e: SKIPPED (no Docker engine)"
-    exit 0
-fi
-if docker compose version >/dev/null 2>&1; then
-    compose=(docker compose)
-elif command -v docker-compose >/dev/null; then
-    compose=(docker-compose)
-else
-    echo "compose-e2e: SKIPPED (no docker compose / docker-compose)"
-    exit 0
-fi
+# shellcheck source=scripts/lib-docker.sh
+source scripts/lib-docker.sh
+find_compose compose-e2e
 data="${TARN_MINILM_DIR:-../shared/data/minilm-debian}"
 if [[ ! -f "$data/base.fvecs" ]]; then
     echo "compose-e2e: SKIPPED (no minilm-debian data at $data)"

@@ -238,6 +238,18 @@ class Client:
     ) -> int:
         """Inserts (or replaces) documents for each of `user_ids` (tenant 0 when None).
         Returns the operation's sequence number (pass it as `min_seq_no` to read the write)."""
+        return self.insert_acked(collection, doc_ids, vectors, user_ids, durability).seq_no
+
+    def insert_acked(
+        self,
+        collection: str,
+        doc_ids: Ids,
+        vectors,
+        user_ids: Optional[Ids] = None,
+        durability: Optional[str] = None,
+    ) -> "WriteAck":
+        """`insert`, returning a `WriteAck` whose `read_token` a later `search(read_token=...)`
+        waits for on every shard the write touched (cluster mode; works on one node too)."""
         ids = _ids(doc_ids)
         matrix = _matrix(vectors)
         if len(ids) != matrix.shape[0]:
@@ -248,22 +260,6 @@ class Client:
             user_ids=_ids(user_ids),
             vectors=matrix.ravel().tolist(),
             durability=_DURABILITY[durability],
-        )
-        return self._call(self.stub.Insert, request).seq_no
-
-    def insert_acked(self, collection: str, doc_ids: Ids, vectors, **kwargs) -> "WriteAck":
-        """`insert`, returning a `WriteAck` whose `read_token` a later `search(read_token=...)`
-        waits for on every shard the write touched (cluster mode; works on one node too)."""
-        ids = _ids(doc_ids)
-        matrix = _matrix(vectors)
-        if len(ids) != matrix.shape[0]:
-            raise ValueError(f"{len(ids)} doc_ids for {matrix.shape[0]} vectors")
-        request = tarn_pb2.InsertRequest(
-            collection=collection,
-            doc_ids=ids,
-            user_ids=_ids(kwargs.get("user_ids")),
-            vectors=matrix.ravel().tolist(),
-            durability=_DURABILITY[kwargs.get("durability")],
         )
         reply = self._call(self.stub.Insert, request)
         return WriteAck(reply.seq_no, reply.read_token)
@@ -275,13 +271,7 @@ class Client:
         user_ids: Optional[Ids] = None,
         durability: Optional[str] = None,
     ) -> int:
-        request = tarn_pb2.RemoveRequest(
-            collection=collection,
-            doc_ids=_ids(doc_ids),
-            user_ids=_ids(user_ids),
-            durability=_DURABILITY[durability],
-        )
-        return self._call(self.stub.Remove, request).seq_no
+        return self.remove_acked(collection, doc_ids, user_ids, durability).seq_no
 
     def remove_acked(self, collection: str, doc_ids: Ids, user_ids: Optional[Ids] = None,
                      durability: Optional[str] = None) -> "WriteAck":

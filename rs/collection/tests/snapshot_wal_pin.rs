@@ -40,6 +40,15 @@ async fn write(c: &Collection, k: u64, log: &mut Vec<(u64, u64)>) {
     log.push((seq, k));
 }
 
+/// Thirty more operations (numbered from `*k`), then a checkpoint.
+async fn write_30_and_flush(c: &Collection, k: &mut u64, log: &mut Vec<(u64, u64)>) {
+    for _ in 0..30 {
+        write(c, *k, log).await;
+        *k += 1;
+    }
+    c.flush().await.unwrap();
+}
+
 /// The documents after the logged operations up to `seq_no`.
 fn model(log: &[(u64, u64)], seq_no: u64) -> HashMap<u128, Vec<f32>> {
     let mut docs = HashMap::new();
@@ -95,13 +104,7 @@ fn a_snapshot_keeps_the_wal_after_its_checkpoint_while_later_checkpoints_truncat
     // Four more checkpoints: each truncates before its predecessor's checkpoint, far past the
     // snapshot's, but for the pin.
     for _ in 0..4 {
-        rt.block_on(async {
-            for _ in 0..30 {
-                write(&c, k, &mut log).await;
-                k += 1;
-            }
-            c.flush().await.unwrap();
-        });
+        rt.block_on(write_30_and_flush(&c, &mut k, &mut log));
         let first = wal_segments(&path)[0];
         assert!(
             first <= checkpoint_seq + 1,
@@ -116,13 +119,7 @@ fn a_snapshot_keeps_the_wal_after_its_checkpoint_while_later_checkpoints_truncat
 
     // Released, the next checkpoint truncates past it.
     drop(snapshot);
-    rt.block_on(async {
-        for _ in 0..30 {
-            write(&c, k, &mut log).await;
-            k += 1;
-        }
-        c.flush().await.unwrap();
-    });
+    rt.block_on(write_30_and_flush(&c, &mut k, &mut log));
     let first = wal_segments(&path)[0];
     assert!(
         first > checkpoint_seq + 1,

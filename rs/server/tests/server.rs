@@ -678,23 +678,7 @@ fn a_failing_fdatasync_makes_writes_unavailable_until_restart() {
     drop(server);
     // Restarted without the fault: the acknowledged write is there and writes work again.
     let server = Server::start(dir.path(), &[]);
-    rt.block_on(async {
-        let mut c = server.client().await;
-        let docs = c
-            .get(pb::GetRequest {
-                collection: "f".into(),
-                user_id: None,
-                doc_ids: vec![id(1)],
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .docs;
-        assert_eq!(docs.len(), 1);
-        c.insert(insert("f", &[9], &[], vec![3.0, 3.0]))
-            .await
-            .unwrap();
-    });
+    rt.block_on(document_1_of_f_is_back_and_f_takes_writes(&server));
     let healthcheck = Command::new(env!("CARGO_BIN_EXE_tarn"))
         .args(["healthcheck", "--addr", &server.addr])
         .output()
@@ -795,23 +779,27 @@ fn a_dead_ingestion_thread_fails_its_collection_only_until_restart() {
     );
     drop(server);
     let server = Server::start(dir.path(), &[]);
-    rt.block_on(async {
-        let mut c = server.client().await;
-        let docs = c
-            .get(pb::GetRequest {
-                collection: "f".into(),
-                user_id: None,
-                doc_ids: vec![id(1)],
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .docs;
-        assert_eq!(docs.len(), 1, "the acknowledged write is back");
-        c.insert(insert("f", &[3], &[], vec![3.0, 3.0]))
-            .await
-            .unwrap();
-    });
+    rt.block_on(document_1_of_f_is_back_and_f_takes_writes(&server));
+}
+
+/// After a restart: document 1 of collection `f` (acknowledged before a failure) is there, and
+/// `f` takes writes again.
+async fn document_1_of_f_is_back_and_f_takes_writes(server: &Server) {
+    let mut c = server.client().await;
+    let docs = c
+        .get(pb::GetRequest {
+            collection: "f".into(),
+            user_id: None,
+            doc_ids: vec![id(1)],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .docs;
+    assert_eq!(docs.len(), 1, "the acknowledged write is back");
+    c.insert(insert("f", &[9], &[], vec![3.0, 3.0]))
+        .await
+        .unwrap();
 }
 
 fn write_vecs(path: &Path, rows: &[Vec<u32>]) {

@@ -280,29 +280,17 @@ fn the_observer_sees_every_acknowledged_entry_in_order_before_a_later_sync_resol
 /// `Poisoned` naming the panic, instead of waiting forever; a reopen keeps what was written.
 #[test]
 fn a_panic_on_the_writer_thread_poisons_the_log_and_answers_every_queued_and_later_request() {
-    use std::sync::mpsc::{channel, Receiver, Sender};
-    struct PanicsOnSecond {
-        entered: Sender<()>,
-        go: Receiver<()>,
-    }
-    impl tarn_wal::AppendObserver for PanicsOnSecond {
-        fn on_appended(&mut self, seq: u64, _payload: &Arc<[u8]>) {
-            if seq == 2 {
-                self.entered.send(()).unwrap();
-                self.go.recv().unwrap();
-                panic!("observer refuses entry {seq}");
-            }
-        }
-    }
+    use std::sync::mpsc::channel;
     let dir = tempfile::tempdir().unwrap();
     let (entered_tx, entered) = channel();
     let (go, go_rx) = channel();
     let (wal, _) = tarn_wal::Wal::open_with_observer(
         dir.path(),
         WalConfig::default(),
-        Box::new(PanicsOnSecond {
+        Box::new(PausesOnSecond {
             entered: entered_tx,
             go: go_rx,
+            then_panic: true,
         }),
     )
     .unwrap();
@@ -362,6 +350,24 @@ fn a_panic_on_the_writer_thread_poisons_the_log_and_answers_every_queued_and_lat
 
 /// Waits for a ticket on a helper thread, so that a ticket nobody will ever answer fails the
 /// test (after a minute, far past any real answer) instead of hanging the suite.
+/// An observer that, on entry 2, says so on `entered`, waits for `go`, then panics if
+/// `then_panic` (or lets the writer go on).
+struct PausesOnSecond {
+    entered: std::sync::mpsc::Sender<()>,
+    go: std::sync::mpsc::Receiver<()>,
+    then_panic: bool,
+}
+
+impl tarn_wal::AppendObserver for PausesOnSecond {
+    fn on_appended(&mut self, seq: u64, _payload: &Arc<[u8]>) {
+        if seq == 2 {
+            self.entered.send(()).unwrap();
+            self.go.recv().unwrap();
+            assert!(!self.then_panic, "observer refuses entry {seq}");
+        }
+    }
+}
+
 fn wait_or_report_hang<T: Send + 'static>(ticket: tarn_wal::Ticket<T>) -> T {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || tx.send(ticket.wait()));
@@ -374,28 +380,17 @@ fn wait_or_report_hang<T: Send + 'static>(ticket: tarn_wal::Ticket<T>) -> T {
 /// the writer held completes and stays in the log.
 #[test]
 fn poison_answers_queued_and_later_requests_while_the_writer_is_busy() {
-    use std::sync::mpsc::{channel, Receiver, Sender};
-    struct BlocksOnSecond {
-        entered: Sender<()>,
-        go: Receiver<()>,
-    }
-    impl tarn_wal::AppendObserver for BlocksOnSecond {
-        fn on_appended(&mut self, seq: u64, _payload: &Arc<[u8]>) {
-            if seq == 2 {
-                self.entered.send(()).unwrap();
-                self.go.recv().unwrap();
-            }
-        }
-    }
+    use std::sync::mpsc::channel;
     let dir = tempfile::tempdir().unwrap();
     let (entered_tx, entered) = channel();
     let (go, go_rx) = channel();
     let (wal, _) = tarn_wal::Wal::open_with_observer(
         dir.path(),
         WalConfig::default(),
-        Box::new(BlocksOnSecond {
+        Box::new(PausesOnSecond {
             entered: entered_tx,
             go: go_rx,
+            then_panic: false,
         }),
     )
     .unwrap();
