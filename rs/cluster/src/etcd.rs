@@ -13,6 +13,7 @@
 //! <prefix>nodes/<node_id>                   NodeInfo JSON, attached to the node's lease
 //! <prefix>collections/<name>                CollectionDef JSON
 //! <prefix>shards/<name>/<shard, 5 digits>   ShardAssignment JSON ("00000" to "01023")
+//! <prefix>draining/<node_id>                "{}": the node is being drained (until cancelled)
 //! <prefix>elections/<election>/...          etcd's election keys (EtcdStore::campaign)
 //! ```
 //!
@@ -388,6 +389,27 @@ impl ClusterStore for EtcdStore {
             .and_then([TxnOp::put(key.as_str(), encode(&key, new)?, None)]);
         let response = inner.call("set shard", kv.txn(txn)).await?;
         Ok(response.succeeded())
+    }
+
+    async fn set_draining(&self, node_id: &str, draining: bool) -> Result<()> {
+        let inner = &self.inner;
+        let key = inner.key(&format!("draining/{node_id}"));
+        let mut kv = inner.client.kv_client();
+        if draining {
+            inner
+                .call("mark draining", kv.put(key.as_str(), "{}", None))
+                .await?;
+        } else {
+            inner
+                .call("clear draining", kv.delete(key.as_str(), None))
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn campaign(&self, election: &str, node_id: &str) -> Result<crate::store::Leader> {
+        let leadership = EtcdStore::campaign(self, election, node_id).await?;
+        Ok(crate::store::Leader::new(move || leadership.is_leader()))
     }
 
     fn connected(&self) -> bool {
@@ -834,6 +856,7 @@ struct View {
     nodes: BTreeMap<String, NodeInfo>,
     defs: BTreeMap<String, CollectionDef>,
     shards: BTreeMap<String, BTreeMap<u32, ShardAssignment>>,
+    draining: std::collections::BTreeSet<String>,
 }
 
 /// What a key under the prefix is.
@@ -841,6 +864,7 @@ enum KeyKind<'a> {
     Node(&'a str),
     Collection(&'a str),
     Shard(&'a str, u32),
+    Draining(&'a str),
     /// Election keys, and anything a newer tarn may add.
     Other,
 }
@@ -857,6 +881,9 @@ fn key_kind<'a>(prefix: &str, key: &'a [u8]) -> KeyKind<'a> {
     }
     if let Some(name) = relative.strip_prefix("collections/") {
         return KeyKind::Collection(name);
+    }
+    if let Some(id) = relative.strip_prefix("draining/") {
+        return KeyKind::Draining(id);
     }
     if let Some((name, shard)) = relative
         .strip_prefix("shards/")
@@ -888,6 +915,10 @@ impl View {
                         .insert(shard, assignment);
                 })
             }
+            KeyKind::Draining(id) => {
+                self.draining.insert(id.to_owned());
+                Ok(())
+            }
             KeyKind::Other => Ok(()),
         };
         if let Err(e) = outcome {
@@ -911,6 +942,9 @@ impl View {
                         self.shards.remove(name);
                     }
                 }
+            }
+            KeyKind::Draining(id) => {
+                self.draining.remove(id);
             }
             KeyKind::Other => {}
         }
@@ -939,6 +973,7 @@ impl View {
             revision: self.revision,
             nodes: self.nodes.clone(),
             collections,
+            draining: self.draining.clone(),
         }
     }
 }
@@ -1081,10 +1116,7 @@ mod tests {
             shard_key: crate::map::ShardKey::User,
             config: serde_json::json!({}),
         };
-        let shard = ShardAssignment {
-            owner: "n1".into(),
-            epoch: 1,
-        };
+        let shard = ShardAssignment::serving("n1", 1);
         view.put(
             p,
             b"/t/collections/docs",

@@ -2,7 +2,7 @@
 //! shard map (shard -> owner node, epoch, state). It lives in etcd ([`crate::ClusterStore`]);
 //! this module only describes it and answers questions about it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -51,9 +51,61 @@ pub struct CollectionDef {
 pub struct ShardAssignment {
     /// The node that holds the shard's data and takes its writes.
     pub owner: String,
-    /// Bumped by every change of owner (compare-and-swap in etcd). Forwarded writes carry the
-    /// epoch the router believes in; the owner accepts only its current one.
+    /// Bumped by every change of owner or state (compare-and-swap in etcd). Forwarded calls
+    /// carry the epoch the router believes in; the owner serves only its current one.
     pub epoch: u64,
+    /// Serving, or fenced while a move hands the shard over (written before the owner changes,
+    /// so an owner that restarts meanwhile still refuses writes).
+    #[serde(default, skip_serializing_if = "ShardState::is_serving")]
+    pub state: ShardState,
+    /// While fenced: the node taking the shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving_to: Option<String>,
+}
+
+/// A shard's state in the map.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardState {
+    /// The owner takes writes and searches.
+    #[default]
+    Serving,
+    /// A move is handing the shard to `moving_to`: every node refuses its writes (retryable);
+    /// the owner still answers searches.
+    Fenced,
+}
+
+impl ShardState {
+    fn is_serving(&self) -> bool {
+        *self == ShardState::Serving
+    }
+}
+
+impl ShardAssignment {
+    /// A serving shard of `owner` at `epoch`.
+    pub fn serving(owner: impl Into<String>, epoch: u64) -> ShardAssignment {
+        ShardAssignment {
+            owner: owner.into(),
+            epoch,
+            state: ShardState::Serving,
+            moving_to: None,
+        }
+    }
+
+    /// The fence of a move to `to`: same owner, next epoch, writes refused everywhere.
+    pub fn fenced_for(&self, to: &str) -> ShardAssignment {
+        ShardAssignment {
+            owner: self.owner.clone(),
+            epoch: self.epoch + 1,
+            state: ShardState::Fenced,
+            moving_to: Some(to.to_owned()),
+        }
+    }
+
+    /// Whether writes may go to the owner.
+    pub fn takes_writes(&self) -> bool {
+        self.state == ShardState::Serving
+    }
 }
 
 /// One collection's definition and shard map.
@@ -72,6 +124,9 @@ pub struct ClusterState {
     /// Live nodes (their lease has not lapsed), by node id.
     pub nodes: BTreeMap<String, NodeInfo>,
     pub collections: BTreeMap<String, CollectionMap>,
+    /// Nodes marked for draining (`tarn cluster drain`): placement moves their shards off and
+    /// puts no new ones on them. The mark stays until cancelled, alive or not.
+    pub draining: BTreeSet<String>,
 }
 
 impl ClusterState {
@@ -172,11 +227,85 @@ pub fn initial_placement(
         .bytes()
         .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
     (0..n_shards as usize)
-        .map(|shard| ShardAssignment {
-            owner: nodes[(offset + shard) % nodes.len()].clone(),
-            epoch: 1,
-        })
+        .map(|shard| ShardAssignment::serving(nodes[(offset + shard) % nodes.len()].clone(), 1))
         .collect()
+}
+
+/// One shard to move, as the placement coordinator plans it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedMove {
+    pub collection: String,
+    pub shard: u32,
+    /// The epoch the move was planned at (the pulling node refuses it if the map moved on).
+    pub epoch: u64,
+    pub from: String,
+    pub to: String,
+}
+
+/// The next shard move that brings the cluster closer to its placement rule, or `None` when it
+/// is there. The rule, per collection: no shard on a draining node, and the live nodes that are
+/// not draining hold shard counts that differ by at most one. Only shards whose owner is alive
+/// and serving move (a dead node's data is only on its disk: its shards wait for it); a
+/// collection with a fenced shard (a move under way) is left alone. Draining moves come first,
+/// each to the least loaded node (ties by node id), then balancing moves, from the most loaded
+/// node to the least loaded.
+pub fn plan_move(state: &ClusterState) -> Option<PlannedMove> {
+    let takers: Vec<&String> = state
+        .nodes
+        .keys()
+        .filter(|n| !state.draining.contains(*n))
+        .collect();
+    if takers.is_empty() {
+        return None;
+    }
+    let mut balancing = None;
+    for (name, map) in &state.collections {
+        if map.shards.iter().any(|a| !a.takes_writes()) {
+            continue;
+        }
+        let mut load: BTreeMap<&String, usize> = takers.iter().map(|n| (*n, 0)).collect();
+        for assignment in &map.shards {
+            if let Some(n) = load.get_mut(&assignment.owner) {
+                *n += 1;
+            }
+        }
+        let least = |load: &BTreeMap<&String, usize>| {
+            load.iter()
+                .min_by_key(|(id, n)| (**n, **id))
+                .map(|(id, _)| (*id).clone())
+        };
+        let planned = |shard: usize, to: String| PlannedMove {
+            collection: name.clone(),
+            shard: shard as u32,
+            epoch: map.shards[shard].epoch,
+            from: map.shards[shard].owner.clone(),
+            to,
+        };
+        for (shard, assignment) in map.shards.iter().enumerate() {
+            if state.draining.contains(&assignment.owner) && state.is_alive(&assignment.owner) {
+                return least(&load).map(|to| planned(shard, to));
+            }
+        }
+        if balancing.is_some() {
+            continue;
+        }
+        let Some((most, most_n)) = load
+            .iter()
+            .max_by_key(|(id, n)| (**n, std::cmp::Reverse(**id)))
+            .map(|(id, n)| ((*id).clone(), *n))
+        else {
+            continue;
+        };
+        let least_n = load.values().copied().min().unwrap_or(0);
+        if most_n > least_n + 1 {
+            let to = least(&load)?;
+            // The highest-numbered shard of the most loaded node.
+            if let Some(shard) = map.shards.iter().rposition(|a| a.owner == most) {
+                balancing = Some(planned(shard, to));
+            }
+        }
+    }
+    balancing
 }
 
 #[cfg(test)]
@@ -345,5 +474,128 @@ mod token_tests {
             assert!(ReadPositions::decode(&bytes[..cut]).is_err(), "{cut}");
         }
         assert!(ReadPositions::decode(b"garbage-garbage-garbage").is_err());
+    }
+
+    fn state_with(nodes: &[&str], owners: &[&str]) -> ClusterState {
+        let mut state = ClusterState::default();
+        for n in nodes {
+            state.nodes.insert(
+                (*n).to_owned(),
+                NodeInfo {
+                    node_id: (*n).to_owned(),
+                    address: String::new(),
+                },
+            );
+        }
+        state.collections.insert(
+            "c".into(),
+            CollectionMap {
+                def: CollectionDef {
+                    name: "c".into(),
+                    uid: 1,
+                    n_shards: owners.len() as u32,
+                    shard_key: ShardKey::User,
+                    config: serde_json::Value::Null,
+                },
+                shards: owners
+                    .iter()
+                    .map(|o| ShardAssignment::serving(*o, 3))
+                    .collect(),
+            },
+        );
+        state
+    }
+
+    /// Applies planned moves until none is left (at most `limit`), as the coordinator would.
+    fn settle(state: &mut ClusterState, limit: usize) -> Vec<PlannedMove> {
+        let mut moves = Vec::new();
+        while let Some(m) = plan_move(state) {
+            assert!(moves.len() < limit, "no fixed point: {moves:?}");
+            let slot = &mut state.collections.get_mut(&m.collection).unwrap().shards
+                [m.shard as usize];
+            assert_eq!((slot.owner.as_str(), slot.epoch), (m.from.as_str(), m.epoch));
+            *slot = ShardAssignment::serving(m.to.clone(), slot.epoch + 2);
+            moves.push(m);
+        }
+        moves
+    }
+
+    fn counts(state: &ClusterState) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for a in &state.collections["c"].shards {
+            *counts.entry(a.owner.clone()).or_default() += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn a_joining_node_takes_its_share_and_a_balanced_cluster_stays_put() {
+        let owners = ["a", "b", "c", "a", "b", "c", "a", "b"];
+        let mut state = state_with(&["a", "b", "c"], &owners);
+        assert_eq!(plan_move(&state), None, "3/3/2 is balanced");
+        state.nodes.insert(
+            "d".into(),
+            NodeInfo {
+                node_id: "d".into(),
+                address: String::new(),
+            },
+        );
+        let moves = settle(&mut state, 10);
+        assert_eq!(moves.len(), 2, "{moves:?}");
+        assert!(moves.iter().all(|m| m.to == "d"));
+        assert!(counts(&state).values().all(|&n| n == 2), "{:?}", counts(&state));
+    }
+
+    #[test]
+    fn draining_moves_every_shard_off_and_dead_nodes_keep_theirs() {
+        let owners = ["a", "b", "c", "a", "b", "c", "a", "b"];
+        let mut state = state_with(&["a", "b", "c"], &owners);
+        state.draining.insert("a".into());
+        let moves = settle(&mut state, 10);
+        assert_eq!(moves.len(), 3);
+        assert!(moves.iter().all(|m| m.from == "a" && m.to != "a"));
+        assert_eq!(counts(&state).get("a"), None);
+        assert_eq!(counts(&state)["b"], 4);
+        assert_eq!(counts(&state)["c"], 4);
+
+        // A dead node's shards never move (its data is only on its disk), even when drained.
+        let mut state = state_with(&["b", "c"], &owners);
+        assert_eq!(plan_move(&state), None);
+        state.draining.insert("a".into());
+        assert_eq!(plan_move(&state), None);
+
+        // Nowhere to go: every live node is draining.
+        let mut state = state_with(&["a"], &owners);
+        state.draining.insert("a".into());
+        assert_eq!(plan_move(&state), None);
+    }
+
+    #[test]
+    fn a_collection_with_a_move_under_way_is_left_alone() {
+        let mut state = state_with(&["a", "b"], &["a", "a", "a", "a"]);
+        let planned = plan_move(&state).unwrap();
+        assert_eq!((planned.from.as_str(), planned.to.as_str()), ("a", "b"));
+        let slot = &mut state.collections.get_mut("c").unwrap().shards[planned.shard as usize];
+        *slot = slot.fenced_for("b");
+        assert_eq!(slot.epoch, 4);
+        assert!(!slot.takes_writes());
+        assert_eq!(plan_move(&state), None);
+    }
+
+    #[test]
+    fn assignments_written_before_moves_existed_still_read() {
+        let old: ShardAssignment = serde_json::from_str(r#"{"owner":"n1","epoch":7}"#).unwrap();
+        assert_eq!(old, ShardAssignment::serving("n1", 7));
+        assert_eq!(
+            serde_json::to_string(&old).unwrap(),
+            r#"{"owner":"n1","epoch":7}"#
+        );
+        let fenced = old.fenced_for("n2");
+        let text = serde_json::to_string(&fenced).unwrap();
+        assert_eq!(
+            text,
+            r#"{"owner":"n1","epoch":8,"state":"fenced","moving_to":"n2"}"#
+        );
+        assert_eq!(serde_json::from_str::<ShardAssignment>(&text).unwrap(), fenced);
     }
 }

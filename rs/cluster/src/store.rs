@@ -32,6 +32,34 @@ impl std::fmt::Debug for Registration {
     }
 }
 
+/// Leadership of an election ([`ClusterStore::campaign`]): held until dropped, or until the
+/// store finds it lost (a lapsed lease). Check [`Leader::is_leader`] before each act.
+pub struct Leader {
+    is_leader: Box<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl Leader {
+    /// A leadership whose state `is_leader` reports (it owns whatever keeps it).
+    pub fn new(is_leader: impl Fn() -> bool + Send + Sync + 'static) -> Leader {
+        Leader {
+            is_leader: Box::new(is_leader),
+        }
+    }
+
+    /// Whether this is still surely the leader.
+    pub fn is_leader(&self) -> bool {
+        (self.is_leader)()
+    }
+}
+
+impl std::fmt::Debug for Leader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leader")
+            .field("is_leader", &self.is_leader())
+            .finish()
+    }
+}
+
 /// Membership, collection definitions and the shard map, shared by every node.
 #[async_trait::async_trait]
 pub trait ClusterStore: Send + Sync + std::fmt::Debug + 'static {
@@ -59,6 +87,12 @@ pub trait ClusterStore: Send + Sync + std::fmt::Debug + 'static {
         new: &ShardAssignment,
     ) -> Result<bool>;
 
+    /// Marks `node_id` for draining (`true`) or clears the mark.
+    async fn set_draining(&self, node_id: &str, draining: bool) -> Result<()>;
+
+    /// Campaigns in `election` as `node_id`, waiting until elected; one leader at a time.
+    async fn campaign(&self, election: &str, node_id: &str) -> Result<Leader>;
+
     /// Whether the store answered lately (for health and metrics). While it does not, the
     /// watched state stays as it last was, and the data plane goes on with it.
     fn connected(&self) -> bool {
@@ -72,6 +106,8 @@ pub trait ClusterStore: Send + Sync + std::fmt::Debug + 'static {
 pub struct MemoryStore {
     state: Arc<Mutex<ClusterState>>,
     tx: Arc<watch::Sender<Arc<ClusterState>>>,
+    /// One leader per store (elections are not told apart: tests use one).
+    election: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Default for MemoryStore {
@@ -80,6 +116,7 @@ impl Default for MemoryStore {
         MemoryStore {
             state: Arc::default(),
             tx: Arc::new(tx),
+            election: Arc::default(),
         }
     }
 }
@@ -168,6 +205,25 @@ impl ClusterStore for MemoryStore {
                 return false;
             }
             *slot = new.clone();
+            true
+        }))
+    }
+
+    async fn set_draining(&self, node_id: &str, draining: bool) -> Result<()> {
+        self.change(|s| {
+            if draining {
+                s.draining.insert(node_id.to_owned())
+            } else {
+                s.draining.remove(node_id)
+            }
+        });
+        Ok(())
+    }
+
+    async fn campaign(&self, _election: &str, _node_id: &str) -> Result<Leader> {
+        let guard = Arc::clone(&self.election).lock_owned().await;
+        Ok(Leader::new(move || {
+            let _held = &guard;
             true
         }))
     }

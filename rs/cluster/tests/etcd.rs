@@ -252,19 +252,13 @@ fn collection(name: &str, uid: u64, owners: &[&str]) -> CollectionMap {
         },
         shards: owners
             .iter()
-            .map(|owner| ShardAssignment {
-                owner: (*owner).to_owned(),
-                epoch: 1,
-            })
+            .map(|owner| ShardAssignment::serving(*owner, 1))
             .collect(),
     }
 }
 
 fn assignment(owner: &str, epoch: u64) -> ShardAssignment {
-    ShardAssignment {
-        owner: owner.to_owned(),
-        epoch,
-    }
+    ShardAssignment::serving(owner, epoch)
 }
 
 /// Waits until the watched state satisfies `pred`, and returns it; panics with `what` and the

@@ -333,6 +333,10 @@ impl Collection {
         })
     }
 
+    pub(crate) fn wal(&self) -> &Wal {
+        &self.handle.wal
+    }
+
     fn shared(&self) -> &Shared {
         &self.handle.shared
     }
@@ -656,7 +660,7 @@ impl Collection {
         self.shared().failure.get()
     }
 
-    fn check_not_failed(&self) -> Result<()> {
+    pub(crate) fn check_not_failed(&self) -> Result<()> {
         match self.failure() {
             Some(failure) => Err(CollectionError::Failed(failure.clone())),
             None => Ok(()),

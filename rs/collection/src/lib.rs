@@ -19,6 +19,7 @@ mod segments;
 mod snapshot;
 mod snapshot_format;
 mod triggers;
+mod wal_tail;
 
 pub use collection::{
     Collection, CollectionStats, SearchHit, SearchRequest, MAX_PAIRS_PER_REQUEST,
@@ -30,6 +31,7 @@ pub use error::{CollectionError, ErrorKind, Result};
 pub use failure::ThreadFailure;
 pub use restore::{remove_interrupted_restores, verify_snapshot, SnapshotRestore};
 pub use snapshot::Snapshot;
+pub use wal_tail::WalTail;
 pub use snapshot_format::SnapshotInfo;
 pub use tarn_wal::Durability;
 

@@ -252,6 +252,12 @@ impl Snapshot {
 
     /// The sequence number the snapshot is consistent at: it holds exactly the operations up
     /// to it.
+    /// Gives up the snapshot's reading state and keeps its pin (the WAL from its checkpoint on),
+    /// for a reader of the entries after it ([`crate::WalTail`]).
+    pub(crate) fn into_pin(self) -> RetentionPin {
+        self._pin
+    }
+
     pub fn seq_no(&self) -> u64 {
         self.seq_no
     }

@@ -332,10 +332,7 @@ impl ClusterNode {
                     name.clone(),
                     shard as u32,
                     assignment.epoch,
-                    ShardAssignment {
-                        owner: target.clone(),
-                        epoch: assignment.epoch + 1,
-                    },
+                    ShardAssignment::serving(target.clone(), assignment.epoch + 1),
                 ));
             }
         }
