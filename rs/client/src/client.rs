@@ -352,6 +352,26 @@ impl Client {
         .shards)
     }
 
+    /// Cluster mode: marks `node_id` for draining (the placement coordinator moves its shards
+    /// to the other nodes, one at a time, while they keep serving), or with `cancel` clears the
+    /// mark. Answers at once with the shards the node owns now; follow
+    /// [`Client::cluster_status`] until it owns none. NOT_FOUND for a node the cluster does not
+    /// know.
+    pub async fn drain_node(&self, node_id: &str, cancel: bool) -> Result<u32> {
+        let mut stub = tarn_proto::v1::cluster_client::ClusterClient::with_interceptor(
+            self.channel.clone(),
+            self.auth.clone(),
+        );
+        let mut request = tonic::Request::new(pb::DrainRequest {
+            node_id: node_id.to_owned(),
+            cancel,
+        });
+        if let Some(timeout) = self.timeout {
+            request.set_timeout(timeout);
+        }
+        Ok(stub.drain(request).await?.into_inner().shards_left)
+    }
+
     /// The stored documents of one tenant among `doc_ids`; ids not stored are absent.
     pub async fn get(
         &self,

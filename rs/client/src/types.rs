@@ -707,6 +707,8 @@ pub struct NodeStatus {
     pub address: String,
     /// Whether its lease in etcd is alive.
     pub alive: bool,
+    /// Whether it is marked for draining (its shards move off it).
+    pub draining: bool,
 }
 
 /// One shard of a [`ClusterStatus`].
@@ -721,8 +723,11 @@ pub struct ShardStatus {
     pub node_id: String,
     /// Its epoch (bumped by every change of owner).
     pub epoch: u64,
-    /// `serving`, or `unavailable` while its owner is down.
+    /// `serving`; `unavailable` while its owner is down; `fenced` while a move hands it over
+    /// (writes wait, searches answer).
     pub state: String,
+    /// While fenced: the node taking it (empty otherwise).
+    pub moving_to: String,
 }
 
 impl ClusterStatus {
@@ -735,6 +740,7 @@ impl ClusterStatus {
                     node_id: n.node_id,
                     address: n.address,
                     alive: n.alive,
+                    draining: n.draining,
                 })
                 .collect(),
             shards: reply
@@ -746,6 +752,7 @@ impl ClusterStatus {
                     node_id: s.node_id,
                     epoch: s.epoch,
                     state: s.state,
+                    moving_to: s.moving_to,
                 })
                 .collect(),
             etcd_connected: reply.etcd_connected,

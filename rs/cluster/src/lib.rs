@@ -13,9 +13,9 @@ mod store;
 pub use error::{ClusterError, Result};
 pub use etcd::{EtcdStore, Leadership, DEFAULT_PREFIX, ELECTION_TTL, REQUEST_TIMEOUT};
 pub use map::{
-    initial_placement, shard_for, ClusterState, CollectionDef, CollectionMap, NodeInfo,
-    plan_move, PlannedMove, ReadPositions, ShardAssignment, ShardKey, ShardName, ShardState,
-    DEFAULT_SHARDS, MAX_SHARDS,
+    initial_placement, plan_move, shard_for, ClusterState, CollectionDef, CollectionMap, NodeInfo,
+    PlannedMove, ReadPositions, ShardAssignment, ShardKey, ShardName, ShardState, DEFAULT_SHARDS,
+    MAX_SHARDS,
 };
 pub use merge::{merge_top_k, ShardHit};
 pub use store::{ClusterStore, Leader, MemoryStore, Registration};

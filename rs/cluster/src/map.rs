@@ -511,9 +511,12 @@ mod token_tests {
         let mut moves = Vec::new();
         while let Some(m) = plan_move(state) {
             assert!(moves.len() < limit, "no fixed point: {moves:?}");
-            let slot = &mut state.collections.get_mut(&m.collection).unwrap().shards
-                [m.shard as usize];
-            assert_eq!((slot.owner.as_str(), slot.epoch), (m.from.as_str(), m.epoch));
+            let slot =
+                &mut state.collections.get_mut(&m.collection).unwrap().shards[m.shard as usize];
+            assert_eq!(
+                (slot.owner.as_str(), slot.epoch),
+                (m.from.as_str(), m.epoch)
+            );
             *slot = ShardAssignment::serving(m.to.clone(), slot.epoch + 2);
             moves.push(m);
         }
@@ -543,7 +546,11 @@ mod token_tests {
         let moves = settle(&mut state, 10);
         assert_eq!(moves.len(), 2, "{moves:?}");
         assert!(moves.iter().all(|m| m.to == "d"));
-        assert!(counts(&state).values().all(|&n| n == 2), "{:?}", counts(&state));
+        assert!(
+            counts(&state).values().all(|&n| n == 2),
+            "{:?}",
+            counts(&state)
+        );
     }
 
     #[test]
@@ -596,6 +603,9 @@ mod token_tests {
             text,
             r#"{"owner":"n1","epoch":8,"state":"fenced","moving_to":"n2"}"#
         );
-        assert_eq!(serde_json::from_str::<ShardAssignment>(&text).unwrap(), fenced);
+        assert_eq!(
+            serde_json::from_str::<ShardAssignment>(&text).unwrap(),
+            fenced
+        );
     }
 }

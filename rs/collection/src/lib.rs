@@ -31,9 +31,9 @@ pub use error::{CollectionError, ErrorKind, Result};
 pub use failure::ThreadFailure;
 pub use restore::{remove_interrupted_restores, verify_snapshot, SnapshotRestore};
 pub use snapshot::Snapshot;
-pub use wal_tail::WalTail;
 pub use snapshot_format::SnapshotInfo;
 pub use tarn_wal::Durability;
+pub use wal_tail::WalTail;
 
 /// Entry points for the fuzz targets in `fuzz/` (not part of the API): each decodes untrusted
 /// bytes the way recovery does and reports whether they were accepted. They must never panic.

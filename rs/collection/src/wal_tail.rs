@@ -93,6 +93,11 @@ impl Collection {
         Ok(self.wal().sync().await?)
     }
 
+    /// [`Collection::sync_wal`] for a blocking thread.
+    pub fn sync_wal_blocking(&self) -> Result<u64> {
+        Ok(self.wal().sync().wait()?)
+    }
+
     /// The last sequence number appended (durable or not).
     pub fn last_seq_no(&self) -> u64 {
         self.wal().last_appended_seq()

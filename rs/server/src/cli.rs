@@ -81,6 +81,21 @@ pub enum ClusterCommand {
         #[arg(long)]
         yes: bool,
     },
+    /// Move every shard off a node (one at a time, while they keep serving) so that it can be
+    /// retired; waits until it owns none unless --no-wait. The mark stays in etcd until
+    /// --cancel (a drained node takes no new shards).
+    Drain {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The node to drain.
+        node_id: String,
+        /// Clear the mark: the node takes shards again.
+        #[arg(long)]
+        cancel: bool,
+        /// Answer at once instead of waiting for the node to be empty.
+        #[arg(long)]
+        no_wait: bool,
+    },
     /// Nodes (alive or not) and every shard's owner, epoch and state.
     Status {
         #[command(flatten)]

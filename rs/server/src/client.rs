@@ -100,10 +100,11 @@ fn print_cluster_status(status: &tarn_client::ClusterStatus, json: bool) {
             "etcd_connected": status.etcd_connected,
             "nodes": status.nodes.iter().map(|n| serde_json::json!({
                 "node_id": n.node_id, "address": n.address, "alive": n.alive,
+                "draining": n.draining,
             })).collect::<Vec<_>>(),
             "shards": status.shards.iter().map(|s| serde_json::json!({
                 "collection": s.collection, "shard": s.shard, "node_id": s.node_id,
-                "epoch": s.epoch, "state": s.state,
+                "epoch": s.epoch, "state": s.state, "moving_to": s.moving_to,
             })).collect::<Vec<_>>(),
         });
         println!("{value}");
@@ -119,7 +120,13 @@ fn print_cluster_status(status: &tarn_client::ClusterStatus, json: bool) {
     );
     println!("{:<16} {:<24} alive", "node", "address");
     for node in &status.nodes {
-        println!("{:<16} {:<24} {}", node.node_id, node.address, node.alive);
+        println!(
+            "{:<16} {:<24} {}{}",
+            node.node_id,
+            node.address,
+            node.alive,
+            if node.draining { " (draining)" } else { "" }
+        );
     }
     println!(
         "{:<20} {:>5} {:<16} {:>6} state",
@@ -128,7 +135,15 @@ fn print_cluster_status(status: &tarn_client::ClusterStatus, json: bool) {
     for shard in &status.shards {
         println!(
             "{:<20} {:>5} {:<16} {:>6} {}",
-            shard.collection, shard.shard, shard.node_id, shard.epoch, shard.state
+            shard.collection,
+            shard.shard,
+            shard.node_id,
+            shard.epoch,
+            if shard.moving_to.is_empty() {
+                shard.state.clone()
+            } else {
+                format!("{} (moving to {})", shard.state, shard.moving_to)
+            }
         );
     }
 }
@@ -234,6 +249,40 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             }
             if !yes && !shards.is_empty() {
                 println!("nothing changed: run again with --yes to give this data up for good");
+            }
+        }
+        Command::Cluster(ClusterCommand::Drain {
+            client,
+            node_id,
+            cancel,
+            no_wait,
+        }) => {
+            let client = connect(&client).await?;
+            let left = client.drain_node(&node_id, cancel).await?;
+            if cancel {
+                println!("node {node_id} is no longer draining ({left} shards on it)");
+            } else if no_wait || left == 0 {
+                println!("node {node_id} is draining: {left} shards to move off it");
+            } else {
+                println!("node {node_id} is draining: {left} shards to move off it; waiting");
+                let mut last = left as usize;
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    let status = client.cluster_status().await?;
+                    let owned = status
+                        .shards
+                        .iter()
+                        .filter(|s| s.node_id == node_id)
+                        .count();
+                    if owned != last {
+                        println!("{owned} shards left on {node_id}");
+                        last = owned;
+                    }
+                    if owned == 0 {
+                        println!("node {node_id} owns no shards: it can be stopped");
+                        break;
+                    }
+                }
             }
         }
         Command::Cluster(ClusterCommand::Status { client, json }) => {

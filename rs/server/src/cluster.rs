@@ -56,6 +56,17 @@ pub struct ClusterNode {
     state: watch::Receiver<Arc<ClusterState>>,
     /// Connections to the other nodes, by (address, API key).
     clients: DashMap<(String, Option<String>), Client>,
+    pub(crate) registry: Arc<Registry>,
+    /// Per local shard: writes hold it shared from their epoch check to their acknowledgement;
+    /// a shard's hand-over takes it exclusively to drain them (`moves.rs`).
+    gates: DashMap<String, Arc<tokio::sync::RwLock<()>>>,
+    /// Local shards being copied in by a move: not this node's yet, and not to be dropped.
+    pub(crate) incoming: Arc<DashMap<String, ()>>,
+    pub(crate) moves: crate::moves::MoveCounters,
+    /// The API key of this node's own calls to other nodes (shard moves).
+    pub(crate) internal_key: Option<String>,
+    /// Channels to other nodes for the node-to-node `Cluster` calls, by address.
+    peers: DashMap<String, tonic::transport::Channel>,
     _registration: Registration,
 }
 
@@ -85,6 +96,7 @@ impl ClusterNode {
         address: String,
         lease_ttl: Duration,
         registry: Arc<Registry>,
+        internal_key: Option<String>,
     ) -> anyhow::Result<Arc<ClusterNode>> {
         let node = NodeInfo {
             node_id: node_id.clone(),
@@ -93,20 +105,164 @@ impl ClusterNode {
         let registration = store.register(&node, lease_ttl).await?;
         let state = store.watch().await?;
         tracing::info!(%node_id, %address, "joined the cluster");
-        tokio::spawn(reconcile(state.clone(), registry, node_id.clone()));
-        Ok(Arc::new(ClusterNode {
+        let node = Arc::new(ClusterNode {
             node_id,
             address,
             store,
             state,
             clients: DashMap::new(),
+            registry,
+            gates: DashMap::new(),
+            incoming: Arc::new(DashMap::new()),
+            moves: crate::moves::MoveCounters::default(),
+            internal_key,
+            peers: DashMap::new(),
             _registration: registration,
-        }))
+        });
+        tokio::spawn(reconcile(Arc::downgrade(&node)));
+        tokio::spawn(crate::moves::coordinate(Arc::downgrade(&node)));
+        Ok(node)
+    }
+
+    /// A channel to a live node for node-to-node calls (`http://` unless it advertises
+    /// `https://`).
+    pub(crate) async fn peer(&self, node_id: &str) -> Result<tonic::transport::Channel, ApiError> {
+        let state = self.state();
+        let Some(node) = state.nodes.get(node_id) else {
+            return Err(ApiError::Unavailable(format!(
+                "node {node_id} is down (its lease lapsed)"
+            )));
+        };
+        if let Some(channel) = self.peers.get(&node.address) {
+            return Ok(channel.clone());
+        }
+        let uri = if node.address.contains("://") {
+            node.address.clone()
+        } else {
+            format!("http://{}", node.address)
+        };
+        let mut endpoint = tonic::transport::Endpoint::from_shared(uri.clone())
+            .map_err(|e| ApiError::Internal(format!("node {node_id}'s address {uri:?}: {e}")))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true);
+        if uri.starts_with("https://") {
+            endpoint = endpoint
+                .tls_config(tonic::transport::ClientTlsConfig::new().with_webpki_roots())
+                .map_err(|e| ApiError::Internal(format!("TLS to node {node_id}: {e}")))?;
+        }
+        let channel = endpoint.connect().await.map_err(|e| {
+            ApiError::Unavailable(format!("node {node_id} at {uri} cannot be reached: {e}"))
+        })?;
+        self.peers.insert(node.address.clone(), channel.clone());
+        Ok(channel)
+    }
+
+    /// A request to another node, carrying this node's internal API key.
+    pub(crate) fn internal_request<T>(&self, message: T, timeout: Duration) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(timeout);
+        if let Some(key) = &self.internal_key {
+            if let Ok(value) = format!("Bearer {key}").parse() {
+                request.metadata_mut().insert("authorization", value);
+            }
+        }
+        request
+    }
+
+    pub(crate) fn store(&self) -> &Arc<dyn ClusterStore> {
+        &self.store
+    }
+
+    /// The write gate of a local shard.
+    pub(crate) fn gate(&self, local_name: &str) -> Arc<tokio::sync::RwLock<()>> {
+        Arc::clone(
+            self.gates
+                .entry(local_name.to_owned())
+                .or_insert_with(Default::default)
+                .value(),
+        )
+    }
+
+    /// The local collection behind a shard address for a write, with the shard's write gate
+    /// held (shared) until the write is acknowledged: served only if this node owns the shard
+    /// at exactly `epoch` and the shard is not fenced. The gate is taken before the check, so
+    /// a hand-over that drains the gate after seeing the fence waits for every write that
+    /// passed the check.
+    pub async fn local_shard_for_write(
+        &self,
+        shard: &ShardName,
+        epoch: u64,
+    ) -> Result<(Collection, tokio::sync::OwnedRwLockReadGuard<()>), ApiError> {
+        let guard = self.gate(&shard.local_name()).read_owned().await;
+        let collection = self.local_shard(&self.registry, shard, epoch).await?;
+        let state = self.state();
+        let assignment = state
+            .collections
+            .get(&shard.collection)
+            .filter(|m| m.def.uid == shard.uid)
+            .and_then(|m| m.shards.get(shard.shard as usize));
+        match assignment {
+            Some(a) if a.takes_writes() && a.epoch == epoch && a.owner == self.node_id => {
+                Ok((collection, guard))
+            }
+            Some(a) => Err(ApiError::StaleShardMap(format!(
+                "shard {} of collection '{}' is being handed over to node {} (epoch {}): \
+                 refresh the shard map and retry",
+                shard.shard,
+                shard.collection,
+                a.moving_to.as_deref().unwrap_or(&a.owner),
+                a.epoch
+            ))),
+            None => Err(ApiError::NotFound(shard.collection.clone())),
+        }
+    }
+
+    /// Waits until this node's view of a shard differs from `seen` (or the collection is gone),
+    /// at most until `until` and at most a second; at least a few milliseconds, so that a
+    /// caller retrying against a node whose view is behind does not spin.
+    pub async fn wait_for_shard_change(
+        &self,
+        name: &str,
+        uid: u64,
+        shard: u32,
+        seen: &ShardAssignment,
+        until: std::time::Instant,
+    ) {
+        let limit = until
+            .saturating_duration_since(std::time::Instant::now())
+            .min(Duration::from_secs(1));
+        let started = std::time::Instant::now();
+        self.wait_for_with(limit, |s| {
+            s.collections
+                .get(name)
+                .filter(|m| m.def.uid == uid)
+                .and_then(|m| m.shards.get(shard as usize))
+                .is_none_or(|a| a != seen)
+        })
+        .await;
+        let floor = Duration::from_millis(10).min(limit);
+        if let Some(rest) = floor.checked_sub(started.elapsed()) {
+            tokio::time::sleep(rest).await;
+        }
     }
 
     /// The cluster as last seen.
     pub fn state(&self) -> Arc<ClusterState> {
         Arc::clone(&self.state.borrow())
+    }
+
+    /// A receiver of every change of this node's view.
+    pub(crate) fn watch(&self) -> watch::Receiver<Arc<ClusterState>> {
+        self.state.clone()
+    }
+
+    /// Waits (at most `limit`) until this node's view satisfies `done`.
+    pub(crate) async fn wait_for_view(
+        &self,
+        limit: Duration,
+        done: impl Fn(&ClusterState) -> bool,
+    ) {
+        self.wait_for_with(limit, done).await;
     }
 
     /// Whether the coordination store answers.
@@ -150,6 +306,7 @@ impl ClusterNode {
             .get(shard.shard as usize)
             .ok_or_else(|| ApiError::invalid("collection", format!("no shard {}", shard.shard)))?;
         if assignment.owner != self.node_id || assignment.epoch != epoch {
+            // A shard moved off this node: its router may still think it is here.
             return Err(ApiError::StaleShardMap(format!(
                 "shard {} of collection '{}' is on node {} at epoch {}, not on node {} at \
                  epoch {epoch}: refresh the shard map and retry",
@@ -401,16 +558,21 @@ fn store_error(error: tarn_cluster::ClusterError) -> ApiError {
 }
 
 /// Drops the local shards of collections that are gone from the map (or were re-created
-/// under a new uid), and of shards the map gives to another node (a node forgotten while it was
-/// down finds its shards given up when it returns). Runs for the life of the node.
-async fn reconcile(
-    mut state: watch::Receiver<Arc<ClusterState>>,
-    registry: Arc<Registry>,
-    node_id: String,
-) {
+/// under a new uid), and of shards the map gives to another node (moved away, or given up by
+/// `forget` while this node was down), except those being copied in by a move. A fence naming
+/// this node as the taker of a shard it is not copying (the move died with this process) is
+/// lifted: the old owner serves the shard again at the next epoch. Runs for the life of the
+/// node.
+async fn reconcile(node: std::sync::Weak<ClusterNode>) {
+    let Some(mut state) = node.upgrade().map(|n| n.state.clone()) else {
+        return;
+    };
     loop {
         let current = Arc::clone(&state.borrow_and_update());
-        for local in registry.shard_names() {
+        let Some(node) = node.upgrade() else {
+            return;
+        };
+        for local in node.registry.shard_names() {
             let Some((shard, _)) = ShardName::parse(&local) else {
                 continue;
             };
@@ -419,14 +581,30 @@ async fn reconcile(
                 .get(&shard.collection)
                 .filter(|m| m.def.uid == shard.uid)
                 .and_then(|m| m.shards.get(shard.shard as usize))
-                .is_some_and(|a| a.owner == node_id);
-            if !live && current.revision > 0 {
-                tracing::info!(shard = %local, "dropping a shard whose collection is gone");
-                if let Err(error) = registry.drop_shard(&local).await {
+                .is_some_and(|a| a.owner == node.node_id);
+            if !live && current.revision > 0 && !node.incoming.contains_key(&local) {
+                tracing::info!(shard = %local, "dropping a local shard this node does not own");
+                if let Err(error) = node.registry.drop_shard(&local).await {
                     tracing::error!(shard = %local, %error, "could not drop a shard");
                 }
             }
         }
+        for map in current.collections.values() {
+            for (shard, assignment) in map.shards.iter().enumerate() {
+                let local = ShardName {
+                    collection: map.def.name.clone(),
+                    uid: map.def.uid,
+                    shard: shard as u32,
+                }
+                .local_name();
+                if assignment.moving_to.as_deref() == Some(node.node_id.as_str())
+                    && !node.incoming.contains_key(&local)
+                {
+                    crate::moves::lift_fence(&node, &map.def.name, shard as u32, assignment).await;
+                }
+            }
+        }
+        drop(node);
         if state.changed().await.is_err() {
             return;
         }

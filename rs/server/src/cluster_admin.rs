@@ -9,6 +9,7 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::{Access, ApiKeys};
 use crate::cluster::ClusterNode;
+use crate::status::ApiError;
 
 #[derive(Debug)]
 pub struct ClusterAdmin {
@@ -26,6 +27,63 @@ impl ClusterAdmin {
 
 #[tonic::async_trait]
 impl Cluster for ClusterAdmin {
+    type ShardStreamStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::ShardStreamMessage, Status>>;
+
+    async fn drain(
+        &self,
+        request: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::DrainResponse>, Status> {
+        self.keys.check(&request, Access::Write)?;
+        let cluster = self.node()?;
+        let request = request.into_inner();
+        let state = cluster.state();
+        let known = state.is_alive(&request.node_id)
+            || state.shards_owned_by(&request.node_id).next().is_some()
+            || state.draining.contains(&request.node_id);
+        if request.node_id.is_empty() || request.node_id.contains('/') {
+            return Err(Status::from(ApiError::invalid(
+                "node_id",
+                format!("{:?} is not a node id", request.node_id),
+            )));
+        }
+        if !known && !request.cancel {
+            return Err(Status::not_found(format!(
+                "node {} is not in the cluster (not alive, owns no shards)",
+                request.node_id
+            )));
+        }
+        cluster
+            .store()
+            .set_draining(&request.node_id, !request.cancel)
+            .await
+            .map_err(|e| Status::from(ApiError::ClusterStore(e.to_string())))?;
+        tracing::info!(node = %request.node_id, cancel = request.cancel, "drain requested");
+        Ok(Response::new(pb::DrainResponse {
+            shards_left: state.shards_owned_by(&request.node_id).count() as u32,
+        }))
+    }
+
+    async fn pull_shard(
+        &self,
+        request: Request<pb::PullShardRequest>,
+    ) -> Result<Response<pb::PullShardResponse>, Status> {
+        self.keys.check(&request, Access::Write)?;
+        let cluster = self.node()?;
+        let response = crate::moves::pull_shard(cluster, request.into_inner()).await?;
+        Ok(Response::new(response))
+    }
+
+    async fn shard_stream(
+        &self,
+        request: Request<pb::ShardStreamRequest>,
+    ) -> Result<Response<Self::ShardStreamStream>, Status> {
+        self.keys.check(&request, Access::Write)?;
+        let cluster = self.node()?;
+        let stream = crate::moves::shard_stream(Arc::clone(cluster), request.into_inner()).await?;
+        Ok(Response::new(stream))
+    }
+
     async fn forget_node(
         &self,
         request: Request<pb::ForgetNodeRequest>,
@@ -51,6 +109,7 @@ impl Cluster for ClusterAdmin {
                         "planned"
                     }
                     .to_owned(),
+                    moving_to: String::new(),
                 })
                 .collect(),
             applied: request.confirm,
@@ -72,6 +131,7 @@ impl Cluster for ClusterAdmin {
                 node_id: n.node_id.clone(),
                 address: n.address.clone(),
                 alive: true,
+                draining: state.draining.contains(&n.node_id),
             })
             .collect();
         let mut shards = Vec::new();
@@ -83,6 +143,7 @@ impl Cluster for ClusterAdmin {
                         node_id: assignment.owner.clone(),
                         address: String::new(),
                         alive: false,
+                        draining: state.draining.contains(&assignment.owner),
                     });
                 }
                 shards.push(pb::ClusterShard {
@@ -90,7 +151,13 @@ impl Cluster for ClusterAdmin {
                     shard: shard as u32,
                     node_id: assignment.owner.clone(),
                     epoch: assignment.epoch,
-                    state: if alive { "serving" } else { "unavailable" }.to_owned(),
+                    state: match (alive, assignment.state) {
+                        (false, _) => "unavailable",
+                        (true, tarn_cluster::ShardState::Fenced) => "fenced",
+                        (true, tarn_cluster::ShardState::Serving) => "serving",
+                    }
+                    .to_owned(),
+                    moving_to: assignment.moving_to.clone().unwrap_or_default(),
                 });
             }
         }

@@ -15,6 +15,7 @@ mod cluster_admin;
 mod config;
 mod convert;
 mod metrics;
+mod moves;
 mod registry;
 mod routing;
 mod server;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry as PromRegistry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts,
+    Registry as PromRegistry, TextEncoder,
 };
 
 use crate::cluster::ClusterNode;
@@ -23,6 +23,8 @@ pub struct Metrics {
     pub forwarded: IntCounterVec,
     /// Cluster mode: a routed call from start to its merged answer, by RPC.
     pub fan_out: HistogramVec,
+    /// Cluster mode: shard calls sent again after the shard's owner or state changed.
+    pub retried_on_moved_shard: IntCounter,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -70,6 +72,11 @@ impl Metrics {
             .buckets(LATENCY_BUCKETS.to_vec()),
             &["method"],
         )?;
+        let retried_on_moved_shard = IntCounter::new(
+            "tarn_cluster_retried_total",
+            "cluster mode: shard calls sent again after a move changed the shard's owner or state",
+        )?;
+        registry.register(Box::new(retried_on_moved_shard.clone()))?;
         registry.register(Box::new(forwarded.clone()))?;
         registry.register(Box::new(fan_out.clone()))?;
         registry.register(Box::new(rpc.clone()))?;
@@ -82,6 +89,7 @@ impl Metrics {
             search,
             forwarded,
             fan_out,
+            retried_on_moved_shard,
         })
     }
 
@@ -99,7 +107,9 @@ impl Metrics {
         }
         let mut text = String::from_utf8_lossy(&out).into_owned();
         if let Some(cluster) = cluster {
+            use std::sync::atomic::Ordering::Relaxed;
             let state = cluster.state();
+            let moves = &cluster.moves;
             let _ = writeln!(
                 text,
                 "# HELP tarn_cluster_shards_owned shards this node owns\n\
@@ -110,10 +120,32 @@ impl Metrics {
                  tarn_cluster_nodes_alive {}\n\
                  # HELP tarn_cluster_etcd_connected 1 while this node reaches etcd\n\
                  # TYPE tarn_cluster_etcd_connected gauge\n\
-                 tarn_cluster_etcd_connected {}",
+                 tarn_cluster_etcd_connected {}\n\
+                 # HELP tarn_cluster_moves_in_progress shard moves this node is taking in now\n\
+                 # TYPE tarn_cluster_moves_in_progress gauge\n\
+                 tarn_cluster_moves_in_progress {}\n\
+                 # HELP tarn_cluster_moves_total shard moves this node took in, by outcome\n\
+                 # TYPE tarn_cluster_moves_total counter\n\
+                 tarn_cluster_moves_total{{outcome=\"finished\"}} {}\n\
+                 tarn_cluster_moves_total{{outcome=\"failed\"}} {}\n\
+                 # HELP tarn_cluster_move_bytes_total bytes received by shard moves (snapshots and WAL entries)\n\
+                 # TYPE tarn_cluster_move_bytes_total counter\n\
+                 tarn_cluster_move_bytes_total {}\n\
+                 # HELP tarn_cluster_move_streams_out shards this node is sending to another node now\n\
+                 # TYPE tarn_cluster_move_streams_out gauge\n\
+                 tarn_cluster_move_streams_out {}\n\
+                 # HELP tarn_cluster_move_write_pause_seconds the last finished move's write pause (fence to flip)\n\
+                 # TYPE tarn_cluster_move_write_pause_seconds gauge\n\
+                 tarn_cluster_move_write_pause_seconds {}",
                 state.shards_owned_by(&cluster.node_id).count(),
                 state.nodes.len(),
-                u8::from(cluster.store_connected())
+                u8::from(cluster.store_connected()),
+                moves.in_progress.load(Relaxed),
+                moves.finished.load(Relaxed),
+                moves.failed.load(Relaxed),
+                moves.bytes.load(Relaxed),
+                moves.streams_out.load(Relaxed),
+                moves.last_write_pause_us.load(Relaxed) as f64 / 1e6,
             );
         }
         let all = collections.all();

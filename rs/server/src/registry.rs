@@ -207,6 +207,21 @@ impl Registry {
         Ok(self.root.join(name))
     }
 
+    /// Where a shard move restores its copy of the local shard `local_name` (which this node
+    /// must not hold).
+    pub fn shard_restore_target(&self, local_name: &str) -> Result<PathBuf, ApiError> {
+        if tarn_cluster::ShardName::parse(local_name).is_none() {
+            return Err(ApiError::invalid(
+                "shard",
+                format!("{local_name:?} is not a shard"),
+            ));
+        }
+        if self.collections.contains_key(local_name) {
+            return Err(ApiError::AlreadyExists(local_name.to_owned()));
+        }
+        Ok(self.root.join(local_name))
+    }
+
     /// A fresh hidden directory for a cluster import's temporary copy of a snapshot; one left
     /// by a crash is deleted at the next start.
     pub fn import_dir(&self, name: &str) -> Result<PathBuf, ApiError> {

@@ -4,7 +4,8 @@
 //! `top_k`, counters summed. A shard whose owner is down answers UNAVAILABLE naming the shard and
 //! the node, within the call's deadline; a search may ask for partial results instead.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tarn_client::{Durability, Insert, ReadToken, Remove, Search};
 use tarn_cluster::{CollectionMap, ReadPositions};
@@ -71,6 +72,67 @@ impl TarnService {
         shards.into_iter().zip(answers).collect()
     }
 
+    /// Runs `call` on a shard's owner (here or remote). When the owner answers that the map
+    /// moved on (ABORTED: the shard was moved, or is fenced while a move hands it over; a
+    /// write is refused before anything is written), waits for this node's view of the shard to
+    /// change and calls again, until `deadline`; a write never goes to a fenced shard.
+    #[allow(clippy::too_many_arguments)]
+    async fn on_shard<T, F, Fut>(
+        &self,
+        cluster: &ClusterNode,
+        map: &CollectionMap,
+        shard: u32,
+        access: Access,
+        deadline: Duration,
+        api_key: Option<&str>,
+        call: F,
+    ) -> Result<T, ApiError>
+    where
+        F: Fn(Target, Arc<CollectionMap>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ApiError>>,
+    {
+        let until = Instant::now() + deadline;
+        let mut current: Option<Arc<CollectionMap>> = None;
+        loop {
+            let map_now = current.as_deref().unwrap_or(map);
+            let assignment = map_now.shards[shard as usize].clone();
+            let result = if access == Access::Write && !assignment.takes_writes() {
+                Err(ApiError::StaleShardMap(format!(
+                    "shard {shard} of collection '{}' is being moved to node {}: retry",
+                    map.def.name,
+                    assignment.moving_to.as_deref().unwrap_or("?")
+                )))
+            } else {
+                let target = cluster.target(map_now, shard, api_key).await?;
+                let shared = match &current {
+                    Some(m) => Arc::clone(m),
+                    None => Arc::new(map.clone()),
+                };
+                call(target, shared).await
+            };
+            match result {
+                Err(error) if is_stale_map(&error) && Instant::now() < until => {
+                    self.metrics.retried_on_moved_shard.inc();
+                    cluster
+                        .wait_for_shard_change(
+                            &map.def.name,
+                            map.def.uid,
+                            shard,
+                            &assignment,
+                            until,
+                        )
+                        .await;
+                    let fresh = cluster.map(&map.def.name).await?;
+                    if fresh.def.uid != map.def.uid {
+                        return Err(ApiError::NotFound(map.def.name.clone()));
+                    }
+                    current = Some(Arc::new(fresh));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Counts a shard call sent to another node.
     fn count_forwarded(&self, method: &'static str) {
         self.metrics.forwarded.with_label_values(&[method]).inc();
@@ -114,32 +176,41 @@ impl TarnService {
                 let n_pairs = (part_docs.len() * users.len()) as u64;
                 let map = &map;
                 async move {
-                    let seq = match cluster.target(map, shard, api_key).await? {
-                        Target::Local(name) => {
-                            self.local_insert(
-                                &name,
-                                part_docs,
-                                users,
-                                part_vectors,
-                                request.durability,
-                            )
-                            .await?
-                        }
-                        Target::Remote(client, name) => {
-                            self.count_forwarded("Insert");
-                            let mut insert = Insert::new(name, part_docs, part_vectors)
-                                .users(users)
-                                .timeout(timeout);
-                            if let Some(durability) = durability {
-                                insert = insert.durability(durability);
+                    let call = |target, map: Arc<CollectionMap>| {
+                        let (part_docs, users, part_vectors) =
+                            (part_docs.clone(), users.clone(), part_vectors.clone());
+                        async move {
+                            match target {
+                                Target::Local(name) => {
+                                    self.local_insert(
+                                        &name,
+                                        part_docs,
+                                        users,
+                                        part_vectors,
+                                        request.durability,
+                                    )
+                                    .await
+                                }
+                                Target::Remote(client, name) => {
+                                    self.count_forwarded("Insert");
+                                    let mut insert = Insert::new(name, part_docs, part_vectors)
+                                        .users(users)
+                                        .timeout(timeout);
+                                    if let Some(durability) = durability {
+                                        insert = insert.durability(durability);
+                                    }
+                                    Ok(client
+                                        .insert(insert)
+                                        .await
+                                        .map_err(|e| cluster::forwarded(&map, shard, e))?
+                                        .seq_no)
+                                }
                             }
-                            client
-                                .insert(insert)
-                                .await
-                                .map_err(|e| cluster::forwarded(map, shard, e))?
-                                .seq_no
                         }
                     };
+                    let seq = self
+                        .on_shard(cluster, map, shard, Access::Write, timeout, api_key, call)
+                        .await?;
                     Ok((seq, n_pairs))
                 }
             })
@@ -175,27 +246,31 @@ impl TarnService {
             .fan_out("Remove", parts, |shard, (docs, users)| {
                 let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
                 let map = &map;
-                async move {
-                    match cluster.target(map, shard, api_key).await? {
-                        Target::Local(name) => {
-                            self.local_remove(&name, part_docs, users, request.durability)
-                                .await
-                        }
-                        Target::Remote(client, name) => {
-                            self.count_forwarded("Remove");
-                            let mut remove =
-                                Remove::new(name, part_docs).users(users).timeout(timeout);
-                            if let Some(durability) = durability {
-                                remove = remove.durability(durability);
+                let call = move |target, map: Arc<CollectionMap>| {
+                    let (part_docs, users) = (part_docs.clone(), users.clone());
+                    async move {
+                        match target {
+                            Target::Local(name) => {
+                                self.local_remove(&name, part_docs, users, request.durability)
+                                    .await
                             }
-                            Ok(client
-                                .remove(remove)
-                                .await
-                                .map_err(|e| cluster::forwarded(map, shard, e))?
-                                .seq_no)
+                            Target::Remote(client, name) => {
+                                self.count_forwarded("Remove");
+                                let mut remove =
+                                    Remove::new(name, part_docs).users(users).timeout(timeout);
+                                if let Some(durability) = durability {
+                                    remove = remove.durability(durability);
+                                }
+                                Ok(client
+                                    .remove(remove)
+                                    .await
+                                    .map_err(|e| cluster::forwarded(&map, shard, e))?
+                                    .seq_no)
+                            }
                         }
                     }
-                }
+                };
+                self.on_shard(cluster, map, shard, Access::Write, timeout, api_key, call)
             })
             .await;
         let mut positions = Vec::new();
@@ -244,41 +319,45 @@ impl TarnService {
             .fan_out("Search", parts, |shard, ()| {
                 let min_seq = token.position(shard).max(request.min_seq_no);
                 let (vector, users, map) = (request.vector.clone(), user_ids.clone(), &map);
-                async move {
-                    match cluster.target(map, shard, api_key).await? {
-                        Target::Local(name) => {
-                            let search = SearchRequest {
-                                user_ids: users,
-                                vector,
-                                top_k: top_k as usize,
-                                ef: request.ef as usize,
-                                exact: request.exact,
-                                min_seq,
-                            };
-                            let hits = self.local_search(&name, search, Some(timeout)).await?;
-                            Ok(cluster::shard_hits(
-                                hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
-                            ))
-                        }
-                        Target::Remote(client, name) => {
-                            self.count_forwarded("Search");
-                            let search = Search::new(name, vector)
-                                .users(users)
-                                .top_k(top_k)
-                                .ef(request.ef)
-                                .exact(request.exact)
-                                .after(ReadToken::from_seq_no(min_seq))
-                                .timeout(timeout);
-                            let hits = client
-                                .search(search)
-                                .await
-                                .map_err(|e| cluster::forwarded(map, shard, e))?;
-                            Ok(cluster::shard_hits(
-                                hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
-                            ))
+                let call = move |target, map: Arc<CollectionMap>| {
+                    let (vector, users) = (vector.clone(), users.clone());
+                    async move {
+                        match target {
+                            Target::Local(name) => {
+                                let search = SearchRequest {
+                                    user_ids: users,
+                                    vector,
+                                    top_k: top_k as usize,
+                                    ef: request.ef as usize,
+                                    exact: request.exact,
+                                    min_seq,
+                                };
+                                let hits = self.local_search(&name, search, Some(timeout)).await?;
+                                Ok(cluster::shard_hits(
+                                    hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
+                                ))
+                            }
+                            Target::Remote(client, name) => {
+                                self.count_forwarded("Search");
+                                let search = Search::new(name, vector)
+                                    .users(users)
+                                    .top_k(top_k)
+                                    .ef(request.ef)
+                                    .exact(request.exact)
+                                    .after(ReadToken::from_seq_no(min_seq))
+                                    .timeout(timeout);
+                                let hits = client
+                                    .search(search)
+                                    .await
+                                    .map_err(|e| cluster::forwarded(&map, shard, e))?;
+                                Ok(cluster::shard_hits(
+                                    hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
+                                ))
+                            }
                         }
                     }
-                }
+                };
+                self.on_shard(cluster, map, shard, Access::Read, timeout, api_key, call)
             })
             .await;
         let mut results = Vec::new();
@@ -315,27 +394,31 @@ impl TarnService {
             .fan_out("Get", parts, |shard, (docs, _)| {
                 let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
                 let map = &map;
-                async move {
-                    match cluster.target(map, shard, api_key).await? {
-                        Target::Local(name) => self.local_get(&name, user_id, &part_docs).await,
-                        Target::Remote(client, name) => {
-                            self.count_forwarded("Get");
-                            let docs = tokio::time::timeout(
-                                timeout,
-                                client.get(&name, user_id, &part_docs),
-                            )
-                            .await
-                            .map_err(|_| {
-                                ApiError::Forwarded(tarn_client::Error::new(
-                                    tarn_client::Code::DeadlineExceeded,
-                                    format!("shard {shard} did not answer within {timeout:?}"),
-                                ))
-                            })?
-                            .map_err(|e| cluster::forwarded(map, shard, e))?;
-                            Ok(docs.into_iter().map(|d| (d.doc_id, d.vector)).collect())
+                let call = move |target, map: Arc<CollectionMap>| {
+                    let part_docs = part_docs.clone();
+                    async move {
+                        match target {
+                            Target::Local(name) => self.local_get(&name, user_id, &part_docs).await,
+                            Target::Remote(client, name) => {
+                                self.count_forwarded("Get");
+                                let docs = tokio::time::timeout(
+                                    timeout,
+                                    client.get(&name, user_id, &part_docs),
+                                )
+                                .await
+                                .map_err(|_| {
+                                    ApiError::Forwarded(tarn_client::Error::new(
+                                        tarn_client::Code::DeadlineExceeded,
+                                        format!("shard {shard} did not answer within {timeout:?}"),
+                                    ))
+                                })?
+                                .map_err(|e| cluster::forwarded(&map, shard, e))?;
+                                Ok(docs.into_iter().map(|d| (d.doc_id, d.vector)).collect())
+                            }
                         }
                     }
-                }
+                };
+                self.on_shard(cluster, map, shard, Access::Read, timeout, api_key, call)
             })
             .await;
         let mut docs = Vec::new();
@@ -358,32 +441,43 @@ impl TarnService {
     ) -> Result<pb::CollectionInfo, ApiError> {
         let parts = (0..map.def.n_shards).map(|shard| (shard, ())).collect();
         let answers = self
-            .fan_out("GetCollection", parts, |shard, ()| async move {
-                match cluster.target(map, shard, api_key).await? {
-                    Target::Local(name) => self.local_info(&name).await,
-                    Target::Remote(client, name) => {
-                        self.metrics
-                            .forwarded
-                            .with_label_values(&["GetCollection"])
-                            .inc();
-                        let info = client
-                            .collection_info(&name)
-                            .await
-                            .map_err(|e| cluster::forwarded(map, shard, e))?;
-                        Ok(pb::CollectionInfo {
-                            n_documents: info.n_documents,
-                            last_seq_no: info.last_seq_no,
-                            applied_seq_no: info.applied_seq_no,
-                            checkpoint_seq_no: info.checkpoint_seq_no,
-                            bytes_on_disk: info.bytes_on_disk,
-                            durable_seq_no: info.durable_seq_no,
-                            n_sealed_segments: info.n_sealed_segments,
-                            n_removed_not_compacted: info.n_removed_not_compacted,
-                            n_tenants: info.n_tenants,
-                            ..Default::default()
-                        })
+            .fan_out("GetCollection", parts, |shard, ()| {
+                let call = move |target, map: Arc<CollectionMap>| async move {
+                    match target {
+                        Target::Local(name) => self.local_info(&name).await,
+                        Target::Remote(client, name) => {
+                            self.metrics
+                                .forwarded
+                                .with_label_values(&["GetCollection"])
+                                .inc();
+                            let info = client
+                                .collection_info(&name)
+                                .await
+                                .map_err(|e| cluster::forwarded(&map, shard, e))?;
+                            Ok(pb::CollectionInfo {
+                                n_documents: info.n_documents,
+                                last_seq_no: info.last_seq_no,
+                                applied_seq_no: info.applied_seq_no,
+                                checkpoint_seq_no: info.checkpoint_seq_no,
+                                bytes_on_disk: info.bytes_on_disk,
+                                durable_seq_no: info.durable_seq_no,
+                                n_sealed_segments: info.n_sealed_segments,
+                                n_removed_not_compacted: info.n_removed_not_compacted,
+                                n_tenants: info.n_tenants,
+                                ..Default::default()
+                            })
+                        }
                     }
-                }
+                };
+                self.on_shard(
+                    cluster,
+                    map,
+                    shard,
+                    Access::Read,
+                    INFO_DEADLINE,
+                    api_key,
+                    call,
+                )
             })
             .await;
         let config: tarn_collection::CollectionConfig =
@@ -427,18 +521,27 @@ impl TarnService {
         let answers = self
             .fan_out("Flush", parts, |shard, ()| {
                 let map = &map;
-                async move {
-                    match cluster.target(map, shard, api_key).await? {
+                let call = move |target, map: Arc<CollectionMap>| async move {
+                    match target {
                         Target::Local(name) => self.local_flush(&name).await,
                         Target::Remote(client, name) => {
                             self.count_forwarded("Flush");
                             client
                                 .flush(&name)
                                 .await
-                                .map_err(|e| cluster::forwarded(map, shard, e))
+                                .map_err(|e| cluster::forwarded(&map, shard, e))
                         }
                     }
-                }
+                };
+                self.on_shard(
+                    cluster,
+                    map,
+                    shard,
+                    Access::Read,
+                    FLUSH_DEADLINE,
+                    api_key,
+                    call,
+                )
             })
             .await;
         let mut total = 0;
@@ -446,6 +549,26 @@ impl TarnService {
             total += answer?;
         }
         Ok(total)
+    }
+}
+
+/// Whether a shard call needs a write's guarantees (never to a fenced shard).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    Write,
+}
+
+/// How long `GetCollection` and `Flush` keep retrying a shard that moves under them.
+const INFO_DEADLINE: Duration = Duration::from_secs(10);
+const FLUSH_DEADLINE: Duration = Duration::from_secs(60);
+
+/// An answer that means "the shard map moved on": retried after the map is refreshed.
+fn is_stale_map(error: &ApiError) -> bool {
+    match error {
+        ApiError::StaleShardMap(_) => true,
+        ApiError::Forwarded(e) => e.code() == tarn_client::Code::Aborted,
+        _ => false,
     }
 }
 

@@ -133,6 +133,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
                 cluster.advertise.clone(),
                 cluster.lease_ttl,
                 Arc::clone(&registry),
+                keys.internal_key(),
             )
             .await
             .context("joining the cluster")?;

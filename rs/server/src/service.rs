@@ -69,7 +69,7 @@ impl TarnService {
         F: FnOnce(tarn_collection::Collection, Option<tarn_wal::Durability>) -> Fut,
         Fut: std::future::Future<Output = tarn_collection::Result<u64>>,
     {
-        let collection = self.resolve(collection).await?;
+        let (collection, _gate) = self.resolve_for_write(collection).await?;
         let durability = convert::durability(durability)?;
         let _permit = self.write_permit()?;
         let append_started = Instant::now();
@@ -100,6 +100,27 @@ impl TarnService {
             return cluster.local_shard(&self.registry, &shard, epoch).await;
         }
         self.registry.get(name)
+    }
+
+    /// [`TarnService::resolve`] for a write: a shard address is served only while the shard
+    /// takes writes, and the shard's write gate is held until the write is acknowledged.
+    async fn resolve_for_write(
+        &self,
+        name: &str,
+    ) -> Result<
+        (
+            tarn_collection::Collection,
+            Option<tokio::sync::OwnedRwLockReadGuard<()>>,
+        ),
+        ApiError,
+    > {
+        if let (Some(cluster), Some((shard, Some(epoch)))) =
+            (&self.cluster, tarn_cluster::ShardName::parse(name))
+        {
+            let (collection, gate) = cluster.local_shard_for_write(&shard, epoch).await?;
+            return Ok((collection, Some(gate)));
+        }
+        Ok((self.registry.get(name)?, None))
     }
 
     fn write_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {

@@ -40,6 +40,9 @@ pub enum ApiError {
     /// A call this server cannot serve in its mode (said plainly, with what to do instead).
     #[error("{0}")]
     Unsupported(String),
+    /// Cluster mode: another node needed for the call cannot be reached.
+    #[error("{0}")]
+    Unavailable(String),
     /// Cluster mode: etcd cannot be reached (placement waits until it is back).
     #[error("cluster coordination unavailable: {0}")]
     ClusterStore(String),
@@ -94,9 +97,9 @@ impl From<ApiError> for Status {
             }
             ApiError::StaleShardMap(_) => Status::aborted(message),
             ApiError::Unsupported(_) => Status::failed_precondition(message),
-            ApiError::ShardUnavailable { .. } | ApiError::ClusterStore(_) => {
-                Status::unavailable(message)
-            }
+            ApiError::ShardUnavailable { .. }
+            | ApiError::ClusterStore(_)
+            | ApiError::Unavailable(_) => Status::unavailable(message),
             ApiError::Forwarded(error) => Status::new(forwarded_code(error.code()), message),
             ApiError::Internal(_) => Status::internal(message),
         }

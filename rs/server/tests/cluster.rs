@@ -393,19 +393,231 @@ async fn memory_cluster(
     let store = std::sync::Arc::new(tarn_cluster::MemoryStore::default());
     let mut servers = Vec::new();
     for i in 1..=n {
-        let listen = format!("127.0.0.1:{}", free_port());
-        let mut config = tarn_server::ServeConfig::in_process(dir.join(format!("n{i}")));
-        config.listen = listen.clone();
-        config.cluster = Some(tarn_server::ClusterConfig {
-            etcd: Vec::new(),
-            node_id: format!("n{i}"),
-            advertise: listen,
-            lease_ttl: Duration::from_secs(2),
-            store: Some(store.clone()),
-        });
-        servers.push(tarn_server::start(config).await.unwrap());
+        servers.push(memory_node(dir, i, &store).await);
     }
     (servers, store)
+}
+
+/// In-process cluster node `n<i>` over the shared in-memory map.
+async fn memory_node(
+    dir: &Path,
+    i: usize,
+    store: &std::sync::Arc<tarn_cluster::MemoryStore>,
+) -> tarn_server::RunningServer {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut config = tarn_server::ServeConfig::in_process(dir.join(format!("n{i}")));
+    config.listen = listen.clone();
+    config.cluster = Some(tarn_server::ClusterConfig {
+        etcd: Vec::new(),
+        node_id: format!("n{i}"),
+        advertise: listen,
+        lease_ttl: Duration::from_secs(2),
+        store: Some(store.clone()),
+    });
+    tarn_server::start(config).await.unwrap()
+}
+
+/// Shards per node of `collection`, as `status` shows them (fenced shards count for their owner).
+fn owners(status: &tarn_client::ClusterStatus, collection: &str) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for shard in status.shards.iter().filter(|s| s.collection == collection) {
+        *counts.entry(shard.node_id.clone()).or_default() += 1;
+    }
+    counts
+}
+
+/// What concurrent writers got acknowledged: every document's last acknowledged vector, or
+/// None once removed (writers own disjoint documents, so the order of one writer's
+/// acknowledgements is the order of its writes).
+type Acked = std::sync::Arc<std::sync::Mutex<BTreeMap<u128, Option<Vec<f32>>>>>;
+
+/// Writer `w`: upserts of its own documents (ids `w * 1_000_000 + k`), one removal in five, each
+/// recorded once acknowledged, until `stop`; every write must succeed (moves are invisible to
+/// writers but for a pause). Returns how many it made.
+async fn write_until(
+    client: Client,
+    w: u128,
+    dim: usize,
+    acked: Acked,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> u64 {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(w as u64);
+    let mut n = 0u64;
+    let mut k = 0u128;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let doc = w * 1_000_000 + k;
+        if k % 5 == 4 {
+            let old = doc - 3;
+            client
+                .remove(Remove::new("moving", vec![old]).users(vec![old % 7]))
+                .await
+                .unwrap_or_else(|e| panic!("remove of {old} failed during moves: {e}"));
+            acked.lock().unwrap().insert(old, None);
+        } else {
+            let v = vectors(&mut rng, 1, dim);
+            client
+                .insert(Insert::new("moving", vec![doc], v.clone()).users(vec![doc % 7]))
+                .await
+                .unwrap_or_else(|e| panic!("insert of {doc} failed during moves: {e}"));
+            acked.lock().unwrap().insert(doc, Some(v));
+        }
+        k += 1;
+        n += 1;
+    }
+    n
+}
+
+/// Every acknowledged write is there, once: Get of every document through `client`, and the
+/// collection's document count equals the live acknowledged documents.
+async fn check_acked(client: &Client, acked: &Acked) {
+    let expected: BTreeMap<u128, Option<Vec<f32>>> = acked.lock().unwrap().clone();
+    let mut live = 0u64;
+    for (doc, vector) in &expected {
+        let got = client.get("moving", doc % 7, &[*doc]).await.unwrap();
+        match vector {
+            Some(v) => {
+                live += 1;
+                assert_eq!(got.len(), 1, "acknowledged document {doc} is missing");
+                assert_eq!(&got[0].vector, v, "document {doc} has another vector");
+            }
+            None => assert!(got.is_empty(), "removed document {doc} is back"),
+        }
+    }
+    assert_eq!(
+        client.collection_info("moving").await.unwrap().n_documents,
+        live,
+        "documents counted over the shards (a duplicate would show here)"
+    );
+}
+
+/// Moves over the in-memory map: a node that joins takes its share of a collection while
+/// writers and searchers run through every node, then gives it back when drained; nothing
+/// acknowledged is lost or duplicated, no write or search fails, read tokens from before the
+/// moves still work, and the status and metrics show the moves.
+#[test]
+fn shards_move_to_a_joining_node_and_off_a_drained_one_under_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        const DIM: usize = 8;
+        let (mut servers, store) = memory_cluster(dir.path(), 2).await;
+        let c1 = Client::connect(servers[0].grpc_addr()).await.unwrap();
+        let c2 = Client::connect(servers[1].grpc_addr()).await.unwrap();
+        c1.create_collection(
+            CollectionSpec::new("moving", DIM as u32)
+                .metric(Metric::L2)
+                .shards(6, ShardKey::Doc),
+        )
+        .await
+        .unwrap();
+        let first = c1
+            .insert(Insert::new("moving", vec![7], vec![0.5; DIM]).users(vec![0]))
+            .await
+            .unwrap();
+        let acked: Acked = Default::default();
+        acked.lock().unwrap().insert(7, Some(vec![0.5; DIM]));
+
+        for round in 0..2 {
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let mut writers = Vec::new();
+            for w in 0..4u128 {
+                let client = if w % 2 == 0 { c1.clone() } else { c2.clone() };
+                writers.push(tokio::spawn(write_until(
+                    client,
+                    1 + w + 10 * round,
+                    DIM,
+                    acked.clone(),
+                    stop.clone(),
+                )));
+            }
+            let searcher = {
+                let (client, stop) = (c2.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut n = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        client
+                            .search(
+                                Search::new("moving", vec![0.5; DIM])
+                                    .users(vec![0])
+                                    .top_k(3),
+                            )
+                            .await
+                            .unwrap_or_else(|e| panic!("search failed during moves: {e}"));
+                        n += 1;
+                    }
+                    n
+                })
+            };
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if round == 0 {
+                // A third node joins: it takes its share (2 of 6) from the others.
+                servers.push(memory_node(dir.path(), 3, &store).await);
+            } else {
+                assert_eq!(c1.drain_node("n3", false).await.unwrap(), 2);
+                assert_eq!(
+                    c1.drain_node("nobody", false).await.unwrap_err().code(),
+                    Code::NotFound
+                );
+            }
+            let want: BTreeMap<String, usize> = if round == 0 {
+                [("n1", 2), ("n2", 2), ("n3", 2)]
+            } else {
+                [("n1", 3), ("n2", 3), ("n3", 0)]
+            }
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let status = c1.cluster_status().await.unwrap();
+                let serving = status.shards.iter().all(|s| s.state == "serving");
+                if owners(&status, "moving") == want && serving {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "placement did not settle: {status:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // Writes go on a moment on the new placement, then stop.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let mut n_writes = 0;
+            for writer in writers {
+                n_writes += writer.await.unwrap();
+            }
+            let n_searches = searcher.await.unwrap();
+            assert!(
+                n_writes > 100 && n_searches > 10,
+                "{n_writes} writes, {n_searches} searches"
+            );
+            for client in [&c1, &c2] {
+                check_acked(client, &acked).await;
+            }
+            // A read token from before every move still reads its write.
+            let hits = c2
+                .search(
+                    Search::new("moving", vec![0.5; DIM])
+                        .users(vec![0])
+                        .exact(true)
+                        .top_k(1)
+                        .after(first.read_token()),
+                )
+                .await
+                .unwrap();
+            assert_eq!(hits[0].doc_id, 7);
+        }
+        let status = c1.cluster_status().await.unwrap();
+        assert!(status.nodes.iter().any(|n| n.node_id == "n3" && n.draining));
+        assert!(status.shards.iter().all(|s| s.epoch >= 1));
+        // Cancelled, the node may take shards again.
+        c1.drain_node("n3", true).await.unwrap();
+        for server in servers {
+            server.shutdown().await.unwrap();
+        }
+    });
 }
 
 /// The documented way from one node to a cluster: a snapshot of the single node's collection,

@@ -1,0 +1,687 @@
+//! Shard moves: one node (the taker) pulls a shard from its owner while the owner keeps serving
+//! it, then the owner is changed in etcd by compare-and-swap on the shard's epoch. Nothing here
+//! depends on timing for correctness: who may write a shard is decided by its entry in etcd
+//! alone, checked on every write.
+//!
+//! The steps of a move of shard s from A (serving at epoch e) to B, driven by B
+//! ([`pull_shard`]), asked by the placement coordinator ([`coordinate`]):
+//! 1. B opens `Cluster/ShardStream` on A. A takes a snapshot of its local shard (which pins its
+//!    WAL from the snapshot's checkpoint on, so nothing B still needs is truncated) and sends
+//!    it; B restores it into a local copy it does not serve (listed in `incoming`, so that
+//!    reconciliation leaves it alone).
+//! 2. A then sends the WAL entries after the snapshot as they become durable; B appends each at
+//!    the same sequence number (`Collection::append_copied`), so the copy is the same log and
+//!    read tokens keep their meaning.
+//! 3. Once B is close behind, B fences the shard in etcd: (A, e, serving) -> (A, e + 1, fenced,
+//!    moving to B). Every node refuses writes to a fenced shard (retryable ABORTED; routers wait
+//!    for the map to change and retry), and so does A if it restarts meanwhile.
+//! 4. A sees the fence in its view, takes the shard's write gate exclusively (waiting for every
+//!    write that passed its epoch check before the fence), syncs its WAL, sends the entries up
+//!    to its last one L, and ends the stream with L. Every write A acknowledged is at or before L.
+//! 5. B appends up to L, syncs, and flips the shard: (A, e + 1, fenced) -> (B, e + 2, serving).
+//!    Routers retry on B; A drops its copy when it sees the flip.
+//! 6. Any failure before the flip lifts the fence: (A, e + 1, fenced) -> (A, e + 2, serving),
+//!    and B drops its copy (only once the map says the shard is not B's). A fence whose taker
+//!    died is lifted by the coordinator; one whose taker restarted, by the taker itself.
+//!    Searches read A's copy until the flip.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use tarn_cluster::{plan_move, PlannedMove, ShardAssignment, ShardName, ShardState};
+use tarn_collection::{Collection, Durability};
+use tarn_proto::v1 as pb;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::cluster::ClusterNode;
+use crate::snapshots::RestoreUpload;
+use crate::status::ApiError;
+
+/// Snapshot bytes per stream message.
+const SNAPSHOT_CHUNK_BYTES: usize = 256 << 10;
+/// WAL payload bytes per stream message, about.
+const ENTRIES_BATCH_BYTES: usize = 1 << 20;
+/// How often the owner looks for new durable entries when it has sent them all.
+const TAIL_POLL: Duration = Duration::from_millis(2);
+/// How often an idle stream tells the taker where the owner's log is.
+const HEARTBEAT: Duration = Duration::from_millis(50);
+/// The taker fences the shard once it is at most this many entries behind...
+const FENCE_LAG_ENTRIES: u64 = 128;
+/// ...or once it has been catching up this long (the write pause then covers the rest).
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(60);
+/// From the fence to the owner's last entry: past this the move is abandoned, the fence lifted.
+const HANDOVER_LIMIT: Duration = Duration::from_secs(15);
+/// A stream that says nothing for this long is broken.
+const STREAM_SILENCE_LIMIT: Duration = Duration::from_secs(30);
+/// How long the coordinator waits for one move.
+const MOVE_LIMIT: Duration = Duration::from_secs(3600);
+/// How long a taker keeps trying to learn whether its flip landed when etcd does not say.
+const FLIP_CONFIRM_LIMIT: Duration = Duration::from_secs(60);
+/// The election of the placement coordinator.
+const ELECTION: &str = "placement";
+
+/// Counters of this node's moves (for metrics).
+#[derive(Debug, Default)]
+pub struct MoveCounters {
+    /// Pulls running on this node (as the taker).
+    pub in_progress: AtomicU64,
+    pub finished: AtomicU64,
+    pub failed: AtomicU64,
+    /// Bytes received by pulls: snapshots and WAL entries.
+    pub bytes: AtomicU64,
+    /// Streams running on this node (as the owner).
+    pub streams_out: AtomicU64,
+    /// The last finished move's write pause (fence to flip), microseconds.
+    pub last_write_pause_us: AtomicU64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The owner's side: `Cluster/ShardStream`.
+
+/// Where a shard stands for the stream that sends it to `to`.
+enum Handover {
+    /// Still serving at the stream's epoch: keep sending.
+    NotYet,
+    /// Fenced for `to` at the next epoch: drain and finish.
+    Fenced,
+    /// Anything else: the move is off.
+    Off(String),
+}
+
+fn handover(node: &ClusterNode, shard: &ShardName, epoch: u64, to: &str) -> Handover {
+    let state = node.state();
+    let Some(a) = state
+        .collections
+        .get(&shard.collection)
+        .filter(|m| m.def.uid == shard.uid)
+        .and_then(|m| m.shards.get(shard.shard as usize))
+    else {
+        return Handover::Off("the collection was dropped".to_owned());
+    };
+    if a.owner == node.node_id && a.epoch == epoch && a.takes_writes() {
+        Handover::NotYet
+    } else if a.owner == node.node_id
+        && a.epoch == epoch + 1
+        && a.state == ShardState::Fenced
+        && a.moving_to.as_deref() == Some(to)
+    {
+        Handover::Fenced
+    } else {
+        Handover::Off(format!(
+            "shard {} of collection '{}' is now node {}'s at epoch {} ({:?})",
+            shard.shard, shard.collection, a.owner, a.epoch, a.state
+        ))
+    }
+}
+
+type StreamItem = Result<pb::ShardStreamMessage, Status>;
+
+/// Starts sending the shard `request.shard` (an address `<local name>@<epoch>` this node owns
+/// and serves) to `request.to_node`, on a thread of its own (snapshot and WAL reads are
+/// blocking file I/O).
+pub(crate) async fn shard_stream(
+    node: Arc<ClusterNode>,
+    request: pb::ShardStreamRequest,
+) -> Result<tokio_stream::wrappers::ReceiverStream<StreamItem>, ApiError> {
+    let Some((shard, Some(epoch))) = ShardName::parse(&request.shard) else {
+        return Err(ApiError::invalid(
+            "shard",
+            format!("{:?} is not a shard address", request.shard),
+        ));
+    };
+    if request.to_node.is_empty() || request.to_node == node.node_id {
+        return Err(ApiError::invalid(
+            "to_node",
+            "the node taking the shard must be another node",
+        ));
+    }
+    let (collection, _gate) = node.local_shard_for_write(&shard, epoch).await?;
+    drop(_gate);
+    let (tx, rx) = mpsc::channel::<StreamItem>(4);
+    let name = shard.local_name();
+    std::thread::Builder::new()
+        .name(format!("tarn-move-out-{}", shard.shard))
+        .spawn(move || {
+            node.moves.streams_out.fetch_add(1, Ordering::Relaxed);
+            let outcome = send_shard(&node, &collection, &shard, epoch, &request.to_node, &tx);
+            node.moves.streams_out.fetch_sub(1, Ordering::Relaxed);
+            match outcome {
+                Ok(Some(last)) => {
+                    tracing::info!(shard = %name, to = %request.to_node, last_seq_no = last, "shard handed over")
+                }
+                Ok(None) => {
+                    tracing::info!(shard = %name, to = %request.to_node, "shard stream closed by the taker")
+                }
+                Err(error) => {
+                    tracing::warn!(shard = %name, to = %request.to_node, %error, "shard stream failed");
+                    let _ = tx.blocking_send(Err(Status::from(error)));
+                }
+            }
+        })
+        .map_err(|e| ApiError::Internal(format!("cannot start a shard stream thread: {e}")))?;
+    Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// The stream thread: snapshot, tail, hand-over. `Ok(None)` when the taker went away.
+fn send_shard(
+    node: &ClusterNode,
+    collection: &Collection,
+    shard: &ShardName,
+    epoch: u64,
+    to: &str,
+    tx: &mpsc::Sender<StreamItem>,
+) -> Result<Option<u64>, ApiError> {
+    let send = |message: pb::ShardStreamMessage| tx.blocking_send(Ok(message)).is_ok();
+    let mut snapshot = collection.snapshot()?;
+    let mut buf = vec![0u8; SNAPSHOT_CHUNK_BYTES];
+    loop {
+        let n = std::io::Read::read(&mut snapshot, &mut buf)
+            .map_err(|e| ApiError::Internal(format!("reading the shard's snapshot: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        let message = pb::ShardStreamMessage {
+            snapshot: buf[..n].to_vec(),
+            ..Default::default()
+        };
+        if !send(message) {
+            return Ok(None);
+        }
+    }
+    let mut tail = collection.wal_tail(snapshot);
+    if !send(pb::ShardStreamMessage {
+        snapshot_done: true,
+        head_seq_no: tail.durable_seq(),
+        ..Default::default()
+    }) {
+        return Ok(None);
+    }
+    let entries_message = |batch: Vec<(u64, Arc<[u8]>)>, head: u64| pb::ShardStreamMessage {
+        entries: batch
+            .into_iter()
+            .map(|(seq_no, payload)| pb::ShardWalEntry {
+                seq_no,
+                payload: payload.to_vec(),
+            })
+            .collect(),
+        head_seq_no: head,
+        ..Default::default()
+    };
+    let mut last_sent = Instant::now();
+    loop {
+        match handover(node, shard, epoch, to) {
+            Handover::NotYet => {}
+            Handover::Fenced => break,
+            Handover::Off(why) => return Err(ApiError::StaleShardMap(why)),
+        }
+        let batch = tail.read(u64::MAX, ENTRIES_BATCH_BYTES)?;
+        if batch.is_empty() {
+            if tx.is_closed() {
+                return Ok(None);
+            }
+            if last_sent.elapsed() >= HEARTBEAT {
+                if !send(entries_message(Vec::new(), tail.durable_seq())) {
+                    return Ok(None);
+                }
+                last_sent = Instant::now();
+            }
+            std::thread::sleep(TAIL_POLL);
+            continue;
+        }
+        if !send(entries_message(batch, tail.durable_seq())) {
+            return Ok(None);
+        }
+        last_sent = Instant::now();
+    }
+    // Fenced: every write that passed its epoch check before this node saw the fence holds
+    // the gate shared until acknowledged; taking it exclusively waits for them. Later writes
+    // find the fence and are refused.
+    let gate = node.gate(&shard.local_name());
+    let drained = gate.blocking_write();
+    let last = collection.sync_wal_blocking()?;
+    drop(drained);
+    loop {
+        let batch = tail.read(last, ENTRIES_BATCH_BYTES)?;
+        if batch.is_empty() {
+            break;
+        }
+        if !send(entries_message(batch, last)) {
+            return Ok(None);
+        }
+    }
+    if tail.next_seq() != last + 1 {
+        return Err(ApiError::Internal(format!(
+            "the shard's log ends at {last} but its tail stopped before {}",
+            tail.next_seq()
+        )));
+    }
+    if !send(pb::ShardStreamMessage {
+        handed_over: true,
+        last_seq_no: last,
+        head_seq_no: last,
+        ..Default::default()
+    }) {
+        return Ok(None);
+    }
+    Ok(Some(last))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The taker's side: `Cluster/PullShard`.
+
+/// Removes a shard from `incoming` (and counts the pull out) when the pull ends, however.
+struct Incoming<'a> {
+    node: &'a ClusterNode,
+    local: String,
+}
+
+impl Drop for Incoming<'_> {
+    fn drop(&mut self) {
+        self.node.incoming.remove(&self.local);
+        self.node.moves.in_progress.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Pulls a shard to this node (see the module documentation); answers once this node owns it
+/// at a new epoch, or with why not (the old owner then still serves it).
+pub(crate) async fn pull_shard(
+    node: &Arc<ClusterNode>,
+    request: pb::PullShardRequest,
+) -> Result<pb::PullShardResponse, ApiError> {
+    let map = node.map(&request.collection).await?;
+    let Some(assignment) = map.shards.get(request.shard as usize).cloned() else {
+        return Err(ApiError::invalid(
+            "shard",
+            format!(
+                "collection '{}' has {} shards",
+                map.def.name, map.def.n_shards
+            ),
+        ));
+    };
+    if assignment.epoch != request.epoch || !assignment.takes_writes() {
+        return Err(ApiError::StaleShardMap(format!(
+            "shard {} of collection '{}' is at epoch {} ({:?}), not at the planned {}",
+            request.shard, map.def.name, assignment.epoch, assignment.state, request.epoch
+        )));
+    }
+    if assignment.owner == node.node_id {
+        return Err(ApiError::invalid(
+            "shard",
+            format!(
+                "shard {} of collection '{}' is already this node's",
+                request.shard, map.def.name
+            ),
+        ));
+    }
+    let shard = ShardName {
+        collection: map.def.name.clone(),
+        uid: map.def.uid,
+        shard: request.shard,
+    };
+    let local = shard.local_name();
+    if node.incoming.insert(local.clone(), ()).is_some() {
+        return Err(ApiError::Aborted(format!(
+            "shard {} of collection '{}' is already being pulled here",
+            request.shard, map.def.name
+        )));
+    }
+    node.moves.in_progress.fetch_add(1, Ordering::Relaxed);
+    let _incoming = Incoming {
+        node,
+        local: local.clone(),
+    };
+    // A copy left by an earlier move that failed here.
+    node.registry.drop_shard(&local).await?;
+
+    let mut fence: Option<ShardAssignment> = None;
+    let outcome = copy_and_flip(node, &shard, &assignment, &mut fence).await;
+    match outcome {
+        Ok(response) => {
+            node.moves.finished.fetch_add(1, Ordering::Relaxed);
+            node.moves.last_write_pause_us.store(
+                (response.write_pause_seconds * 1e6) as u64,
+                Ordering::Relaxed,
+            );
+            tracing::info!(shard = %local, from = %assignment.owner, epoch = response.epoch,
+                bytes = response.bytes, entries = response.entries,
+                seconds = response.seconds, write_pause_s = response.write_pause_seconds,
+                "shard moved here");
+            Ok(response)
+        }
+        Err(error) => {
+            node.moves.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(shard = %local, from = %assignment.owner, %error, "shard move failed");
+            if let Some(fence) = &fence {
+                lift_fence(node, &shard.collection, shard.shard, fence).await;
+            }
+            // Only once the map says the shard is not this node's: after a flip whose answer
+            // was lost, the copy is the shard.
+            let mine = node
+                .state()
+                .collections
+                .get(&shard.collection)
+                .filter(|m| m.def.uid == shard.uid)
+                .and_then(|m| m.shards.get(shard.shard as usize))
+                .is_some_and(|a| a.owner == node.node_id);
+            if !mine {
+                if let Err(drop_error) = node.registry.drop_shard(&local).await {
+                    tracing::error!(shard = %local, error = %drop_error, "could not drop a failed move's copy");
+                }
+            }
+            Err(error)
+        }
+    }
+}
+
+fn peer_error(what: &str, status: Status) -> ApiError {
+    let message = format!("{what}: {}", status.message());
+    match status.code() {
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
+            ApiError::Unavailable(message)
+        }
+        tonic::Code::Aborted => ApiError::StaleShardMap(message),
+        _ => ApiError::Aborted(message),
+    }
+}
+
+/// The next message of a shard stream, within `limit`.
+async fn next_message(
+    stream: &mut tonic::Streaming<pb::ShardStreamMessage>,
+    limit: Duration,
+) -> Result<pb::ShardStreamMessage, ApiError> {
+    match tokio::time::timeout(limit, stream.message()).await {
+        Ok(Ok(Some(message))) => Ok(message),
+        Ok(Ok(None)) => Err(ApiError::Unavailable(
+            "the owner ended the shard stream early".to_owned(),
+        )),
+        Ok(Err(status)) => Err(peer_error("the shard stream", status)),
+        Err(_) => Err(ApiError::Unavailable(format!(
+            "the shard stream said nothing for {limit:?}"
+        ))),
+    }
+}
+
+async fn copy_and_flip(
+    node: &Arc<ClusterNode>,
+    shard: &ShardName,
+    from: &ShardAssignment,
+    fence: &mut Option<ShardAssignment>,
+) -> Result<pb::PullShardResponse, ApiError> {
+    let started = Instant::now();
+    let channel = node.peer(&from.owner).await?;
+    let mut client = pb::cluster_client::ClusterClient::new(channel)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
+    let request = node.internal_request(
+        pb::ShardStreamRequest {
+            shard: shard.address(from.epoch),
+            to_node: node.node_id.clone(),
+        },
+        MOVE_LIMIT,
+    );
+    let mut stream = client
+        .shard_stream(request)
+        .await
+        .map_err(|s| peer_error("opening the shard stream", s))?
+        .into_inner();
+
+    // 1. The snapshot, into a copy this node does not serve yet.
+    let local = shard.local_name();
+    let target = node.registry.shard_restore_target(&local)?;
+    let mut upload = RestoreUpload::begin(&local, target)?;
+    let mut n_bytes = 0u64;
+    loop {
+        let message = next_message(&mut stream, STREAM_SILENCE_LIMIT).await?;
+        if !message.snapshot.is_empty() {
+            n_bytes += message.snapshot.len() as u64;
+            node.moves
+                .bytes
+                .fetch_add(message.snapshot.len() as u64, Ordering::Relaxed);
+            if !upload.push(message.snapshot).await {
+                break;
+            }
+        }
+        if message.snapshot_done {
+            break;
+        }
+    }
+    let restore = upload.finish().await?;
+    let (copy, info) = node.registry.adopt_restore(&local, restore).await?;
+    let mut applied = info.seq_no;
+    tracing::info!(shard = %local, from = %from.owner, seq_no = applied, n_bytes, "shard snapshot copied; catching up");
+
+    // 2-5. The tail, the fence, the hand-over.
+    let catch_up_started = Instant::now();
+    let mut fenced_at: Option<Instant> = None;
+    let mut n_entries = 0u64;
+    let last = loop {
+        let limit = match fenced_at {
+            Some(at) => HANDOVER_LIMIT.saturating_sub(at.elapsed()),
+            None => STREAM_SILENCE_LIMIT,
+        };
+        let message = next_message(&mut stream, limit).await?;
+        if !message.entries.is_empty() {
+            let batch: Vec<(u64, Arc<[u8]>)> = message
+                .entries
+                .into_iter()
+                .map(|e| (e.seq_no, Arc::from(e.payload)))
+                .collect();
+            let batch_bytes: usize = batch.iter().map(|(_, p)| p.len()).sum();
+            n_bytes += batch_bytes as u64;
+            n_entries += batch.len() as u64;
+            node.moves
+                .bytes
+                .fetch_add(batch_bytes as u64, Ordering::Relaxed);
+            applied = copy.append_copied(batch, Durability::Written).await?;
+        }
+        if message.handed_over {
+            if applied != message.last_seq_no {
+                return Err(ApiError::Internal(format!(
+                    "the copy ends at {applied} but the owner's log at {}",
+                    message.last_seq_no
+                )));
+            }
+            break message.last_seq_no;
+        }
+        let close = message.head_seq_no.saturating_sub(applied) <= FENCE_LAG_ENTRIES;
+        if fenced_at.is_none() && (close || catch_up_started.elapsed() > CATCH_UP_LIMIT) {
+            let fenced = from.fenced_for(&node.node_id);
+            let swapped = node
+                .store()
+                .compare_and_set_shard(&shard.collection, shard.shard, from.epoch, &fenced)
+                .await
+                .map_err(|e| ApiError::ClusterStore(e.to_string()))?;
+            if !swapped {
+                return Err(ApiError::StaleShardMap(format!(
+                    "shard {} of collection '{}' changed before it could be fenced",
+                    shard.shard, shard.collection
+                )));
+            }
+            *fence = Some(fenced);
+            fenced_at = Some(Instant::now());
+        }
+    };
+    copy.sync_wal().await?;
+    let fenced = fence
+        .clone()
+        .ok_or_else(|| ApiError::Internal("handed over without a fence".to_owned()))?;
+    let owned = ShardAssignment::serving(node.node_id.clone(), fenced.epoch + 1);
+    flip(node, shard, &fenced, &owned).await?;
+    let write_pause = fenced_at.map_or(0.0, |at| at.elapsed().as_secs_f64());
+    let name = shard.collection.clone();
+    let (uid, number) = (shard.uid, shard.shard as usize);
+    node.wait_for_view(Duration::from_secs(5), move |s| {
+        s.collections
+            .get(&name)
+            .filter(|m| m.def.uid == uid)
+            .and_then(|m| m.shards.get(number))
+            .is_some_and(|a| a.epoch >= owned.epoch)
+    })
+    .await;
+    Ok(pb::PullShardResponse {
+        epoch: fenced.epoch + 1,
+        bytes: n_bytes,
+        entries: n_entries,
+        last_seq_no: last,
+        seconds: started.elapsed().as_secs_f64(),
+        write_pause_seconds: write_pause,
+    })
+}
+
+/// The flip: fenced -> this node's. An answer lost on the way (etcd unreachable) is settled by
+/// reading the shard back until etcd says.
+async fn flip(
+    node: &ClusterNode,
+    shard: &ShardName,
+    fenced: &ShardAssignment,
+    owned: &ShardAssignment,
+) -> Result<(), ApiError> {
+    let store = node.store();
+    let deadline = Instant::now() + FLIP_CONFIRM_LIMIT;
+    loop {
+        match store
+            .compare_and_set_shard(&shard.collection, shard.shard, fenced.epoch, owned)
+            .await
+        {
+            Ok(true) => return Ok(()),
+            Ok(false) => {
+                // Either an earlier attempt landed, or the fence was lifted.
+                let name = shard.collection.clone();
+                let (uid, number, epoch) = (shard.uid, shard.shard as usize, fenced.epoch);
+                node.wait_for_view(Duration::from_secs(5), move |s| {
+                    s.collections
+                        .get(&name)
+                        .filter(|m| m.def.uid == uid)
+                        .and_then(|m| m.shards.get(number))
+                        .is_none_or(|a| a.epoch > epoch)
+                })
+                .await;
+                let now = node
+                    .state()
+                    .collections
+                    .get(&shard.collection)
+                    .filter(|m| m.def.uid == shard.uid)
+                    .and_then(|m| m.shards.get(shard.shard as usize).cloned());
+                return match now {
+                    Some(a) if a == *owned => Ok(()),
+                    other => Err(ApiError::StaleShardMap(format!(
+                        "the fence of shard {} of collection '{}' was lifted before the flip \
+                         (now {other:?})",
+                        shard.shard, shard.collection
+                    ))),
+                };
+            }
+            Err(error) if Instant::now() < deadline => {
+                tracing::warn!(%error, "flipping a moved shard: etcd did not answer; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(error) => return Err(ApiError::ClusterStore(error.to_string())),
+        }
+    }
+}
+
+/// Lifts a move's fence: the old owner serves the shard again at the next epoch. Logged, not
+/// returned: a fence that stays is lifted later by the coordinator or by its taker's
+/// reconciliation.
+pub(crate) async fn lift_fence(
+    node: &ClusterNode,
+    collection: &str,
+    shard: u32,
+    fence: &ShardAssignment,
+) {
+    let back = ShardAssignment::serving(fence.owner.clone(), fence.epoch + 1);
+    match node
+        .store()
+        .compare_and_set_shard(collection, shard, fence.epoch, &back)
+        .await
+    {
+        Ok(true) => {
+            tracing::info!(collection, shard, owner = %fence.owner, epoch = back.epoch, "move abandoned; the fence is lifted")
+        }
+        Ok(false) => {}
+        Err(error) => {
+            tracing::warn!(collection, shard, %error, "could not lift a move's fence yet")
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The placement coordinator.
+
+/// Runs for the life of the node: campaigns in etcd's election, and while elected, lifts the
+/// fences of takers that died and carries out [`plan_move`]'s moves one at a time (asking each
+/// taker to pull its shard). Several coordinators at once (an election lost without knowing)
+/// stay safe: every change is a compare-and-swap on the shard's epoch.
+pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
+    loop {
+        let Some((store, node_id)) = node
+            .upgrade()
+            .map(|n| (Arc::clone(n.store()), n.node_id.clone()))
+        else {
+            return;
+        };
+        let leader = match store.campaign(ELECTION, &node_id).await {
+            Ok(leader) => leader,
+            Err(error) => {
+                tracing::debug!(%error, "placement election: etcd unavailable; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        tracing::info!(%node_id, "this node is the placement coordinator");
+        while leader.is_leader() {
+            let Some(node) = node.upgrade() else {
+                return;
+            };
+            let state = node.state();
+            for map in state.collections.values() {
+                for (shard, a) in map.shards.iter().enumerate() {
+                    if let Some(taker) = &a.moving_to {
+                        if !state.is_alive(taker) {
+                            lift_fence(&node, &map.def.name, shard as u32, a).await;
+                        }
+                    }
+                }
+            }
+            match plan_move(&state) {
+                Some(planned) => {
+                    if let Err(error) = request_move(&node, &planned).await {
+                        tracing::warn!(collection = %planned.collection, shard = planned.shard,
+                            from = %planned.from, to = %planned.to, %error, "planned move failed");
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                    }
+                }
+                None => {
+                    let mut watch = node.watch();
+                    drop(node);
+                    let _ = tokio::time::timeout(Duration::from_secs(2), watch.changed()).await;
+                }
+            }
+        }
+        tracing::warn!(%node_id, "no longer the placement coordinator");
+    }
+}
+
+/// Asks the taker of a planned move to pull its shard (in-process when it is this node).
+async fn request_move(node: &Arc<ClusterNode>, planned: &PlannedMove) -> Result<(), ApiError> {
+    tracing::info!(collection = %planned.collection, shard = planned.shard,
+        from = %planned.from, to = %planned.to, epoch = planned.epoch, "moving a shard");
+    let request = pb::PullShardRequest {
+        collection: planned.collection.clone(),
+        shard: planned.shard,
+        epoch: planned.epoch,
+    };
+    if planned.to == node.node_id {
+        pull_shard(node, request).await?;
+        return Ok(());
+    }
+    let channel = node.peer(&planned.to).await?;
+    let mut client = pb::cluster_client::ClusterClient::new(channel);
+    client
+        .pull_shard(node.internal_request(request, MOVE_LIMIT))
+        .await
+        .map_err(|s| peer_error(&format!("node {} pulling the shard", planned.to), s))?;
+    Ok(())
+}
