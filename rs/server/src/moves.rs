@@ -268,6 +268,18 @@ fn send_shard(
     Ok(Some(last))
 }
 
+/// Test builds: a pause at a named point of a move, set by a fail point `<name>=return(<ms>)`
+/// (the `FAILPOINTS` environment variable), so that tests can kill a process inside a step.
+async fn pause_point(name: &str) {
+    #[cfg(feature = "failpoints")]
+    if let Some(Some(ms)) = fail::eval(name, |arg| arg.and_then(|a| a.parse::<u64>().ok())) {
+        tracing::warn!(point = name, ms, "pausing at a fail point");
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    #[cfg(not(feature = "failpoints"))]
+    let _ = name;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The taker's side: `Cluster/PullShard`.
 
@@ -487,6 +499,7 @@ async fn copy_and_flip(
         }
         let close = message.head_seq_no.saturating_sub(applied) <= FENCE_LAG_ENTRIES;
         if fenced_at.is_none() && (close || catch_up_started.elapsed() > CATCH_UP_LIMIT) {
+            pause_point("moves::before_fence").await;
             let fenced = from.fenced_for(&node.node_id);
             let swapped = node
                 .store()
@@ -501,6 +514,8 @@ async fn copy_and_flip(
             }
             *fence = Some(fenced);
             fenced_at = Some(Instant::now());
+            tracing::info!(shard = %local, from = %from.owner, "shard fenced; taking over");
+            pause_point("moves::after_fence").await;
         }
     };
     copy.sync_wal().await?;
