@@ -4,12 +4,17 @@
 #   1. what forwarding costs: a one-shard collection; durable single-vector inserts (8 clients)
 #      and one-client searches sent to its owner, and to another node (which forwards);
 #   2. what fanning out costs: the same vectors in an 8-shard DOC collection (every search goes to
-#      8 shards on 3 nodes) against the one-shard collection, one client, through the same node.
+#      8 shards on 3 nodes) against the one-shard collection, one client, through the same node;
+#   3. what a shard move costs: the one-shard collection's owner is drained while 4 clients
+#      insert into it, so its shard moves (snapshot, WAL tail, fence, flip) to another node; its
+#      MB/s against a snapshot of the same shard streamed to a file by `tarn snapshot create`,
+#      and the write pause (fence to flip) from the taker's log.
 # Data: ../shared/data/minilm-debian (60,733 x 384) when present, else 20,000 random 128-d rows.
 #   scripts/bench-cluster.sh        (ROUNDS=3, alternating; medians)
 # Ends with one line:
 #   forwarded_insert_rps_ratio=.. forwarded_search_qps_ratio=.. fanout8_search_qps_ratio=..
 #   recall_1shard=.. recall_8shards=..  (ratios: forwarded / owner, 8 shards / 1 shard)
+#   move_mb_per_s=.. snapshot_mb_per_s=.. move_ratio=.. move_write_pause_ms=..
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${ROUNDS:-3}"
@@ -32,7 +37,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 addrs=()
 for i in 1 2 3; do
     port="$(free_port)"
-    "$tarn" serve --data-dir "$work/n$i" --listen "127.0.0.1:$port" --advertise "127.0.0.1:$port" \
+    RUST_LOG=info "$tarn" serve --data-dir "$work/n$i" --listen "127.0.0.1:$port" --advertise "127.0.0.1:$port" \
         --metrics-listen off --etcd "$ETCD_ENDPOINT" --node-id "n$i" >"$work/n$i.out" 2>"$work/n$i.err" &
     pids+=($!)
     for _ in $(seq 1 200); do grep -q 'gRPC listening' "$work/n$i.out" 2>/dev/null && break; sleep 0.05; done
@@ -107,3 +112,34 @@ ins_o="$(median <"$work/insert_owner")"; ins_f="$(median <"$work/insert_forwarde
 s_o="$(median <"$work/search_owner")"; s_f="$(median <"$work/search_forwarded")"; s_8="$(median <"$work/search_eight")"
 echo "medians: insert owner $ins_o req/s, forwarded $ins_f; search owner $s_o q/s, forwarded $s_f, 8 shards $s_8"
 echo "forwarded_insert_rps_ratio=$(ratio "$ins_f" "$ins_o") forwarded_search_qps_ratio=$(ratio "$s_f" "$s_o") fanout8_search_qps_ratio=$(ratio "$s_8" "$s_o") recall_1shard=$(median <"$work/recall_one") recall_8shards=$(median <"$work/recall_eight")"
+
+# 3. A shard move under writes: drain the one-shard collection's owner.
+one_owner_id="$("$tarn" cluster status --json --addr "$A" | python3 -c '
+import json, sys
+print(next(x["node_id"] for x in json.load(sys.stdin)["shards"] if x["collection"] == "one"))')"
+"$tarn" bench insert --collection one --clients 4 --requests 4000 --first-id 50000000 --json --addr "$one_other" >"$work/move_inserts.json" &
+inserter=$!
+"$tarn" cluster drain "$one_owner_id" --no-wait --addr "$one_other"
+for _ in $(seq 1 1200); do
+    grep -h 'shard moved here' "$work"/n*.err 2>/dev/null | grep -q 'shard=one\.' && break
+    sleep 0.25
+done
+wait "$inserter"
+echo "inserts during the move: $(cat "$work/move_inserts.json")"
+line="$(grep -h 'shard moved here' "$work"/n*.err | grep 'shard=one\.' | head -1 | sed 's/\x1b\[[0-9;]*m//g')"
+echo "move: $line"
+field() { sed -n "s/.* $1=\([0-9.e+-]*\).*/\1/p" <<<"$line"; }
+move_bytes="$(field bytes)"; move_s="$(field seconds)"; pause_s="$(field write_pause_s)"
+new_owner="$(owner_of one)"
+t0="$(date +%s.%N)"
+"$tarn" snapshot create --collection one --out "$work/one.tsnap" --addr "$new_owner" >/dev/null
+t1="$(date +%s.%N)"
+snap_bytes="$(stat -c %s "$work/one.tsnap")"
+python3 - "$move_bytes" "$move_s" "$snap_bytes" "$t0" "$t1" "$pause_s" <<'PY'
+import sys
+mb, ms, sb, t0, t1, pause = (float(x) for x in sys.argv[1:])
+move = mb / ms / 1e6
+snap = sb / (t1 - t0) / 1e6
+print(f"move: {mb/1e6:.1f} MB in {ms:.2f} s; snapshot to a file: {sb/1e6:.1f} MB in {t1-t0:.2f} s")
+print(f"move_mb_per_s={move:.0f} snapshot_mb_per_s={snap:.0f} move_ratio={move/snap:.2f} move_write_pause_ms={pause*1000:.1f}")
+PY

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: format check, clippy with warnings denied, every test (fail points on),
-# the Python client's tests against a real server, and the Docker end-to-end tests (one node,
+# the real-process cluster scenarios (scripts/cluster-e2e.sh), the Python client's tests
+# against a real server, and the Docker end-to-end tests (one node,
 # and the three-node cluster) when a Docker
 # engine answers (it says SKIPPED otherwise). This is the command the README gives and the one CI
 # (.ci/run) calls. Needs Rust (rustup's default profile: cargo, rustfmt, clippy) and python3 with
@@ -14,7 +15,10 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # The cluster tests run a real etcd (Debian's etcd-server); they print SKIPPED without one.
 bash -c 'source scripts/lib-etcd.sh && ensure_etcd' || echo "check: no etcd: the cluster tests will say SKIPPED"
-cargo test --workspace --all-features --locked
+# The real-process cluster scenarios (tests named processes_*) run once, below, by
+# scripts/cluster-e2e.sh.
+cargo test --workspace --all-features --locked -- --skip processes_
+scripts/cluster-e2e.sh
 scripts/test-rust-client.sh
 scripts/test-python-client.sh
 scripts/compose-e2e.sh

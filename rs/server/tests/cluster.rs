@@ -799,7 +799,7 @@ fn a_single_node_collection_moves_into_a_cluster_by_snapshot() {
 }
 
 #[test]
-fn three_nodes_route_fan_out_and_isolate_tenants() {
+fn processes_three_nodes_route_fan_out_and_isolate_tenants() {
     let Some(binary) = etcd_binary() else { return };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(binary, &dir.path().join("etcd"));
@@ -1007,7 +1007,7 @@ fn three_nodes_route_fan_out_and_isolate_tenants() {
 }
 
 #[test]
-fn a_second_node_with_a_live_id_is_refused() {
+fn processes_a_second_node_with_a_live_id_is_refused() {
     let Some(binary) = etcd_binary() else { return };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(binary, &dir.path().join("etcd"));
@@ -1033,7 +1033,7 @@ fn a_second_node_with_a_live_id_is_refused() {
 }
 
 #[test]
-fn a_killed_node_s_shards_are_unavailable_then_come_back_whole() {
+fn processes_a_killed_node_s_shards_are_unavailable_then_come_back_whole() {
     let Some(binary) = etcd_binary() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut etcd = Etcd::start(binary, &dir.path().join("etcd"));
@@ -1282,7 +1282,7 @@ async fn wait_for_status(
 /// one owner, every acknowledged write is there once, and every failed write failed with a
 /// retryable code.
 #[test]
-fn shard_moves_between_processes_survive_kills_and_a_stale_map() {
+fn processes_shard_moves_survive_kills_and_a_stale_map() {
     let Some(binary) = etcd_binary() else { return };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(binary, &dir.path().join("etcd"));
@@ -1322,6 +1322,26 @@ fn shard_moves_between_processes_survive_kills_and_a_stale_map() {
                 ))
             })
             .collect();
+        let searcher = {
+            let (client, stop) = (clients[1].clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut ok, mut failures) = (0u64, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let search = Search::new("moving", vec![0.5; DIM])
+                        .users(vec![3])
+                        .top_k(5)
+                        .timeout(Duration::from_secs(10));
+                    match client.search(search).await {
+                        Ok(_) => ok += 1,
+                        Err(e) => {
+                            failures.push(format!("{:?}: {}", e.code(), e.message()));
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+                (ok, failures)
+            })
+        };
         tokio::time::sleep(Duration::from_millis(500)).await;
 
         // 1. n4 joins, and is killed while it catches up on its first shard.
@@ -1460,6 +1480,18 @@ fn shard_moves_between_processes_survive_kills_and_a_stale_map() {
             }
         }
         assert!(n_acked > 200, "{n_acked} acknowledged writes");
+        // Searches fail only while a shard's owner is dead (UNAVAILABLE naming it), never
+        // because of a move.
+        let (n_searched, failures) = searcher.await.unwrap();
+        assert!(n_searched > 50, "{n_searched} searches answered");
+        for failure in &failures {
+            assert!(
+                ["Unavailable", "DeadlineExceeded"]
+                    .iter()
+                    .any(|code| failure.starts_with(code)),
+                "a search failed during moves: {failure}"
+            );
+        }
         // Each shard has one owner in every node's view, and every node answers alike.
         let first = clients[0].cluster_status().await.unwrap().shards;
         for client in &clients {

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Cluster mode end to end against real processes: a real etcd (Debian's etcd-server, installed
+# when missing) and real `tarn` nodes, driven by the `processes_*` tests of
+# rs/server/tests/cluster.rs:
+#   - three nodes: DOC-sharded exact search through every node equals brute force, graph recall,
+#     50 USER tenants isolated, drop and re-create;
+#   - kill -9 of a node under writes (UNAVAILABLE naming the shard and the node, partial
+#     searches, its shards stay its own past its lease, everything back after its restart);
+#     etcd stopped and restarted;
+#   - a second node with a live id refused;
+#   - shard moves under writes through every node: a joining node killed while catching up,
+#     the old owner killed between fence and flip, the placement settling with the new node,
+#     a SIGSTOPped node routing with a stale map while a node is drained.
+# Every scenario checks each acknowledged write (present once, with its vector) and fails the
+# script (non-zero exit) on any lost or duplicated one. Run by scripts/check.sh.
+#   scripts/cluster-e2e.sh [a test name filter; default: processes_, all of them]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/ensure-protoc.sh
+source scripts/lib-etcd.sh
+if ! ensure_etcd; then
+    echo "cluster-e2e: SKIPPED: etcd-server could not be installed here"
+    exit 0
+fi
+cargo test --locked -p tarn-server --all-features --test cluster "${1:-processes_}" -- --test-threads 1
