@@ -117,7 +117,7 @@ echo "forwarded_insert_rps_ratio=$(ratio "$ins_f" "$ins_o") forwarded_search_qps
 one_owner_id="$("$tarn" cluster status --json --addr "$A" | python3 -c '
 import json, sys
 print(next(x["node_id"] for x in json.load(sys.stdin)["shards"] if x["collection"] == "one"))')"
-"$tarn" bench insert --collection one --clients 4 --requests 4000 --first-id 50000000 --json --addr "$one_other" >"$work/move_inserts.json" &
+"$tarn" bench insert --collection one --dimension "$dim" --clients 4 --requests 4000 --first-id 50000000 --json --addr "$one_other" >"$work/move_inserts.json" &
 inserter=$!
 "$tarn" cluster drain "$one_owner_id" --no-wait --addr "$one_other"
 for _ in $(seq 1 1200); do

@@ -51,8 +51,7 @@ impl Collection {
     ) -> Result<u64> {
         self.check_not_failed()?;
         let wal = self.wal();
-        let mut expected = wal.last_appended_seq() + 1;
-        for (seq, payload) in &entries {
+        for (expected, (seq, payload)) in (wal.last_appended_seq() + 1..).zip(&entries) {
             if *seq != expected {
                 return Err(CollectionError::invalid(
                     "seq_no",
@@ -60,7 +59,6 @@ impl Collection {
                 ));
             }
             op::decode(payload, self.config().dimension)?;
-            expected += 1;
         }
         let n = entries.len();
         let tickets: Vec<_> = entries

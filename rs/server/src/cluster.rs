@@ -175,12 +175,7 @@ impl ClusterNode {
 
     /// The write gate of a local shard.
     pub(crate) fn gate(&self, local_name: &str) -> Arc<tokio::sync::RwLock<()>> {
-        Arc::clone(
-            self.gates
-                .entry(local_name.to_owned())
-                .or_insert_with(Default::default)
-                .value(),
-        )
+        Arc::clone(self.gates.entry(local_name.to_owned()).or_default().value())
     }
 
     /// The local collection behind a shard address for a write, with the shard's write gate

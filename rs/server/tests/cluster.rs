@@ -466,7 +466,7 @@ async fn write_until(
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let doc = w * 1_000_000 + k;
         k += 1;
-        let (target, outcome) = if k % 5 == 0 {
+        let (target, outcome) = if k.is_multiple_of(5) {
             let old = doc - 3;
             let result = client
                 .remove(
