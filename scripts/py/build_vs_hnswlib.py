@@ -76,7 +76,7 @@ def main():
             r = recall(labels, truth)
             hnsw_recalls[ef].append(r)
             row.append(f"ef {ef}: {r:.4}")
-        print(f"hnswlib pass {p + 1}: build {elapsed:.2} s; recall@10 " + ", ".join(row), flush=True)
+        print(f"hnswlib pass {p + 1}: build {elapsed:.2f} s; recall@10 " + ", ".join(row), flush=True)
         del index
 
     tarn_s = statistics.median(tarn_seconds)
