@@ -27,9 +27,8 @@ results="$out/results.jsonl"
 data="${TARN_MINILM_DIR:-../shared/data/minilm-debian}"
 clients="1,8,64,256"
 
-venv="${TARN_BENCH_VENV:-target/venv-bench}"
-[[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
-"$venv/bin/pip" install --quiet 'hnswlib==0.8.0' 'numpy<3' 'matplotlib<4'
+source scripts/lib-venv.sh
+bench_venv
 cargo build --release -p tarn-server
 cargo bench -p tarn-benches --bench reopen --no-run
 
@@ -173,5 +172,5 @@ if [[ "${BENCH_SUITE_WAL:-1}" == 1 ]]; then
     scripts/bench-wal.sh | tee "$out/bench-wal.out"
 fi
 
-"$venv/bin/python" scripts/py/bench_suite_report.py --results "$results" \
+"$BENCH_PYTHON" scripts/py/bench_suite_report.py --results "$results" \
     --hnswlib "$out/search_vs_hnswlib.json" --png docs/img/insert-throughput.png | tee "$out/report.md"

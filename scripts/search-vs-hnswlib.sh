@@ -13,11 +13,8 @@ if [[ ! -f "$data/base.fvecs" ]]; then
     exit 0
 fi
 data="$(cd "$data" && pwd)"
-venv="${TARN_BENCH_VENV:-target/venv-bench}"
-if [[ ! -x "$venv/bin/python" ]]; then
-    python3 -m venv "$venv"
-fi
-"$venv/bin/pip" install --quiet 'hnswlib==0.8.0' 'numpy<3' 'matplotlib<4'
+source scripts/lib-venv.sh
+bench_venv
 mkdir -p target docs/img
 cargo bench -p tarn-benches --bench search_speed --no-run
 export TARN_MINILM_DIR="$data"
@@ -45,7 +42,7 @@ done
 echo ']' >>"$work/grpc.json"
 stop_tarn
 cp "$work/grpc.json" target/search_grpc.json
-"$venv/bin/python" scripts/py/search_vs_hnswlib.py --data "$data" --passes "${TARN_BENCH_PASSES:-3}" \
+"$BENCH_PYTHON" scripts/py/search_vs_hnswlib.py --data "$data" --passes "${TARN_BENCH_PASSES:-3}" \
     --tarn-cmd "cargo bench --quiet -p tarn-benches --bench search_speed -- --json {json}" \
     --grpc-json target/search_grpc.json --png docs/img/search-recall-qps.png \
     --out-json target/search_vs_hnswlib.json

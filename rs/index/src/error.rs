@@ -21,6 +21,10 @@ pub enum IndexError {
     /// A malformed byte layout (wrapped into `Corrupt` with the path by file readers).
     #[error("malformed index data: {0}")]
     Format(String),
+    /// Input a caller handed in that cannot be indexed (lengths that disagree, a vector that is
+    /// not finite or, under cosine, has no direction).
+    #[error("invalid index input: {0}")]
+    InvalidInput(String),
     /// A file written for another dimension or metric.
     #[error("index file {} does not match the collection: {reason}", path.display())]
     Mismatch { path: PathBuf, reason: String },

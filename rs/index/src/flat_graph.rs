@@ -178,21 +178,24 @@ impl FlatGraph {
     }
 
     /// Makes every node in `live` reachable from the entry point in layer 0. A graph built by
-    /// parallel hnsw_rs inserts can leave a node that no other node points to; such a node is
-    /// appended to the list of its nearest out-neighbour that is reachable (or of the entry
-    /// point). Returns how many nodes were reconnected.
+    /// parallel inserts (hnsw_rs's or tarn's builder) can leave a node that no other node points
+    /// to; such a node is appended to the list of its first out-neighbour that is reachable (the
+    /// nearest, as lists are kept nearest first), or of the entry point. One pass: the set of
+    /// reached nodes only grows, so each orphan extends it by a walk from that orphan. Returns
+    /// how many nodes were reconnected.
     pub(crate) fn connect_unreachable(
         lists: &mut [Vec<u32>],
         entry: u32,
         is_node: impl Fn(u32) -> bool,
     ) -> usize {
+        let mut reached = vec![false; lists.len()];
+        let mut stack = Vec::new();
+        mark_reachable(lists, entry, &mut reached, &mut stack);
         let mut reconnected = 0;
-        loop {
-            let reached = reachable(lists, entry);
-            let orphan = (0..lists.len() as u32).find(|&n| is_node(n) && !reached[n as usize]);
-            let Some(orphan) = orphan else {
-                return reconnected;
-            };
+        for orphan in 0..lists.len() as u32 {
+            if reached[orphan as usize] || !is_node(orphan) {
+                continue;
+            }
             let parent = lists[orphan as usize]
                 .iter()
                 .copied()
@@ -200,7 +203,9 @@ impl FlatGraph {
                 .unwrap_or(entry);
             lists[parent as usize].push(orphan);
             reconnected += 1;
+            mark_reachable(lists, orphan, &mut reached, &mut stack);
         }
+        reconnected
     }
 
     pub(crate) fn write(&self, out: &mut ByteWriter) {
@@ -240,11 +245,10 @@ impl FlatGraph {
     }
 }
 
-/// Nodes reachable from `entry` following `lists`.
-fn reachable(lists: &[Vec<u32>], entry: u32) -> Vec<bool> {
-    let mut reached = vec![false; lists.len()];
-    let mut stack = vec![entry];
-    reached[entry as usize] = true;
+/// Marks every node reachable from `start` following `lists` (not crossing marked nodes).
+fn mark_reachable(lists: &[Vec<u32>], start: u32, reached: &mut [bool], stack: &mut Vec<u32>) {
+    reached[start as usize] = true;
+    stack.push(start);
     while let Some(node) = stack.pop() {
         for &next in &lists[node as usize] {
             if !reached[next as usize] {
@@ -253,6 +257,13 @@ fn reachable(lists: &[Vec<u32>], entry: u32) -> Vec<bool> {
             }
         }
     }
+}
+
+/// Nodes reachable from `entry` following `lists`.
+#[cfg(test)]
+pub(crate) fn reachable(lists: &[Vec<u32>], entry: u32) -> Vec<bool> {
+    let mut reached = vec![false; lists.len()];
+    mark_reachable(lists, entry, &mut reached, &mut Vec::new());
     reached
 }
 

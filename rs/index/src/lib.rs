@@ -3,11 +3,14 @@
 //! - [`MutableSegment`]: takes ingested upserts and removes; per-tenant partitions, searched
 //!   exactly while small and through an hnsw_rs graph past a threshold.
 //! - [`SealedSegment`]: immutable, in tarn's own checksummed file format, searched by tarn's own
-//!   HNSW loop over flat `u32` neighbour lists; only tombstones change.
+//!   HNSW loop over flat `u32` neighbour lists; only tombstones change. Sealed from a mutable
+//!   segment, or built straight from [`BulkDocuments`] by tarn's own parallel HNSW builder
+//!   ([`BuildConfig`], `builder.rs`).
 //!
 //! The crate knows nothing of the WAL or protobuf, and hnsw_rs types never leave it.
 
 mod bitset;
+mod builder;
 mod bytes;
 mod config;
 mod error;
@@ -21,9 +24,10 @@ mod search;
 pub mod simd;
 mod visited;
 
+pub use builder::BuildConfig;
 pub use config::{HnswParams, IndexConfig};
 pub use error::{IndexError, Result};
 pub use metric::{dot, l2_squared, Metric};
 pub use mutable::MutableSegment;
-pub use sealed::{SealedSegment, SegmentFigures};
+pub use sealed::{BulkDocuments, SealedSegment, SegmentFigures};
 pub use search::Hit;

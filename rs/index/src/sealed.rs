@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::bitset::AtomicBitset;
+use crate::builder::{build_graph, BuildConfig};
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::config::IndexConfig;
 use crate::error::{IndexError, Result};
@@ -80,6 +81,18 @@ pub struct SealedSegment {
     partitions: HashMap<u128, SealedPartition>,
     /// Tombstones set since the last `write_tombstones`.
     tombstones_dirty: AtomicBool,
+}
+
+/// Documents to build a sealed segment from (`SealedSegment::build`): row `i` is the vector
+/// `vectors[i * dimension..(i + 1) * dimension]` of document `doc_ids[i]` of tenant
+/// `user_ids[i]`. Vectors are as users send them: the build prepares them for the metric (unit
+/// length under cosine). A `(tenant, document)` given twice keeps its last row, as upserts
+/// applied in row order would.
+#[derive(Debug, Clone, Copy)]
+pub struct BulkDocuments<'a> {
+    pub user_ids: &'a [u128],
+    pub doc_ids: &'a [u128],
+    pub vectors: &'a [f32],
 }
 
 /// Size and shape figures for stats and benchmarks.
@@ -222,6 +235,106 @@ impl SealedSegment {
             .map(|(user_id, live)| (user_id, build_partition(live, &config)))
             .collect();
         SealedSegment::assemble(id, max_seq, config, partitions)
+    }
+
+    /// Builds a segment from raw documents with tarn's own parallel HNSW builder (`builder.rs`,
+    /// `build` threads, `config.hnsw`'s M and ef_construction): one partition per tenant, with a
+    /// graph when it holds at least `config.graph_threshold` documents, searched exactly
+    /// otherwise, exactly as a sealed mutable segment would be. Slots are in doc id order and
+    /// no slot is tombstoned.
+    pub fn build(
+        documents: BulkDocuments<'_>,
+        id: u64,
+        max_seq: u64,
+        config: IndexConfig,
+        build: &BuildConfig,
+    ) -> Result<SealedSegment> {
+        let dim = config.dimension;
+        let n_rows = documents.doc_ids.len();
+        if dim == 0
+            || documents.user_ids.len() != n_rows
+            || Some(documents.vectors.len()) != n_rows.checked_mul(dim)
+        {
+            return Err(IndexError::InvalidInput(format!(
+                "{} tenant ids, {} document ids and {} values for dimension {dim}",
+                documents.user_ids.len(),
+                n_rows,
+                documents.vectors.len()
+            )));
+        }
+        let mut rows_by_user: HashMap<u128, Vec<u32>> = HashMap::new();
+        for (row, user_id) in documents.user_ids.iter().enumerate() {
+            rows_by_user.entry(*user_id).or_default().push(row as u32);
+        }
+        let mut partitions = HashMap::with_capacity(rows_by_user.len());
+        for (user_id, mut rows) in rows_by_user {
+            // Doc id order; of rows with the same doc id (kept in row order by the stable
+            // sort), the last one.
+            rows.sort_by_key(|&row| documents.doc_ids[row as usize]);
+            let mut live: Vec<u32> = Vec::with_capacity(rows.len());
+            for row in rows {
+                match live.last_mut() {
+                    Some(last)
+                        if documents.doc_ids[*last as usize] == documents.doc_ids[row as usize] =>
+                    {
+                        *last = row
+                    }
+                    _ => live.push(row),
+                }
+            }
+            let n = live.len();
+            let mut vectors = if n >= config.graph_threshold {
+                crate::simd::huge_page_vec(n * dim)
+            } else {
+                Vec::with_capacity(n * dim)
+            };
+            for &row in &live {
+                let start = vectors.len();
+                vectors.extend_from_slice(&documents.vectors[row as usize * dim..][..dim]);
+                let vector = &mut vectors[start..];
+                if !vector.iter().all(|x| x.is_finite()) || !config.metric.prepare(vector) {
+                    return Err(IndexError::InvalidInput(format!(
+                        "the vector of document {} of tenant {user_id} is not finite or has \
+                         zero length under cosine",
+                        documents.doc_ids[row as usize]
+                    )));
+                }
+            }
+            let graph = (n >= config.graph_threshold)
+                .then(|| build_graph(&vectors, dim, config.metric, &config.hnsw, build))
+                .flatten();
+            let doc_ids: Vec<u128> = live
+                .iter()
+                .map(|&row| documents.doc_ids[row as usize])
+                .collect();
+            let partition = SealedPartition {
+                vectors,
+                doc_index: doc_ids
+                    .iter()
+                    .enumerate()
+                    .map(|(slot, d)| (*d, slot as u32))
+                    .collect(),
+                doc_ids,
+                tombstones: AtomicBitset::from_words(vec![0; AtomicBitset::words_for(n)]),
+                graph,
+            };
+            partitions.insert(user_id, partition);
+        }
+        Ok(SealedSegment::assemble(id, max_seq, config, partitions))
+    }
+
+    /// `build`, then `write` to `path` (durably): returns the segment and the file's size.
+    pub fn build_to_file(
+        path: &Path,
+        documents: BulkDocuments<'_>,
+        id: u64,
+        max_seq: u64,
+        config: IndexConfig,
+        build: &BuildConfig,
+    ) -> Result<(SealedSegment, u64)> {
+        let segment = Self::build(documents, id, max_seq, config, build)?;
+        let bytes = segment.write(path)?;
+        Ok((segment, bytes))
     }
 
     /// Live `(user_id, doc_id)` pairs.

@@ -100,19 +100,20 @@ fn portable_l2_squared(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// Hints the CPU to start loading the cache lines of `data[..lines * 16]` (16 `f32` per
-/// 64-byte line). Never faults, whatever the address; a no-op off x86-64.
+/// Hints the CPU to start loading the first `lines` 64-byte cache lines of `data` (16 `f32` or
+/// `u32` per line). Never faults, whatever the address; a no-op off x86-64.
 #[inline(always)]
-pub(crate) fn prefetch(data: &[f32], lines: usize) {
+pub(crate) fn prefetch<T>(data: &[T], lines: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let lines = lines.min(data.len().div_ceil(16));
+        let lines = lines.min(std::mem::size_of_val(data).div_ceil(64));
+        let start = data.as_ptr().cast::<i8>();
         for line in 0..lines {
             // SAFETY: SSE is part of the x86-64 baseline, so the intrinsic's target feature is
             // always present; a prefetch is a hint that never faults and reads nothing into the
-            // program, and the pointer stays within `data`.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().add(line * 16).cast::<i8>()) };
+            // program, and the pointer stays within `data`'s bytes.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.add(line * 64)) };
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -377,8 +378,9 @@ mod tests {
 
     #[test]
     fn prefetch_accepts_any_slice() {
-        prefetch(&[], 4);
-        prefetch(&[1.0; 3], 4);
-        prefetch(&[1.0; 1000], 100);
+        prefetch::<f32>(&[], 4);
+        prefetch(&[1.0f32; 3], 4);
+        prefetch(&[1.0f32; 1000], 100);
+        prefetch(&[7u32; 33], 3);
     }
 }

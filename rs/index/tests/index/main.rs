@@ -1,6 +1,9 @@
 //! Integration tests of `tarn-index`: recall against a brute-force oracle, agreement of the
-//! sealed search with hnsw_rs on the same graph, tombstones, tenants, files and rebuilds.
+//! sealed search with hnsw_rs on the same graph, tombstones, tenants, files and rebuilds; the
+//! segments tarn's own builder makes (`builder.rs`).
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+mod builder;
 
 use std::sync::Arc;
 
