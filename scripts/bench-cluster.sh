@@ -120,13 +120,14 @@ print(next(x["node_id"] for x in json.load(sys.stdin)["shards"] if x["collection
 "$tarn" bench insert --collection one --dimension "$dim" --clients 4 --requests 4000 --first-id 50000000 --json --addr "$one_other" >"$work/move_inserts.json" &
 inserter=$!
 "$tarn" cluster drain "$one_owner_id" --no-wait --addr "$one_other"
+moved() { sed 's/\x1b\[[0-9;]*m//g' "$work"/n*.err | grep 'shard moved here' | grep 'shard=one\.'; }
 for _ in $(seq 1 1200); do
-    grep -h 'shard moved here' "$work"/n*.err 2>/dev/null | grep -q 'shard=one\.' && break
+    moved >/dev/null && break
     sleep 0.25
 done
 wait "$inserter"
 echo "inserts during the move: $(cat "$work/move_inserts.json")"
-line="$(grep -h 'shard moved here' "$work"/n*.err | grep 'shard=one\.' | head -1 | sed 's/\x1b\[[0-9;]*m//g')"
+line="$(moved | head -1)"
 echo "move: $line"
 field() { sed -n "s/.* $1=\([0-9.e+-]*\).*/\1/p" <<<"$line"; }
 move_bytes="$(field bytes)"; move_s="$(field seconds)"; pause_s="$(field write_pause_s)"
