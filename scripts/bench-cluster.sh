@@ -132,8 +132,11 @@ echo "move: $line"
 field() { sed -n "s/.* $1=\([0-9.e+-]*\).*/\1/p" <<<"$line"; }
 move_bytes="$(field bytes)"; move_s="$(field seconds)"; pause_s="$(field write_pause_s)"
 new_owner="$(owner_of one)"
+# The baseline: the same shard streamed to a file by CreateSnapshot on its new owner, addressed
+# as the shard itself (`<local name>@<epoch>`, what routers send).
+shard_addr="$(sed -n 's/.* shard=\([^ ]*\).* epoch=\([0-9]*\).*/\1@\2/p' <<<"$line")"
 t0="$(date +%s.%N)"
-"$tarn" snapshot create --collection one --out "$work/one.tsnap" --addr "$new_owner" >/dev/null
+"$tarn" snapshot create --collection "$shard_addr" --out "$work/one.tsnap" --addr "$new_owner" >/dev/null
 t1="$(date +%s.%N)"
 snap_bytes="$(stat -c %s "$work/one.tsnap")"
 python3 - "$move_bytes" "$move_s" "$snap_bytes" "$t0" "$t1" "$pause_s" <<'PY'
