@@ -7,14 +7,14 @@
 #      8 shards on 3 nodes) against the one-shard collection, one client, through the same node;
 #   3. what a shard move costs: the one-shard collection's owner is drained while 4 clients
 #      insert into it, so its shard moves (snapshot, WAL tail, fence, flip) to another node; its
-#      MB/s against a snapshot of the same shard streamed to a file by `tarn snapshot create`,
+#      MB/s against a plain copy of the shard's directory (cp -a, then sync: the disk's floor),
 #      and the write pause (fence to flip) from the taker's log.
 # Data: ../shared/data/minilm-debian (60,733 x 384) when present, else 20,000 random 128-d rows.
 #   scripts/bench-cluster.sh        (ROUNDS=3, alternating; medians)
 # Ends with one line:
 #   forwarded_insert_rps_ratio=.. forwarded_search_qps_ratio=.. fanout8_search_qps_ratio=..
 #   recall_1shard=.. recall_8shards=..  (ratios: forwarded / owner, 8 shards / 1 shard)
-#   move_mb_per_s=.. snapshot_mb_per_s=.. move_ratio=.. move_write_pause_ms=..
+#   move_mb_per_s=.. copy_mb_per_s=.. move_ratio=.. move_write_pause_ms=..
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${ROUNDS:-3}"
@@ -131,19 +131,21 @@ line="$(moved | head -1)"
 echo "move: $line"
 field() { sed -n "s/.* $1=\([0-9.e+-]*\).*/\1/p" <<<"$line"; }
 move_bytes="$(field bytes)"; move_s="$(field seconds)"; pause_s="$(field write_pause_s)"
-new_owner="$(owner_of one)"
-# The baseline: the same shard streamed to a file by CreateSnapshot on its new owner, addressed
-# as the shard itself (`<local name>@<epoch>`, what routers send).
-shard_addr="$(sed -n 's/.* shard=\([^ ]*\).* epoch=\([0-9]*\).*/\1@\2/p' <<<"$line")"
+# The baseline: the disk's floor for the same bytes, a plain copy of the moved shard's directory
+# on its new owner (cp -a, then sync), same run.
+shard_name="$(sed -n 's/.* shard=\([^ ]*\).*/\1/p' <<<"$line")"
+shard_dir="$(ls -d "$work"/n*/collections/"$shard_name" | head -1)"
+sync
 t0="$(date +%s.%N)"
-"$tarn" snapshot create --collection "$shard_addr" --out "$work/one.tsnap" --addr "$new_owner" >/dev/null
+cp -a "$shard_dir" "$work/copy-of-shard"
+sync -f "$work/copy-of-shard"
 t1="$(date +%s.%N)"
-snap_bytes="$(stat -c %s "$work/one.tsnap")"
+snap_bytes="$(du -sb "$work/copy-of-shard" | cut -f1)"
 python3 - "$move_bytes" "$move_s" "$snap_bytes" "$t0" "$t1" "$pause_s" <<'PY'
 import sys
 mb, ms, sb, t0, t1, pause = (float(x) for x in sys.argv[1:])
 move = mb / ms / 1e6
 snap = sb / (t1 - t0) / 1e6
-print(f"move: {mb/1e6:.1f} MB in {ms:.2f} s; snapshot to a file: {sb/1e6:.1f} MB in {t1-t0:.2f} s")
-print(f"move_mb_per_s={move:.0f} snapshot_mb_per_s={snap:.0f} move_ratio={move/snap:.2f} move_write_pause_ms={pause*1000:.1f}")
+print(f"move: {mb/1e6:.1f} MB in {ms:.2f} s; cp -a of its directory: {sb/1e6:.1f} MB in {t1-t0:.2f} s")
+print(f"move_mb_per_s={move:.0f} copy_mb_per_s={snap:.0f} move_ratio={move/snap:.2f} move_write_pause_ms={pause*1000:.1f}")
 PY

@@ -1443,7 +1443,8 @@ fn processes_shard_moves_survive_kills_and_a_stale_map() {
 
         // 4. n3 stopped while n4 is drained, resumed after a flip: it routes with a stale map.
         nodes[2].signal(rustix::process::Signal::STOP);
-        clients[0].drain_node("n4", false).await.unwrap();
+        let out = common::run_cli(&nodes[0].addr(), &["cluster", "drain", "n4", "--no-wait"]);
+        assert!(out.contains("n4 is draining: 2 shards"), "{out}");
         let flipped = Instant::now() + Duration::from_secs(20);
         while Instant::now() < flipped {
             let status = clients[0].cluster_status().await.unwrap();
@@ -1492,6 +1493,8 @@ fn processes_shard_moves_survive_kills_and_a_stale_map() {
                 "a search failed during moves: {failure}"
             );
         }
+        let out = common::run_cli(&nodes[0].addr(), &["cluster", "status"]);
+        assert!(out.contains("(draining)"), "{out}");
         // Each shard has one owner in every node's view, and every node answers alike.
         let first = clients[0].cluster_status().await.unwrap().shards;
         for client in &clients {
