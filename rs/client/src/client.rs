@@ -314,13 +314,22 @@ impl Client {
         ))
     }
 
+    /// A stub of the `tarn.v1.Cluster` service on this client's connection.
+    fn cluster_stub(
+        &self,
+    ) -> tarn_proto::v1::cluster_client::ClusterClient<
+        tonic::service::interceptor::InterceptedService<Channel, Auth>,
+    > {
+        tarn_proto::v1::cluster_client::ClusterClient::with_interceptor(
+            self.channel.clone(),
+            self.auth.clone(),
+        )
+    }
+
     /// Cluster mode: the nodes and where every shard is, as the server asked sees them.
     /// FAILED_PRECONDITION from a server that is not in a cluster.
     pub async fn cluster_status(&self) -> Result<ClusterStatus> {
-        let mut stub = tarn_proto::v1::cluster_client::ClusterClient::with_interceptor(
-            self.channel.clone(),
-            self.auth.clone(),
-        );
+        let mut stub = self.cluster_stub();
         let mut request = tonic::Request::new(pb::ClusterStatusRequest {});
         if let Some(timeout) = self.timeout {
             request.set_timeout(timeout);
@@ -333,10 +342,7 @@ impl Client {
     /// data lost for good (with `confirm` false, only lists what would be given up). Returns the
     /// shards with their new owners. FAILED_PRECONDITION while the node is alive.
     pub async fn forget_node(&self, node_id: &str, confirm: bool) -> Result<Vec<ShardStatus>> {
-        let mut stub = tarn_proto::v1::cluster_client::ClusterClient::with_interceptor(
-            self.channel.clone(),
-            self.auth.clone(),
-        );
+        let mut stub = self.cluster_stub();
         let mut request = tonic::Request::new(pb::ForgetNodeRequest {
             node_id: node_id.to_owned(),
             confirm,
@@ -358,10 +364,7 @@ impl Client {
     /// [`Client::cluster_status`] until it owns none. NOT_FOUND for a node the cluster does not
     /// know.
     pub async fn drain_node(&self, node_id: &str, cancel: bool) -> Result<u32> {
-        let mut stub = tarn_proto::v1::cluster_client::ClusterClient::with_interceptor(
-            self.channel.clone(),
-            self.auth.clone(),
-        );
+        let mut stub = self.cluster_stub();
         let mut request = tonic::Request::new(pb::DrainRequest {
             node_id: node_id.to_owned(),
             cancel,

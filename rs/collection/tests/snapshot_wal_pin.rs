@@ -67,8 +67,12 @@ fn model(log: &[(u64, u64)], seq_no: u64) -> HashMap<u128, Vec<f32>> {
     docs
 }
 
-#[test]
-fn a_snapshot_keeps_the_wal_after_its_checkpoint_while_later_checkpoints_truncate_it() {
+/// 4 KiB WAL segments (the fail point), a temp dir with the source's path, and a runtime.
+fn small_segments() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    tokio::runtime::Runtime,
+) {
     fail::cfg("collection::wal_segment_bytes", "return(4096)").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("source");
@@ -76,6 +80,12 @@ fn a_snapshot_keeps_the_wal_after_its_checkpoint_while_later_checkpoints_truncat
         .enable_all()
         .build()
         .unwrap();
+    (dir, path, rt)
+}
+
+#[test]
+fn a_snapshot_keeps_the_wal_after_its_checkpoint_while_later_checkpoints_truncate_it() {
+    let (dir, path, rt) = small_segments();
     let mut config = CollectionConfig::new(DIM, MetricName::L2);
     config.graph_threshold = 100;
     let c = Collection::create(&path, config).unwrap();
@@ -152,13 +162,7 @@ fn a_snapshot_keeps_the_wal_after_its_checkpoint_while_later_checkpoints_truncat
 /// numbers. The copy ends as the same log: every document and the same last sequence number.
 #[test]
 fn a_wal_tail_copies_the_entries_after_a_snapshot_at_the_same_sequence_numbers() {
-    fail::cfg("collection::wal_segment_bytes", "return(4096)").unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("source");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (dir, path, rt) = small_segments();
     let c = Collection::create(&path, CollectionConfig::new(DIM, MetricName::L2)).unwrap();
     let mut log = Vec::new();
     let mut k = 0;

@@ -38,6 +38,22 @@ pub(crate) struct SealedPartition {
 }
 
 impl SealedPartition {
+    /// A partition of `doc_ids` (sorted, one per slot) and their vectors, every one live.
+    fn new_live(vectors: Vec<f32>, doc_ids: Vec<u128>, graph: Option<FlatGraph>) -> Self {
+        let n = doc_ids.len();
+        SealedPartition {
+            vectors,
+            doc_index: doc_ids
+                .iter()
+                .enumerate()
+                .map(|(slot, d)| (*d, slot as u32))
+                .collect(),
+            doc_ids,
+            tombstones: AtomicBitset::from_words(vec![0; AtomicBitset::words_for(n)]),
+            graph,
+        }
+    }
+
     fn n_slots(&self) -> usize {
         self.doc_ids.len()
     }
@@ -307,17 +323,7 @@ impl SealedSegment {
                 .iter()
                 .map(|&row| documents.doc_ids[row as usize])
                 .collect();
-            let partition = SealedPartition {
-                vectors,
-                doc_index: doc_ids
-                    .iter()
-                    .enumerate()
-                    .map(|(slot, d)| (*d, slot as u32))
-                    .collect(),
-                doc_ids,
-                tombstones: AtomicBitset::from_words(vec![0; AtomicBitset::words_for(n)]),
-                graph,
-            };
+            let partition = SealedPartition::new_live(vectors, doc_ids, graph);
             partitions.insert(user_id, partition);
         }
         Ok(SealedSegment::assemble(id, max_seq, config, partitions))
@@ -705,18 +711,7 @@ fn compact_partition<'a>(
         .flat_map(|(_, slot)| vector(*slot).iter().copied())
         .collect();
     let doc_ids: Vec<u128> = sorted.iter().map(|(d, _)| *d).collect();
-    let n = doc_ids.len();
-    SealedPartition {
-        vectors,
-        doc_index: doc_ids
-            .iter()
-            .enumerate()
-            .map(|(slot, d)| (*d, slot as u32))
-            .collect(),
-        doc_ids,
-        tombstones: AtomicBitset::from_words(vec![0; AtomicBitset::words_for(n)]),
-        graph: None,
-    }
+    SealedPartition::new_live(vectors, doc_ids, None)
 }
 
 /// Checks the CRC32 trailer; returns the bytes it covers.
