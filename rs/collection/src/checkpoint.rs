@@ -77,6 +77,27 @@ struct CheckpointWork {
     changed: bool,
 }
 
+/// The settled-removal journal (`ApplyState::settled_removals`) for the length of one
+/// checkpoint: on from `start` until dropped (the install takes what is left before that).
+struct SettledRemovals {
+    shared: Arc<Shared>,
+}
+
+impl SettledRemovals {
+    fn start(shared: &Arc<Shared>) -> SettledRemovals {
+        shared.apply.lock().settled_removals = Some(Vec::new());
+        SettledRemovals {
+            shared: Arc::clone(shared),
+        }
+    }
+}
+
+impl Drop for SettledRemovals {
+    fn drop(&mut self) {
+        self.shared.apply.lock().settled_removals = None;
+    }
+}
+
 /// The checkpoint thread: runs `CheckpointJob`s one at a time, in order.
 pub(crate) struct Checkpointer {
     pub(crate) shared: Arc<Shared>,
@@ -142,6 +163,8 @@ impl Checkpointer {
         // Tests arm it with `panic` to kill this thread (`tests/thread_failure.rs`).
         fail::fail_point!("checkpoint::start");
         self.check_wal()?;
+        // Records removals from frozen and sealed segments until `install` (or an error) ends it.
+        let _journal = SettledRemovals::start(&self.shared);
         let mut work = self.begin(seq);
         self.seal(&mut work)?;
         fail::fail_point!("checkpoint::after_seal", |_| abort_for_test());
@@ -182,7 +205,8 @@ impl Checkpointer {
     }
 
     /// The checkpoint's starting point: the segment set as it is now, and the frozen segments
-    /// up to `seq` that phase 1 seals.
+    /// up to `seq` that phase 1 seals. Called with the settled-removal journal on, so that
+    /// every removal from a segment copied after this point is recorded.
     fn begin(&self, seq: u64) -> CheckpointWork {
         let before = self.shared.segments();
         let to_seal = before
@@ -348,62 +372,98 @@ impl Checkpointer {
     /// Phase 7: deletes what neither the current nor the previous manifest nor a snapshot
     /// needs. A failure is logged; the next checkpoint tries again.
     fn collect_garbage(&self) {
-        if let Err(error) = collect_garbage(&self.shared.dir, &self.state, &self.shared.retention)
-        {
+        if let Err(error) = collect_garbage(&self.shared.dir, &self.state, &self.shared.retention) {
             tracing::warn!(%error, "could not delete unreferenced collection files");
         }
     }
 
     fn write_segment(&self, segment: &SealedSegment) -> Result<()> {
-        segment.write(&self.shared.dir.join(manifest::segment_file_name(segment.id())))?;
+        segment.write(
+            &self
+                .shared
+                .dir
+                .join(manifest::segment_file_name(segment.id())),
+        )?;
         Ok(())
     }
 
-    /// Phase 5: searches switch to the new segment set. Replaces the sealed frozen segments
-    /// and the replaced sealed segments with `work.sealed`, under the apply lock. A document
-    /// removed from a replaced segment after sealing or merging copied it is removed from the
-    /// copy here: a live pair is live in one segment only, and no operation adds to a frozen or
-    /// sealed segment, so a copy is stale exactly when no replaced segment holds the pair any
-    /// more.
+    /// Phase 5: searches switch to the new segment set: the sealed frozen segments and the
+    /// replaced sealed segments give way to `work.sealed`, under the apply lock.
+    ///
+    /// A document removed from a replaced segment after sealing or merging copied it must be
+    /// removed from the copy too. No operation adds to a frozen or sealed segment, so a copy is
+    /// stale exactly when its pair was removed from its source after the copy, and every such
+    /// removal is in the settled-removal journal (on since `begin`, before anything was
+    /// copied). The journal is reconciled outside the lock first, as often as it takes to get
+    /// it short, and under the lock only for the few operations applied since: the work under
+    /// the apply lock grows with the writes during the last reconciliation, not with the
+    /// collection.
     fn install(&self, work: &CheckpointWork) {
+        /// A journal shorter than this is left for the reconciliation under the lock.
+        const SHORT_JOURNAL: usize = 1024;
+        /// Rounds outside the lock, for a write load that keeps the journal long.
+        const MAX_ROUNDS: usize = 4;
         let before = &work.before;
-        let to_seal = &work.to_seal;
-        let sealed = work.sealed.clone();
-        let _apply = self.shared.counts.lock();
+        let sealed = &work.sealed;
+        let written: Vec<&Arc<SealedSegment>> = sealed
+            .iter()
+            .filter(|segment| !before.sealed.iter().any(|old| Arc::ptr_eq(old, segment)))
+            .collect();
         let replaced: Vec<&Arc<SealedSegment>> = before
             .sealed
             .iter()
             .filter(|old| !sealed.iter().any(|s| Arc::ptr_eq(s, old)))
             .collect();
-        let still_live = |user_id: u128, doc_id: u128| {
-            to_seal.iter().any(|(_, f)| f.contains(user_id, doc_id))
-                || replaced.iter().any(|s| s.contains(user_id, doc_id))
-        };
-        for segment in &sealed {
-            if before.sealed.iter().any(|old| Arc::ptr_eq(old, segment)) {
-                continue;
+        let carry_over = |pairs: &[(u128, u128)]| {
+            for &(user_id, doc_id) in pairs {
+                let still_live = work
+                    .to_seal
+                    .iter()
+                    .any(|(_, f)| f.contains(user_id, doc_id))
+                    || replaced.iter().any(|s| s.contains(user_id, doc_id));
+                if !still_live {
+                    for segment in &written {
+                        segment.tombstone(user_id, doc_id);
+                    }
+                }
             }
-            let stale: Vec<(u128, u128)> = segment
-                .live_documents()
-                .filter(|&(user_id, doc_id)| !still_live(user_id, doc_id))
-                .collect();
-            for (user_id, doc_id) in stale {
-                segment.tombstone(user_id, doc_id);
+        };
+        for _ in 0..MAX_ROUNDS {
+            // Taken and restarted in one hold of the lock, so that no removal goes unrecorded.
+            let pairs = std::mem::take(
+                self.shared
+                    .apply
+                    .lock()
+                    .settled_removals
+                    .get_or_insert_with(Vec::new),
+            );
+            carry_over(&pairs);
+            if pairs.len() < SHORT_JOURNAL {
+                break;
             }
         }
+        // Tests pause here to apply writes that only the reconciliation under the lock sees.
+        fail::fail_point!("checkpoint::before_install_lock");
+
+        let mut apply = self.shared.apply.lock();
+        let pairs = apply.settled_removals.take().unwrap_or_default();
+        carry_over(&pairs);
         let current = self.shared.segments();
         let frozen = current
             .frozen
             .iter()
-            .filter(|(_, f)| !to_seal.iter().any(|(_, t)| Arc::ptr_eq(f, t)))
+            .filter(|(_, f)| !work.to_seal.iter().any(|(_, t)| Arc::ptr_eq(f, t)))
             .cloned()
             .collect();
         *self.shared.segments.write() = Arc::new(SegmentSet {
             mutable: Arc::clone(&current.mutable),
             frozen,
-            sealed,
+            sealed: sealed.clone(),
         });
-        self.shared.checkpoint_seq.store(work.seq, Ordering::Release);
+        drop(apply);
+        self.shared
+            .checkpoint_seq
+            .store(work.seq, Ordering::Release);
     }
 
     fn check_stopping(&self) -> Result<()> {
