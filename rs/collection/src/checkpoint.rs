@@ -446,6 +446,7 @@ impl Checkpointer {
         fail::fail_point!("checkpoint::before_install_lock");
 
         let mut apply = self.shared.apply.lock();
+        let locked = std::time::Instant::now();
         let pairs = apply.settled_removals.take().unwrap_or_default();
         carry_over(&pairs);
         let current = self.shared.segments();
@@ -461,9 +462,15 @@ impl Checkpointer {
             sealed: sealed.clone(),
         });
         drop(apply);
+        let held = locked.elapsed();
         self.shared
             .checkpoint_seq
             .store(work.seq, Ordering::Release);
+        tracing::debug!(
+            held_us = held.as_micros() as u64,
+            n_carried_under_lock = pairs.len(),
+            "installed a checkpoint's segments under the apply lock"
+        );
     }
 
     fn check_stopping(&self) -> Result<()> {
