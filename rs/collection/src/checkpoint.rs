@@ -54,6 +54,50 @@ pub(crate) struct CheckpointJob {
 /// batch's checkpoint was answered (`flush.rs`), so at most two jobs are ever queued.
 pub(crate) const CHECKPOINT_JOBS: usize = 4;
 
+/// What one checkpoint carries from phase to phase.
+struct CheckpointWork {
+    seq: u64,
+    /// The generation of the manifest this checkpoint writes.
+    generation: u64,
+    /// The segment set when the checkpoint began.
+    before: Arc<SegmentSet>,
+    /// The frozen segments holding operations up to `seq`, which phase 1 seals (newest first).
+    to_seal: Vec<(u64, Arc<MutableSegment>)>,
+    /// The sealed segments to install: those of `before`, less what phase 2 replaced, plus
+    /// what phases 1 and 2 wrote; newest first once phase 2 is done.
+    sealed: Vec<Arc<SealedSegment>>,
+    next_segment_id: u64,
+    /// Tombstone file of each sealed segment that has one.
+    tombstone_files: HashMap<u64, String>,
+    /// Tombstone counts as of the files the new manifest names (phase 3).
+    persisted: HashMap<u64, usize>,
+    /// Ids of the segments merged or rebuilt, for the log.
+    rebuilt: Vec<u64>,
+    /// Whether any file was written, i.e. whether a manifest must name it.
+    changed: bool,
+}
+
+/// The settled-removal journal (`ApplyState::settled_removals`) for the length of one
+/// checkpoint: on from `start` until dropped (the install takes what is left before that).
+struct SettledRemovals {
+    shared: Arc<Shared>,
+}
+
+impl SettledRemovals {
+    fn start(shared: &Arc<Shared>) -> SettledRemovals {
+        shared.apply.lock().settled_removals = Some(Vec::new());
+        SettledRemovals {
+            shared: Arc::clone(shared),
+        }
+    }
+}
+
+impl Drop for SettledRemovals {
+    fn drop(&mut self) {
+        self.shared.apply.lock().settled_removals = None;
+    }
+}
+
 /// The checkpoint thread: runs `CheckpointJob`s one at a time, in order.
 pub(crate) struct Checkpointer {
     pub(crate) shared: Arc<Shared>,
@@ -108,10 +152,7 @@ impl Checkpointer {
         }
     }
 
-    /// Seals the frozen segments, persists tombstones, merges and rebuilds, waits until every
-    /// applied operation is durable in the WAL, publishes a new manifest, installs the new
-    /// segments for searches, then truncates the WAL and deletes unreferenced files. Returns
-    /// the checkpoint sequence number.
+    /// One checkpoint at `seq`: the phases of docs/CHECKPOINT.md, in order. Returns `seq`.
     ///
     /// Sealing and merging read segments that ingestion keeps removing documents from. What
     /// they copy holds every operation up to `seq` (applied before the freeze) and maybe some
@@ -121,224 +162,315 @@ impl Checkpointer {
     pub(crate) fn checkpoint(&mut self, seq: u64) -> Result<u64> {
         // Tests arm it with `panic` to kill this thread (`tests/thread_failure.rs`).
         fail::fail_point!("checkpoint::start");
+        self.check_wal()?;
+        // Records removals from frozen and sealed segments until `install` (or an error) ends it.
+        let _journal = SettledRemovals::start(&self.shared);
+        let mut work = self.begin(seq);
+        self.seal(&mut work)?;
+        fail::fail_point!("checkpoint::after_seal", |_| abort_for_test());
+        self.merge_and_rebuild(&mut work)?;
+        fail::fail_point!("checkpoint::after_merge", |_| abort_for_test());
+        self.write_tombstones(&mut work)?;
+        fail::fail_point!("checkpoint::after_tombstones", |_| abort_for_test());
+        let published = self.write_manifest(&work)?;
+        if published {
+            fail::fail_point!("checkpoint::after_manifest", |_| abort_for_test());
+        }
+        self.install(&work);
+        if published {
+            self.truncate_wal();
+            fail::fail_point!("checkpoint::after_truncate", |_| abort_for_test());
+            self.collect_garbage();
+            tracing::info!(
+                generation = work.generation,
+                checkpoint_seq = seq,
+                n_sealed = work.sealed.len(),
+                rebuilt = ?work.rebuilt,
+                "checkpoint"
+            );
+        }
+        Ok(seq)
+    }
+
+    /// Phase 0: refuses at once on a poisoned WAL. Checked before sealing: the checkpoint could
+    /// not publish (its WAL barrier would fail), so it must not write segment files either.
+    fn check_wal(&self) -> Result<()> {
         if let Some(error) = self.wal.poison_error() {
-            // Checked before sealing: the checkpoint could not publish (its WAL barrier would
-            // fail), so it must not write segment files either.
             self.shared
                 .n_checkpoints_refused
                 .fetch_add(1, Ordering::Relaxed);
             return Err(error.into());
         }
-        let dir = self.shared.dir.clone();
-        let index_config = self.shared.config.index_config();
-        let rebuild_fraction = self.shared.config.rebuild_tombstone_fraction;
-        let set = self.shared.segments();
-        let generation = self.state.next_generation;
-        let mut sealed: Vec<Arc<SealedSegment>> = set.sealed.clone();
-        let mut next_segment_id = self.state.current.next_segment_id;
-        let mut tombstone_files: HashMap<u64, String> = self
+        Ok(())
+    }
+
+    /// The checkpoint's starting point: the segment set as it is now, and the frozen segments
+    /// up to `seq` that phase 1 seals. Called with the settled-removal journal on, so that
+    /// every removal from a segment copied after this point is recorded.
+    fn begin(&self, seq: u64) -> CheckpointWork {
+        let before = self.shared.segments();
+        let to_seal = before
+            .frozen
+            .iter()
+            .filter(|(frozen_seq, _)| *frozen_seq <= seq)
+            .cloned()
+            .collect();
+        let tombstone_files = self
             .state
             .current
             .segments
             .iter()
             .filter_map(|s| s.tombstones.clone().map(|t| (s.id, t)))
             .collect();
-        let mut changed = false;
+        CheckpointWork {
+            seq,
+            generation: self.state.next_generation,
+            sealed: before.sealed.clone(),
+            before,
+            to_seal,
+            next_segment_id: self.state.current.next_segment_id,
+            tombstone_files,
+            persisted: HashMap::new(),
+            rebuilt: Vec::new(),
+            changed: false,
+        }
+    }
 
-        // 1. Seal the frozen segments up to `seq`, oldest first.
-        let to_seal: Vec<(u64, Arc<MutableSegment>)> = set
-            .frozen
-            .iter()
-            .filter(|(frozen_seq, _)| *frozen_seq <= seq)
-            .cloned()
-            .collect();
-        for (frozen_seq, frozen) in to_seal.iter().rev() {
+    /// Phase 1: each frozen segment up to `seq`, oldest first, becomes a sealed segment file
+    /// (partitions with many dead slots get a fresh graph over their live vectors).
+    fn seal(&self, work: &mut CheckpointWork) -> Result<()> {
+        let rebuild_fraction = self.shared.config.rebuild_tombstone_fraction;
+        for (frozen_seq, frozen) in work.to_seal.iter().rev() {
+            let id = work.next_segment_id;
             let segment = in_build_pool(|| {
-                SealedSegment::seal_compacting(
-                    frozen,
-                    next_segment_id,
-                    *frozen_seq,
-                    rebuild_fraction,
-                )
+                SealedSegment::seal_compacting(frozen, id, *frozen_seq, rebuild_fraction)
             });
-            next_segment_id += 1;
+            work.next_segment_id += 1;
             if segment.figures().n_slots > 0 {
-                segment.write(&dir.join(manifest::segment_file_name(segment.id())))?;
-                sealed.push(Arc::new(segment));
+                self.write_segment(&segment)?;
+                work.sealed.push(Arc::new(segment));
             }
-            changed = true;
+            work.changed = true;
         }
-        fail::fail_point!("checkpoint::after_seal", |_| abort_for_test());
+        SegmentSet::sort_sealed(&mut work.sealed);
+        Ok(())
+    }
 
-        // 2. Merge while there are too many sealed segments; rebuild ones full of tombstones.
-        SegmentSet::sort_sealed(&mut sealed);
-        let mut rebuilt: Vec<u64> = Vec::new();
-        while sealed.len() > self.shared.config.max_sealed_segments {
+    /// Phase 2: while there are more than `max_sealed_segments`, the two smallest are merged;
+    /// then a segment with more than `rebuild_tombstone_fraction` dead slots is rebuilt. Each
+    /// result is a new file.
+    fn merge_and_rebuild(&self, work: &mut CheckpointWork) -> Result<()> {
+        let index_config = self.shared.config.index_config();
+        let rebuild_fraction = self.shared.config.rebuild_tombstone_fraction;
+        while work.sealed.len() > self.shared.config.max_sealed_segments {
             self.check_stopping()?;
-            sealed.sort_by_key(|s| s.figures().n_live);
-            let (a, b) = (sealed.remove(0), sealed.remove(0));
-            let merged =
-                in_build_pool(|| SealedSegment::rebuild(&[&a, &b], next_segment_id, index_config));
-            next_segment_id += 1;
-            merged.write(&dir.join(manifest::segment_file_name(merged.id())))?;
+            work.sealed.sort_by_key(|s| s.figures().n_live);
+            let (a, b) = (work.sealed.remove(0), work.sealed.remove(0));
+            let id = work.next_segment_id;
+            let merged = in_build_pool(|| SealedSegment::rebuild(&[&a, &b], id, index_config));
+            work.next_segment_id += 1;
+            self.write_segment(&merged)?;
             tracing::info!(from = ?[a.id(), b.id()], to = merged.id(), "merged sealed segments");
-            rebuilt.extend([a.id(), b.id()]);
-            sealed.push(Arc::new(merged));
-            changed = true;
+            work.rebuilt.extend([a.id(), b.id()]);
+            work.sealed.push(Arc::new(merged));
+            work.changed = true;
         }
-        for slot in sealed.iter_mut() {
+        for slot in work.sealed.iter_mut() {
             if slot.tombstone_fraction() > rebuild_fraction {
                 self.check_stopping()?;
-                let fresh = in_build_pool(|| {
-                    SealedSegment::rebuild(&[slot], next_segment_id, index_config)
-                });
-                next_segment_id += 1;
-                fresh.write(&dir.join(manifest::segment_file_name(fresh.id())))?;
+                let id = work.next_segment_id;
+                let fresh = in_build_pool(|| SealedSegment::rebuild(&[slot], id, index_config));
+                work.next_segment_id += 1;
+                self.write_segment(&fresh)?;
                 tracing::info!(
                     from = slot.id(),
                     to = fresh.id(),
                     "rebuilt a segment with many tombstones"
                 );
-                rebuilt.push(slot.id());
+                work.rebuilt.push(slot.id());
                 *slot = Arc::new(fresh);
-                changed = true;
+                work.changed = true;
             }
         }
-        SegmentSet::sort_sealed(&mut sealed);
-        fail::fail_point!("checkpoint::after_merge", |_| abort_for_test());
+        SegmentSet::sort_sealed(&mut work.sealed);
+        Ok(())
+    }
 
-        // 3. Persist tombstones that changed since their last file. A segment written in this
-        //    checkpoint has its tombstones in its own file (and nobody else can reach it yet).
-        let is_old = |id: u64| set.sealed.iter().any(|s| s.id() == id);
-        let mut persisted: HashMap<u64, usize> = HashMap::new();
-        for segment in &sealed {
+    /// Phase 3: tombstone files for old segments whose tombstones changed since their last
+    /// file. A segment written in this checkpoint has its tombstones in its own file (and
+    /// nobody else can reach it yet).
+    fn write_tombstones(&self, work: &mut CheckpointWork) -> Result<()> {
+        let dir = &self.shared.dir;
+        for segment in &work.sealed {
             let id = segment.id();
-            if !is_old(id) {
-                persisted.insert(id, segment.figures().n_tombstoned);
-                continue;
-            }
             // Counted before encoding: the file holds at least these (tombstones only grow).
             let n_tombstoned = segment.figures().n_tombstoned;
-            let previous = self.state.persisted_tombstones.get(&id).copied();
-            if previous == Some(n_tombstoned) {
-                persisted.insert(id, n_tombstoned);
+            if !work.before.sealed.iter().any(|s| s.id() == id) {
+                work.persisted.insert(id, n_tombstoned);
                 continue;
             }
-            let name = manifest::tombstone_file_name(id, generation);
+            let previous = self.state.persisted_tombstones.get(&id).copied();
+            if previous == Some(n_tombstoned) {
+                work.persisted.insert(id, n_tombstoned);
+                continue;
+            }
+            let name = manifest::tombstone_file_name(id, work.generation);
             tarn_index::fsutil::write_durably(&dir.join(&name), &segment.encode_tombstones())
                 .map_err(|e| CollectionError::io("write tombstones", dir.join(&name), e))?;
-            tombstone_files.insert(id, name);
-            persisted.insert(id, n_tombstoned);
-            changed = true;
+            work.tombstone_files.insert(id, name);
+            work.persisted.insert(id, n_tombstoned);
+            work.changed = true;
         }
-        fail::fail_point!("checkpoint::after_tombstones", |_| abort_for_test());
+        Ok(())
+    }
 
-        let publish = changed || seq != self.state.current.checkpoint_seq;
-        if publish {
-            // What was copied may hold removals applied after `seq`: they must be durable
-            // before a manifest names the copies (see above).
-            self.check_stopping()?;
-            self.wal.sync().wait()?;
-
-            // 4. Publish the new manifest.
-            let manifest = Manifest {
-                format: 1,
-                generation,
-                checkpoint_seq: seq,
-                next_segment_id,
-                segments: sealed
-                    .iter()
-                    .map(|s| SegmentEntry {
-                        id: s.id(),
-                        file: manifest::segment_file_name(s.id()),
-                        tombstones: tombstone_files.get(&s.id()).cloned(),
-                    })
-                    .collect(),
-            };
-            manifest::write_checked(&manifest::manifest_path(&dir, generation), &manifest)?;
-            fail::fail_point!("checkpoint::after_manifest", |_| abort_for_test());
-            // New snapshots read this one from now on (before anything below is deleted).
-            self.shared.retention.publish(manifest.clone());
-            let previous = std::mem::replace(&mut self.state.current, manifest);
-            self.state.previous = Some(previous);
-            self.state.next_generation = generation + 1;
-            self.state.persisted_tombstones = persisted;
+    /// Phase 4: if anything changed (or `seq` moved), waits until the WAL is durable past every
+    /// applied operation (what was copied may hold removals applied after `seq`, which must not
+    /// outlive a lost WAL entry), then writes the manifest of the next generation durably.
+    /// Returns whether a manifest was published.
+    fn write_manifest(&mut self, work: &CheckpointWork) -> Result<bool> {
+        if !work.changed && work.seq == self.state.current.checkpoint_seq {
+            return Ok(false);
         }
+        self.check_stopping()?;
+        self.wal.sync().wait()?;
+        let manifest = Manifest {
+            format: 1,
+            generation: work.generation,
+            checkpoint_seq: work.seq,
+            next_segment_id: work.next_segment_id,
+            segments: work
+                .sealed
+                .iter()
+                .map(|s| SegmentEntry {
+                    id: s.id(),
+                    file: manifest::segment_file_name(s.id()),
+                    tombstones: work.tombstone_files.get(&s.id()).cloned(),
+                })
+                .collect(),
+        };
+        let dir = &self.shared.dir;
+        manifest::write_checked(&manifest::manifest_path(dir, work.generation), &manifest)?;
+        // New snapshots read this one from now on (before anything below is deleted).
+        self.shared.retention.publish(manifest.clone());
+        let previous = std::mem::replace(&mut self.state.current, manifest);
+        self.state.previous = Some(previous);
+        self.state.next_generation = work.generation + 1;
+        self.state.persisted_tombstones = work.persisted.clone();
+        Ok(true)
+    }
 
-        // 5. Searches switch to the new sealed segments.
-        self.install(&set, &to_seal, sealed.clone());
-        self.shared.checkpoint_seq.store(seq, Ordering::Release);
-        if !publish {
-            return Ok(seq);
-        }
-
-        // 6. The WAL is kept from the previous manifest on, so that it stays a valid fallback,
-        //    and from wherever an open snapshot reads it (`retention.rs`). The ticket is not
-        //    awaited: nothing here depends on when the files go.
+    /// Phase 6: deletes the WAL before the previous manifest's checkpoint, so that it stays a
+    /// valid fallback, and keeps wherever an open snapshot reads it from (`retention.rs`). The
+    /// ticket is not awaited: nothing here depends on when the files go.
+    fn truncate_wal(&self) {
         let fallback_from = self.state.previous.as_ref().map_or(0, |m| m.checkpoint_seq) + 1;
         let keep_from = self.shared.retention.wal_keep_from(fallback_from);
         drop(self.wal.truncate_before(keep_from));
-        fail::fail_point!("checkpoint::after_truncate", |_| abort_for_test());
-
-        // 7. Delete what neither the current nor the previous manifest nor a snapshot needs.
-        if let Err(error) = collect_garbage(&dir, &self.state, &self.shared.retention) {
-            tracing::warn!(%error, "could not delete unreferenced collection files");
-        }
-        tracing::info!(
-            generation,
-            checkpoint_seq = seq,
-            n_sealed = sealed.len(),
-            ?rebuilt,
-            "checkpoint"
-        );
-        Ok(seq)
     }
 
-    /// Replaces `to_seal` and the sealed segments of `before` with `sealed`, under the apply
-    /// lock. A document removed from a replaced segment after sealing or merging copied it is
-    /// removed from the copy here: a live pair is live in one segment only, and no operation
-    /// adds to a frozen or sealed segment, so a copy is stale exactly when no replaced segment
-    /// holds the pair any more.
-    fn install(
-        &self,
-        before: &SegmentSet,
-        to_seal: &[(u64, Arc<MutableSegment>)],
-        sealed: Vec<Arc<SealedSegment>>,
-    ) {
-        let _apply = self.shared.counts.lock();
+    /// Phase 7: deletes what neither the current nor the previous manifest nor a snapshot
+    /// needs. A failure is logged; the next checkpoint tries again.
+    fn collect_garbage(&self) {
+        if let Err(error) = collect_garbage(&self.shared.dir, &self.state, &self.shared.retention) {
+            tracing::warn!(%error, "could not delete unreferenced collection files");
+        }
+    }
+
+    fn write_segment(&self, segment: &SealedSegment) -> Result<()> {
+        segment.write(
+            &self
+                .shared
+                .dir
+                .join(manifest::segment_file_name(segment.id())),
+        )?;
+        Ok(())
+    }
+
+    /// Phase 5: searches switch to the new segment set: the sealed frozen segments and the
+    /// replaced sealed segments give way to `work.sealed`, under the apply lock.
+    ///
+    /// A document removed from a replaced segment after sealing or merging copied it must be
+    /// removed from the copy too. No operation adds to a frozen or sealed segment, so a copy is
+    /// stale exactly when its pair was removed from its source after the copy, and every such
+    /// removal is in the settled-removal journal (on since `begin`, before anything was
+    /// copied). The journal is reconciled outside the lock first, as often as it takes to get
+    /// it short, and under the lock only for the few operations applied since: the work under
+    /// the apply lock grows with the writes during the last reconciliation, not with the
+    /// collection.
+    fn install(&self, work: &CheckpointWork) {
+        /// A journal shorter than this is left for the reconciliation under the lock.
+        const SHORT_JOURNAL: usize = 1024;
+        /// Rounds outside the lock, for a write load that keeps the journal long.
+        const MAX_ROUNDS: usize = 4;
+        let before = &work.before;
+        let sealed = &work.sealed;
+        let written: Vec<&Arc<SealedSegment>> = sealed
+            .iter()
+            .filter(|segment| !before.sealed.iter().any(|old| Arc::ptr_eq(old, segment)))
+            .collect();
         let replaced: Vec<&Arc<SealedSegment>> = before
             .sealed
             .iter()
             .filter(|old| !sealed.iter().any(|s| Arc::ptr_eq(s, old)))
             .collect();
-        let still_live = |user_id: u128, doc_id: u128| {
-            to_seal.iter().any(|(_, f)| f.contains(user_id, doc_id))
-                || replaced.iter().any(|s| s.contains(user_id, doc_id))
-        };
-        for segment in &sealed {
-            if before.sealed.iter().any(|old| Arc::ptr_eq(old, segment)) {
-                continue;
+        let carry_over = |pairs: &[(u128, u128)]| {
+            for &(user_id, doc_id) in pairs {
+                let still_live = work
+                    .to_seal
+                    .iter()
+                    .any(|(_, f)| f.contains(user_id, doc_id))
+                    || replaced.iter().any(|s| s.contains(user_id, doc_id));
+                if !still_live {
+                    for segment in &written {
+                        segment.tombstone(user_id, doc_id);
+                    }
+                }
             }
-            let stale: Vec<(u128, u128)> = segment
-                .live_documents()
-                .filter(|&(user_id, doc_id)| !still_live(user_id, doc_id))
-                .collect();
-            for (user_id, doc_id) in stale {
-                segment.tombstone(user_id, doc_id);
+        };
+        for _ in 0..MAX_ROUNDS {
+            // Taken and restarted in one hold of the lock, so that no removal goes unrecorded.
+            let pairs = std::mem::take(
+                self.shared
+                    .apply
+                    .lock()
+                    .settled_removals
+                    .get_or_insert_with(Vec::new),
+            );
+            carry_over(&pairs);
+            if pairs.len() < SHORT_JOURNAL {
+                break;
             }
         }
+        // Tests pause here to apply writes that only the reconciliation under the lock sees.
+        fail::fail_point!("checkpoint::before_install_lock");
+
+        let mut apply = self.shared.apply.lock();
+        let locked = std::time::Instant::now();
+        let pairs = apply.settled_removals.take().unwrap_or_default();
+        carry_over(&pairs);
         let current = self.shared.segments();
         let frozen = current
             .frozen
             .iter()
-            .filter(|(_, f)| !to_seal.iter().any(|(_, t)| Arc::ptr_eq(f, t)))
+            .filter(|(_, f)| !work.to_seal.iter().any(|(_, t)| Arc::ptr_eq(f, t)))
             .cloned()
             .collect();
         *self.shared.segments.write() = Arc::new(SegmentSet {
             mutable: Arc::clone(&current.mutable),
             frozen,
-            sealed,
+            sealed: sealed.clone(),
         });
+        drop(apply);
+        let held = locked.elapsed();
+        self.shared
+            .checkpoint_seq
+            .store(work.seq, Ordering::Release);
+        tracing::debug!(
+            held_us = held.as_micros() as u64,
+            n_carried_under_lock = pairs.len(),
+            "installed a checkpoint's segments under the apply lock"
+        );
     }
 
     fn check_stopping(&self) -> Result<()> {
@@ -361,14 +493,14 @@ fn in_build_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
 }
 
 #[cfg(feature = "failpoints")]
-fn abort_for_test() -> Result<u64> {
+fn abort_for_test<T>() -> Result<T> {
     // A fail point here simulates a crash between two checkpoint steps (tests only).
     std::process::abort()
 }
 
 #[cfg(not(feature = "failpoints"))]
 #[allow(dead_code)]
-fn abort_for_test() -> Result<u64> {
+fn abort_for_test<T>() -> Result<T> {
     unreachable!("fail points are compiled out")
 }
 

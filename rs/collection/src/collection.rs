@@ -24,7 +24,7 @@ use crate::ingestion::{IngestFeeder, IngestSignal, IngestWorker};
 use crate::manifest::{self, Manifest, SegmentEntry, CONFIG_FILE};
 use crate::op;
 use crate::retention::Retention;
-use crate::segments::SegmentSet;
+use crate::segments::{ApplyState, SegmentSet};
 use crate::snapshot::Snapshot;
 
 /// Largest number of (tenant, document) pairs one insert or remove may touch.
@@ -39,9 +39,10 @@ pub(crate) struct Shared {
     /// Last applied sequence number; waiters subscribe for read-your-writes.
     pub(crate) applied: tokio::sync::watch::Sender<u64>,
     pub(crate) checkpoint_seq: AtomicU64,
-    /// Live documents per tenant. Its lock is the apply lock.
-    pub(crate) counts: Mutex<HashMap<u128, u64>>,
-    /// The sum of `counts` and its length (tenants ever seen), kept by ingestion, so that stats
+    /// The apply lock: ingestion applies each operation holding it, and freezing and
+    /// installing replace the segment set holding it. Guards the live documents per tenant.
+    pub(crate) apply: Mutex<ApplyState>,
+    /// The sum of the per-tenant counts and their number (tenants ever seen), kept by ingestion, so that stats
     /// need not take the apply lock.
     pub(crate) n_documents: AtomicU64,
     pub(crate) n_tenants: AtomicU64,
@@ -233,7 +234,10 @@ impl Collection {
             )));
         }
         // Replay what the checkpoint does not hold, before anyone can search.
-        let mut counts = set.live_counts();
+        let mut apply = ApplyState {
+            counts: set.live_counts(),
+            settled_removals: None,
+        };
         let started = Instant::now();
         let mut n_replayed = 0u64;
         let mut replay_bytes = 0u64;
@@ -241,7 +245,7 @@ impl Collection {
             let (seq, payload) = entry?;
             let operation = op::decode(&payload, config.dimension)
                 .map_err(|e| CollectionError::Corrupt(format!("WAL entry {seq}: {e}")))?;
-            set.apply(&operation, &mut counts);
+            set.apply(&operation, &mut apply);
             n_replayed += 1;
             replay_bytes += payload.len() as u64;
         }
@@ -253,9 +257,9 @@ impl Collection {
             segments: RwLock::new(Arc::new(set)),
             applied: tokio::sync::watch::Sender::new(last_seq),
             checkpoint_seq: AtomicU64::new(checkpoint_seq),
-            n_documents: AtomicU64::new(counts.values().sum()),
-            n_tenants: AtomicU64::new(counts.len() as u64),
-            counts: Mutex::new(counts),
+            n_documents: AtomicU64::new(apply.counts.values().sum()),
+            n_tenants: AtomicU64::new(apply.counts.len() as u64),
+            apply: Mutex::new(apply),
             disk_bytes_measured: AtomicU64::new(0),
             wal_bytes_at_measure: AtomicU64::new(0),
             n_ingest_errors: AtomicU64::new(0),
@@ -621,7 +625,7 @@ impl Collection {
     /// Live documents per tenant (a copy of the whole map, taken under the apply lock: for
     /// tests and diagnostics, not for every scrape).
     pub fn documents_per_tenant(&self) -> HashMap<u128, u64> {
-        self.shared().counts.lock().clone()
+        self.shared().apply.lock().counts.clone()
     }
 
     /// Starts a snapshot of the collection, consistent at the WAL's durable sequence number

@@ -128,15 +128,15 @@ impl IngestWorker {
             Ok(operation) => {
                 // The apply lock first, then the set: the checkpoint thread installs a new set
                 // under the same lock.
-                let mut counts = self.shared.counts.lock();
-                let delta = self.shared.segments().apply(&operation, &mut counts);
+                let mut state = self.shared.apply.lock();
+                let delta = self.shared.segments().apply(&operation, &mut state);
                 // Figures that stats read without the apply lock.
                 self.shared
                     .n_documents
                     .fetch_add(delta as u64, Ordering::Relaxed);
                 self.shared
                     .n_tenants
-                    .store(counts.len() as u64, Ordering::Relaxed);
+                    .store(state.counts.len() as u64, Ordering::Relaxed);
             }
             Err(error) => {
                 // Only a bug can get here: every payload was encoded by this crate after
@@ -184,7 +184,7 @@ impl IngestWorker {
     fn start_checkpoint(&mut self, reply: Option<FlushReply>, reason: &str) {
         tracing::debug!(reason, seq = self.applied_seq, "checkpoint requested");
         if !self.triggers.stopped() {
-            let _apply = self.shared.counts.lock();
+            let _apply = self.shared.apply.lock();
             let mut segments = self.shared.segments.write();
             if !segments.mutable.is_empty() {
                 let fresh = MutableSegment::new(self.shared.config.index_config());

@@ -2,7 +2,7 @@
 //! that a checkpoint is sealing, and the sealed ones, each list newest first. Searches take a
 //! snapshot (`Arc<SegmentSet>`); ingestion publishes a new set when it freezes the mutable
 //! segment, the checkpoint thread when it installs what it sealed. Both replace the set while
-//! holding the apply lock (`Shared::counts`), so neither loses the other's change.
+//! holding the apply lock (`Shared::apply`), so neither loses the other's change.
 //!
 //! Invariant: a live `(user, doc)` is live in exactly one segment. An upsert stores the new
 //! version in the mutable segment first and then tombstones the old one wherever it is (frozen
@@ -16,6 +16,19 @@ use tarn_index::{Hit, MutableSegment, SealedSegment};
 
 use crate::op::Operation;
 
+/// What the apply lock (`Shared::apply`) guards: everything ingestion changes per operation
+/// besides the segments themselves.
+#[derive(Debug, Default)]
+pub(crate) struct ApplyState {
+    /// Live documents per tenant.
+    pub(crate) counts: HashMap<u128, u64>,
+    /// While a checkpoint runs (from its `begin` to its `install`): every pair removed from a
+    /// frozen or sealed segment since it began, in apply order. The checkpoint's copies of
+    /// those segments are reconciled with these pairs, so that installing does not have to
+    /// rescan every document it copied (`checkpoint.rs`). `None` when no checkpoint runs.
+    pub(crate) settled_removals: Option<Vec<(u128, u128)>>,
+}
+
 #[derive(Debug)]
 pub(crate) struct SegmentSet {
     pub(crate) mutable: Arc<MutableSegment>,
@@ -27,9 +40,14 @@ pub(crate) struct SegmentSet {
 }
 
 impl SegmentSet {
-    /// Applies one logged operation; keeps `counts` (live documents per tenant) current.
+    /// Applies one logged operation; keeps the live documents per tenant current and records
+    /// removals from frozen and sealed segments while a checkpoint runs (`ApplyState`).
     /// Returns the change in the number of live documents.
-    pub(crate) fn apply(&self, op: &Operation, counts: &mut HashMap<u128, u64>) -> i64 {
+    pub(crate) fn apply(&self, op: &Operation, state: &mut ApplyState) -> i64 {
+        let ApplyState {
+            counts,
+            settled_removals,
+        } = state;
         let mut delta = 0i64;
         match op {
             Operation::Insert {
@@ -41,7 +59,8 @@ impl SegmentSet {
                 for &user_id in Operation::tenants(user_ids) {
                     for (doc_id, vector) in doc_ids.iter().zip(vectors.chunks_exact(*dimension)) {
                         let replaced_here = self.mutable.upsert(user_id, *doc_id, vector);
-                        let replaced = replaced_here || self.remove_settled(user_id, *doc_id);
+                        let replaced = replaced_here
+                            || self.remove_settled(user_id, *doc_id, settled_removals);
                         if !replaced {
                             *counts.entry(user_id).or_default() += 1;
                             delta += 1;
@@ -53,7 +72,7 @@ impl SegmentSet {
                 for &user_id in Operation::tenants(user_ids) {
                     for doc_id in doc_ids {
                         let removed = self.mutable.remove(user_id, *doc_id)
-                            || self.remove_settled(user_id, *doc_id);
+                            || self.remove_settled(user_id, *doc_id, settled_removals);
                         if removed {
                             if let Some(n) = counts.get_mut(&user_id) {
                                 if *n > 0 {
@@ -69,10 +88,22 @@ impl SegmentSet {
         delta
     }
 
-    /// Removes `(user_id, doc_id)` from the frozen or sealed segment holding it; true if one did.
-    fn remove_settled(&self, user_id: u128, doc_id: u128) -> bool {
-        self.frozen.iter().any(|(_, f)| f.remove(user_id, doc_id))
-            || self.sealed.iter().any(|s| s.tombstone(user_id, doc_id))
+    /// Removes `(user_id, doc_id)` from the frozen or sealed segment holding it, and records the
+    /// pair in `settled_removals` if that is on; true if a segment held it.
+    fn remove_settled(
+        &self,
+        user_id: u128,
+        doc_id: u128,
+        settled_removals: &mut Option<Vec<(u128, u128)>>,
+    ) -> bool {
+        let removed = self.frozen.iter().any(|(_, f)| f.remove(user_id, doc_id))
+            || self.sealed.iter().any(|s| s.tombstone(user_id, doc_id));
+        if removed {
+            if let Some(pairs) = settled_removals {
+                pairs.push((user_id, doc_id));
+            }
+        }
+        removed
     }
 
     /// Every live `(user, doc)` pair, sorted, each once (a pair upserted while this runs may be

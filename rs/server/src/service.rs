@@ -531,17 +531,39 @@ impl TarnService {
         if search.min_seq > 0 {
             collection.wait_applied(search.min_seq, wait).await?;
         }
-        // A graph search takes a fraction of a millisecond: it runs on this worker, since
-        // handing it to another thread and back costs two thread wake-ups, more than the
-        // search itself here (measured: docs/BENCHMARKS.md, "through gRPC"). An exact
-        // search scans every vector of the tenants (milliseconds): off the workers.
-        Ok(if search.exact {
-            tokio::task::spawn_blocking(move || collection.search(&search))
-                .await
-                .map_err(|e| ApiError::Internal(e.to_string()))??
-        } else {
-            collection.search(&search)?
+        // A graph search of a few tenants takes a fraction of a millisecond: it runs on this
+        // worker, since handing it to another thread and back costs two thread wake-ups, more
+        // than the search itself (docs/BENCHMARKS.md, "through gRPC"). An exact search scans
+        // every vector of its tenants, and a search naming many tenants searches each of them
+        // (a small tenant by a scan): those run on the blocking pool, a bounded number at a
+        // time, so that the runtime's workers stay free for writes and cheap reads (the
+        // threshold is measured: docs/BENCHMARKS.md, "Heavy searches and a durable writer").
+        /// Searches naming at least this many tenants run off the runtime's workers.
+        const HEAVY_SEARCH_TENANTS: usize = 16;
+        static HEAVY_SEARCH_SLOTS: std::sync::OnceLock<Arc<Semaphore>> = std::sync::OnceLock::new();
+        if !search.exact && search.user_ids.len() < HEAVY_SEARCH_TENANTS {
+            return Ok(collection.search(&search)?);
+        }
+        // All cores but one, as for the indexer: a durable write's handler, the WAL writer and
+        // ingestion always find a core.
+        let slots = HEAVY_SEARCH_SLOTS.get_or_init(|| {
+            let cores = std::thread::available_parallelism().map_or(1, usize::from);
+            Arc::new(Semaphore::new(cores.saturating_sub(1).max(1)))
+        });
+        // Held by the blocking task, so a search whose caller went away still counts until it
+        // ends.
+        let slot = Arc::clone(slots)
+            .acquire_owned()
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        tokio::task::spawn_blocking(move || {
+            let hits = collection.search(&search);
+            drop(slot);
+            hits
         })
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .map_err(ApiError::from)
     }
 
     pub(crate) async fn local_get(
