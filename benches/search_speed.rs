@@ -4,7 +4,7 @@
 //! prints a markdown table and, with `--json FILE`, writes the figures for
 //! `scripts/search-vs-hnswlib.sh`, which runs hnswlib on the same data in the same run.
 //!
-//! The segment is built once (through the mutable segment and hnsw_rs, about a minute) and
+//! The segment is built once (by tarn's builder, as sealing and merges build it, a few seconds) and
 //! cached as a `.tseg` file under the target directory; later runs open it (delete the file, or
 //! set `TARN_SEARCH_REBUILD=1`, to rebuild).
 //!
@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use tarn_index::{Hit, IndexConfig, Metric, MutableSegment, SealedSegment};
+use tarn_index::{BuildConfig, BulkDocuments, Hit, IndexConfig, Metric, SealedSegment};
 use tarn_testkit::{load_minilm, minilm_dir};
 
 const DIM: usize = 384;
@@ -56,16 +56,19 @@ fn config() -> IndexConfig {
 fn segment(data: &Data, cache: &Path) -> (SealedSegment, f64) {
     let rebuild = std::env::var_os("TARN_SEARCH_REBUILD").is_some();
     if rebuild || !cache.exists() {
-        let mutable = MutableSegment::new(config());
-        for (i, row) in data.base.chunks_exact(DIM).enumerate() {
-            let mut v = row.to_vec();
-            Metric::Cosine.prepare(&mut v);
-            mutable.upsert(0, i as u128, &v);
-        }
+        // tarn's own builder, as sealing and merges build the bulk of a collection's graphs.
+        let n = data.base.len() / DIM;
+        let doc_ids: Vec<u128> = (0..n as u128).collect();
+        let documents = BulkDocuments {
+            user_ids: &vec![0; n],
+            doc_ids: &doc_ids,
+            vectors: &data.base,
+        };
         let start = Instant::now();
-        while mutable.index_pending(256) > 0 {}
+        let sealed =
+            SealedSegment::build(documents, 1, n as u64, config(), &BuildConfig::default())
+                .unwrap();
         eprintln!("built the graph in {:.1} s", start.elapsed().as_secs_f64());
-        let sealed = SealedSegment::seal(&mutable, 1, (data.base.len() / DIM) as u64);
         std::fs::create_dir_all(cache.parent().unwrap()).unwrap();
         sealed.write(cache).unwrap();
     }
@@ -134,7 +137,8 @@ fn main() {
         return;
     };
     let data = load(&dir);
-    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("search_speed/minilm-m16-efc200.tseg");
+    let cache =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("search_speed/minilm-m16-efc200-builder.tseg");
     let (sealed, open_s) = segment(&data, &cache);
     let n = data.base.len() / DIM;
     let figures = sealed.figures();

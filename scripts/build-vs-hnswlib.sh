@@ -4,12 +4,12 @@
 # (scripts/lib-venv.sh), builds benches/index_build.rs in release, then alternates passes of
 # tarn's builder (in-process: raw vectors -> sealed segment in memory) and of an hnswlib build,
 # both on 2 threads with M=16 and ef_construction=200, and ends with the line
-#   build_ratio=<tarn s / hnswlib s> load_ratio=na recall_ef64=<tarn> hnswlib_recall_ef64=<...>
+#   build_ratio=<tarn s / hnswlib s> load_ratio=<load s / hnswlib s> recall_ef64=<tarn> hnswlib_recall_ef64=<...>
 # Times are medians over every build of the run; recalls are recall@10 at ef 64 over the 500
-# public queries, medians over builds.
-# load_ratio (`tarn insert` of all vectors over gRPC until nothing is unindexed, / hnswlib's
-# build) needs the builder wired into the server's ingestion, which is not done yet: it is printed
-# as `na` until then.
+# public queries, medians over builds. load_ratio: after each hnswlib pass, a fresh release
+# `tarn serve` and `tarn insert` of all vectors over gRPC (FSYNC) until the collection reports
+# nothing unindexed; medians over passes. A last load runs with one client searching throughout:
+# its q/s and recall@10 per second go to target/build_vs_hnswlib.curve.json (and the output).
 # Usage: scripts/build-vs-hnswlib.sh [DATA_DIR]   (TARN_BUILD_PASSES passes, default 3; each
 # tarn pass builds TARN_BUILD_ROUNDS times, default 1; about 2 minutes per pass on 2 cores)
 set -euo pipefail
@@ -24,8 +24,12 @@ source scripts/lib-venv.sh
 bench_venv
 mkdir -p target
 cargo bench -p tarn-benches --bench index_build --no-run
+cargo build --release -p tarn-server
+"$BENCH_VENV/bin/pip" install --quiet ./clients/python
+rm -rf clients/python/build clients/python/*.egg-info
 export TARN_MINILM_DIR="$data"
 "$BENCH_PYTHON" scripts/py/build_vs_hnswlib.py --data "$data" --threads 2 \
     --passes "${TARN_BUILD_PASSES:-3}" \
     --tarn-cmd "cargo bench --quiet -p tarn-benches --bench index_build -- --threads 2 --rounds ${TARN_BUILD_ROUNDS:-1} --json {json}" \
+    --tarn-bin target/release/tarn --curve-json target/build_vs_hnswlib.curve.json \
     --out-json target/build_vs_hnswlib.json

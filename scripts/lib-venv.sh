@@ -7,4 +7,5 @@ bench_venv() {
     [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet 'hnswlib==0.8.0' 'numpy<3' 'matplotlib<4'
     BENCH_PYTHON="$venv/bin/python"
+    BENCH_VENV="$venv"
 }

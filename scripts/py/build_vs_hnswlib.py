@@ -5,7 +5,15 @@ segment in memory from the raw vectors with tarn's parallel builder, times it, m
 over the 500 public queries) and an hnswlib build of the same vectors (M=16, ef_construction=200,
 inner product on the unit vectors, which is cosine), both on the same number of threads. Each
 side's time is the median over all its builds; recall@10 at ef 64 is each side's median over its
-builds. Prints one summary line. Called by scripts/build-vs-hnswlib.sh.
+builds.
+
+Then the load (`--tarn-bin`): a fresh `tarn serve`, a collection with the same parameters, and
+`tarn insert` of every vector over gRPC (FSYNC, 500 per request, 8 in flight), which returns once
+the collection reports nothing unindexed; load seconds are from its start to its exit, load_ratio
+= load seconds / hnswlib's median build. A second load, with one client searching throughout
+(recall@10 at ef 64 against an exact search of the collection at that moment, every 5th query),
+gives the curve of q/s and recall per second, written to --curve-json. Prints one summary line.
+Called by scripts/build-vs-hnswlib.sh.
 """
 
 import argparse
@@ -13,6 +21,8 @@ import json
 import os
 import statistics
 import subprocess
+import tempfile
+import threading
 import time
 
 import hnswlib
@@ -34,6 +44,96 @@ def recall(labels, truth):
     return found / (len(labels) * K)
 
 
+def start_tarn(tarn_bin, work):
+    """A throwaway `tarn serve`; returns (process, gRPC address host:port)."""
+    out = open(os.path.join(work, "serve.out"), "w")
+    err = open(os.path.join(work, "serve.err"), "w")
+    proc = subprocess.Popen([tarn_bin, "serve", "--data-dir", os.path.join(work, "data"),
+                             "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"],
+                            stdout=out, stderr=err)
+    for _ in range(400):
+        with open(os.path.join(work, "serve.out")) as f:
+            for line in f:
+                if line.startswith("tarn: gRPC listening on "):
+                    return proc, line.split()[-1]
+        if proc.poll() is not None:
+            raise SystemExit("tarn serve exited early: " + open(os.path.join(work, "serve.err")).read())
+        time.sleep(0.05)
+    raise SystemExit("tarn serve did not announce its address")
+
+
+def load(tarn_bin, data, queries, with_searcher):
+    """Inserts base.fvecs through `tarn insert` (waits until indexed). Returns (seconds, curve)."""
+    from tarn_client import Client
+
+    work = tempfile.mkdtemp(prefix="tarn-load-")
+    proc, address = start_tarn(tarn_bin, work)
+    curve = []
+    try:
+        client = Client(address, timeout=120)
+        client.wait_ready()
+        client.create_collection("minilm", dimension=queries.shape[1], metric="cosine",
+                                 m=16, ef_construction=200, ef_search=64)
+        stop = threading.Event()
+
+        def searcher(t0):
+            i = 0
+            while not stop.is_set():
+                second_end = t0 + len(curve) + 1
+                n, found, expected = 0, 0, 0
+                while time.perf_counter() < second_end and not stop.is_set():
+                    q = queries[i % len(queries)]
+                    hits = [h.doc_id for h in client.search("minilm", q, top_k=K, ef=64)]
+                    if i % 5 == 0:
+                        truth = [h.doc_id for h in client.search("minilm", q, top_k=K, exact=True)]
+                        found += len(set(hits) & set(truth))
+                        expected += len(truth)
+                    n += 1
+                    i += 1
+                info = client.collection("minilm")
+                curve.append({"second": len(curve) + 1, "qps": n,
+                              "recall": found / expected if expected else None,
+                              "n_documents": info.n_documents, "n_unindexed": info.n_unindexed})
+
+        env = dict(os.environ, TARN_ADDR="http://" + address)
+        t0 = time.perf_counter()
+        thread = None
+        if with_searcher:
+            thread = threading.Thread(target=searcher, args=(t0,))
+            thread.start()
+        result = subprocess.run([tarn_bin, "insert", "--collection", "minilm", "--fvecs",
+                                 os.path.join(data, "base.fvecs"), "--batch", "500",
+                                 "--concurrency", "8", "--durability", "fsync"],
+                                env=env, check=True, capture_output=True, text=True)
+        seconds = time.perf_counter() - t0
+        if thread:
+            # One more second after the load, to see the settled speed.
+            time.sleep(1.5)
+            stop.set()
+            thread.join()
+        info = client.collection("minilm")
+        assert info.n_unindexed == 0, info
+        # Resident memory once settled (after a checkpoint's memory release), and the peak.
+        time.sleep(2)
+        status = dict(line.split(":", 1) for line in open(f"/proc/{proc.pid}/status"))
+        rss_kb = int(status["VmRSS"].split()[0])
+        peak_kb = int(status["VmHWM"].split()[0])
+        raw = info.n_documents * queries.shape[1] * 4
+        memory = {"rss_bytes": rss_kb * 1024, "peak_bytes": peak_kb * 1024, "raw_bytes": raw,
+                  "over_raw_per_vector": (rss_kb * 1024 - raw) / max(info.n_documents, 1)}
+        print(f"tarn memory after the load: RSS {rss_kb / 1024:.0f} MiB (raw vectors "
+              f"{raw / 2**20:.0f} MiB, {memory['over_raw_per_vector']:.0f} B/vector over raw), "
+              f"peak {peak_kb / 1024:.0f} MiB", flush=True)
+        print(f"tarn load{' with a searcher' if with_searcher else ''}: {seconds:.2f} s "
+              f"({result.stdout.strip().splitlines()[-1]})", flush=True)
+        client.close()
+        return seconds, curve, memory
+    finally:
+        proc.terminate()
+        proc.wait()
+        subprocess.run(["rm", "-rf", work], check=False)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", required=True)
@@ -42,6 +142,8 @@ def main():
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out-json", required=True)
+    parser.add_argument("--tarn-bin", help="tarn binary for the load; no load without it")
+    parser.add_argument("--curve-json", help="where the load's per-second curve goes")
     args = parser.parse_args()
 
     base = read_vecs(os.path.join(args.data, "base.fvecs"), np.float32)
@@ -52,6 +154,7 @@ def main():
 
     tarn_seconds, tarn_recalls = [], {ef: [] for ef in EFS}
     hnsw_seconds, hnsw_recalls = [], {ef: [] for ef in EFS}
+    load_seconds, curve, memories = [], [], []
     for p in range(args.passes):
         out = os.path.abspath(f"{args.out_json}.tarn{p}")
         subprocess.run(args.tarn_cmd.replace("{json}", out), shell=True, check=True)
@@ -78,9 +181,23 @@ def main():
             row.append(f"ef {ef}: {r:.4}")
         print(f"hnswlib pass {p + 1}: build {elapsed:.2f} s; recall@10 " + ", ".join(row), flush=True)
         del index
+        if args.tarn_bin:
+            seconds, _, memory = load(args.tarn_bin, args.data, queries, False)
+            load_seconds.append(seconds)
+            memories.append(memory)
 
+    if args.tarn_bin:
+        curve = load(args.tarn_bin, args.data, queries, True)[1]
+        with open(args.curve_json or args.out_json + ".curve", "w") as f:
+            json.dump(curve, f, indent=1)
+        print("second | q/s | recall@10 | documents | unindexed")
+        for point in curve:
+            r = "-" if point["recall"] is None else f"{point['recall']:.3f}"
+            print(f"{point['second']} | {point['qps']} | {r} | {point['n_documents']} | {point['n_unindexed']}")
     tarn_s = statistics.median(tarn_seconds)
     hnsw_s = statistics.median(hnsw_seconds)
+    load_s = statistics.median(load_seconds) if load_seconds else None
+    recalls = [p["recall"] for p in curve if p["recall"] is not None]
     summary = {
         "n": int(n), "threads": args.threads, "passes": args.passes,
         "tarn_build_seconds": tarn_s, "tarn_build_seconds_all": tarn_seconds,
@@ -88,6 +205,10 @@ def main():
         "tarn_recall": {ef: statistics.median(v) for ef, v in tarn_recalls.items()},
         "hnswlib_recall": {ef: statistics.median(v) for ef, v in hnsw_recalls.items()},
         "build_ratio": tarn_s / hnsw_s,
+        "load_seconds_all": load_seconds, "load_seconds": load_s,
+        "load_ratio": load_s / hnsw_s if load_s else None,
+        "load_min_recall": min(recalls) if recalls else None,
+        "load_memory": memories,
     }
     with open(args.out_json, "w") as f:
         json.dump(summary, f, indent=1)
@@ -100,7 +221,11 @@ def main():
     print(f"| hnswlib | {hnsw_s:.2f} | {', '.join(f'{s:.2f}' for s in hnsw_seconds)} | "
           + " | ".join(f"{summary['hnswlib_recall'][ef]:.4f}" for ef in EFS) + " |")
     print()
-    print(f"build_ratio={tarn_s / hnsw_s:.3f} load_ratio=na "
+    if load_s:
+        print(f"load: {load_s:.2f} s (median of {', '.join(f'{s:.2f}' for s in load_seconds)}); "
+              f"recall@10 during the load with a searcher: min {min(recalls):.3f}")
+    load_ratio = f"{load_s / hnsw_s:.3f}" if load_s else "na"
+    print(f"build_ratio={tarn_s / hnsw_s:.3f} load_ratio={load_ratio} "
           f"recall_ef64={summary['tarn_recall'][64]:.4f} "
           f"hnswlib_recall_ef64={summary['hnswlib_recall'][64]:.4f}")
 

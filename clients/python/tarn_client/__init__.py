@@ -113,6 +113,9 @@ class CollectionInfo:
     durable_seq_no: int
     checkpoint_seq_no: int
     n_tenants: int
+    # Stored vectors still searched by exact scan because they wait for a graph (a load that
+    # outran indexing); 0 once the collection is indexed.
+    n_unindexed: int
 
     @staticmethod
     def from_pb(info: tarn_pb2.CollectionInfo) -> "CollectionInfo":
@@ -126,6 +129,7 @@ class CollectionInfo:
             durable_seq_no=info.durable_seq_no,
             checkpoint_seq_no=info.checkpoint_seq_no,
             n_tenants=info.n_tenants,
+            n_unindexed=info.n_unindexed,
         )
 
 

@@ -300,6 +300,9 @@ pub struct CollectionInfo {
     pub n_removed_not_compacted: u64,
     /// The collection's files: segments, log, manifests.
     pub bytes_on_disk: u64,
+    /// Stored vectors waiting for a graph, searched by exact scan meanwhile (a load that
+    /// outran indexing); 0 once the collection is indexed.
+    pub n_unindexed: u64,
     /// Cluster mode: the collection's shards (1 on a single node). The counters above are then
     /// sums over the shards.
     pub shards: u32,
@@ -333,6 +336,7 @@ impl CollectionInfo {
             n_sealed_segments: info.n_sealed_segments,
             n_removed_not_compacted: info.n_removed_not_compacted,
             bytes_on_disk: info.bytes_on_disk,
+            n_unindexed: info.n_unindexed,
             shards: info.shards.max(1),
             shard_key: ShardKey::from_wire(info.shard_key),
         })

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, OnceLock};
 
-use tarn_index::{MutableSegment, SealedSegment};
+use tarn_index::{BuildConfig, MutableSegment, SealedSegment};
 use tarn_wal::Wal;
 
 use crate::collection::Shared;
@@ -242,8 +242,16 @@ impl Checkpointer {
         let rebuild_fraction = self.shared.config.rebuild_tombstone_fraction;
         for (frozen_seq, frozen) in work.to_seal.iter().rev() {
             let id = work.next_segment_id;
-            let segment = in_build_pool(|| {
-                SealedSegment::seal_compacting(frozen, id, *frozen_seq, rebuild_fraction)
+            let segment = self.timed_build(|| {
+                in_build_pool(|| {
+                    SealedSegment::seal_compacting(
+                        frozen,
+                        id,
+                        *frozen_seq,
+                        rebuild_fraction,
+                        &build_config(),
+                    )
+                })
             });
             work.next_segment_id += 1;
             if segment.figures().n_slots > 0 {
@@ -267,7 +275,9 @@ impl Checkpointer {
             work.sealed.sort_by_key(|s| s.figures().n_live);
             let (a, b) = (work.sealed.remove(0), work.sealed.remove(0));
             let id = work.next_segment_id;
-            let merged = in_build_pool(|| SealedSegment::rebuild(&[&a, &b], id, index_config));
+            let merged = self.timed_build(|| {
+                SealedSegment::rebuild(&[&a, &b], id, index_config, &build_config())
+            });
             work.next_segment_id += 1;
             self.write_segment(&merged)?;
             tracing::info!(from = ?[a.id(), b.id()], to = merged.id(), "merged sealed segments");
@@ -279,7 +289,9 @@ impl Checkpointer {
             if slot.tombstone_fraction() > rebuild_fraction {
                 self.check_stopping()?;
                 let id = work.next_segment_id;
-                let fresh = in_build_pool(|| SealedSegment::rebuild(&[slot], id, index_config));
+                let fresh = self.timed_build(|| {
+                    SealedSegment::rebuild(&[slot], id, index_config, &build_config())
+                });
                 work.next_segment_id += 1;
                 self.write_segment(&fresh)?;
                 tracing::info!(
@@ -473,6 +485,24 @@ impl Checkpointer {
         );
     }
 
+    /// Runs a build (sealing, a merge, a rebuild) and counts its vectors and time for the build
+    /// throughput metric.
+    fn timed_build(&self, build: impl FnOnce() -> SealedSegment) -> SealedSegment {
+        let started = std::time::Instant::now();
+        // Tests arm it with `panic` to crash a checkpoint in the middle of a build.
+        fail::fail_point!("checkpoint::build");
+        let segment = build();
+        let micros = started.elapsed().as_micros() as u64;
+        let n_slots = segment.figures().n_slots as u64;
+        self.shared
+            .n_vectors_built
+            .fetch_add(n_slots, Ordering::Relaxed);
+        self.shared
+            .build_micros
+            .fetch_add(micros, Ordering::Relaxed);
+        segment
+    }
+
     fn check_stopping(&self) -> Result<()> {
         if self.shared.stopping.load(Ordering::Acquire) {
             return Err(CollectionError::Closed);
@@ -481,12 +511,20 @@ impl Checkpointer {
     }
 }
 
-/// Runs a checkpoint's graph work (indexing what a frozen segment has left, fresh graphs for
-/// compacted partitions, merges, rebuilds; hnsw_rs parallelises with rayon) in a pool of its own,
-/// of half the cores (at least one). In rayon's global pool a rebuild queued the indexer's
-/// batches behind it and took every core from writes and searches. (Lowering the pool's
-/// priority was tried and dropped: under a sustained write load the checkpoint then barely ran,
-/// and the mutable segment grew past its bound for minutes.)
+/// How checkpoints run tarn's builder (fresh graphs when sealing a partition whose tail hnsw_rs
+/// has not indexed, or with many dead slots; merges; rebuilds): on every core, at the request
+/// threads' priority, so that a load is indexed as fast as the machine allows once its writes
+/// stop. (Lowering the priority of checkpoint work was tried and dropped: under a sustained
+/// write load the checkpoint then barely ran, and the mutable segment grew past its bound for
+/// minutes.)
+fn build_config() -> BuildConfig {
+    BuildConfig::default()
+}
+
+/// Runs a checkpoint's hnsw_rs work (indexing what a frozen segment has left before its graph is
+/// exported; hnsw_rs parallelises with rayon) in a pool of its own, of half the cores (at least
+/// one). In rayon's global pool it queued the indexer's batches behind it and took every core
+/// from writes and searches.
 fn in_build_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
     static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
     in_pool(&POOL, "tarn-build", |cores| cores / 2, 0, work)

@@ -64,6 +64,14 @@ pub(crate) struct Shared {
     pub(crate) flushes: crate::flush::Flushes,
     /// Set once, when one of the collection's threads dies (`failure.rs`).
     pub(crate) failure: std::sync::OnceLock<ThreadFailure>,
+    /// Whether a checkpoint takes a mutable segment's tail past `seal_unindexed` (set by
+    /// ingestion: false while checkpoints fail or stopped); the indexer leaves such a tail to
+    /// it.
+    pub(crate) checkpoint_seals_tail: AtomicBool,
+    /// Vectors given graphs by checkpoints (sealing, merges, rebuilds) since open, and the time
+    /// spent on it: the build throughput metric.
+    pub(crate) n_vectors_built: AtomicU64,
+    pub(crate) build_micros: AtomicU64,
 }
 
 impl Shared {
@@ -123,6 +131,14 @@ pub struct CollectionStats {
     pub n_checkpoints: u64,
     /// Checkpoint jobs refused since open because the WAL is poisoned.
     pub n_checkpoints_refused: u64,
+    /// Stored vectors waiting for a graph (searched by exact scan meanwhile), in the mutable
+    /// segment and in frozen ones being sealed. Tenants below the graph threshold are searched
+    /// exactly by design and not counted.
+    pub n_unindexed: u64,
+    /// Vectors given graphs by checkpoints (sealing, merges, rebuilds) since open, and the
+    /// seconds that took.
+    pub n_vectors_built: u64,
+    pub build_seconds: f64,
 }
 
 #[derive(Debug)]
@@ -270,6 +286,9 @@ impl Collection {
             n_checkpoints_refused: AtomicU64::new(0),
             flushes: crate::flush::Flushes::default(),
             failure: std::sync::OnceLock::new(),
+            checkpoint_seals_tail: AtomicBool::new(true),
+            n_vectors_built: AtomicU64::new(0),
+            build_micros: AtomicU64::new(0),
         });
         shared.measure_disk(&wal);
         let (indexer_shared, indexer_wal) = (Arc::clone(&shared), wal.clone());
@@ -306,11 +325,13 @@ impl Collection {
             triggers: crate::triggers::CheckpointTriggers::new(
                 shared.config.checkpoint_wal_bytes,
                 shared.config.checkpoint_mutable_bytes,
+                shared.config.seal_unindexed,
                 shared.config.checkpoint_interval(),
                 replay_bytes,
                 Instant::now(),
             ),
             n_applied: 0,
+            bytes_since_unindexed_check: 0,
             jobs: Some(jobs),
             done: done_receiver,
             in_flight: 0,
@@ -612,6 +633,9 @@ impl Collection {
             n_ingest_errors: shared.n_ingest_errors.load(Ordering::Relaxed),
             n_checkpoints: shared.n_checkpoints.load(Ordering::Relaxed),
             n_checkpoints_refused: shared.n_checkpoints_refused.load(Ordering::Relaxed),
+            n_unindexed: set.n_unindexed() as u64,
+            n_vectors_built: shared.n_vectors_built.load(Ordering::Relaxed),
+            build_seconds: shared.build_micros.load(Ordering::Relaxed) as f64 / 1e6,
             ..CollectionStats::default()
         };
         for segment in &set.sealed {

@@ -39,6 +39,12 @@ pub struct CollectionConfig {
     /// Stored vectors not yet in a graph (searched exactly meanwhile) before ingestion stops to
     /// help the indexer: bounds the exact-scan cost of searches under a burst of writes.
     pub max_unindexed: usize,
+    /// Checkpoint once this many stored vectors wait for a graph in the mutable segment:
+    /// sealing builds their graphs with tarn's builder, several times faster than the
+    /// indexer's hnsw_rs inserts (ARCHITECTURE.md, "Where graphs are built"). Collections
+    /// created before this setting existed get the default.
+    #[serde(default = "default_seal_unindexed")]
+    pub seal_unindexed: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +84,10 @@ fn default_checkpoint_mutable_bytes() -> u64 {
     256 << 20
 }
 
+fn default_seal_unindexed() -> usize {
+    2048
+}
+
 impl CollectionConfig {
     pub fn new(dimension: usize, metric: MetricName) -> Self {
         CollectionConfig {
@@ -93,6 +103,7 @@ impl CollectionConfig {
             rebuild_tombstone_fraction: 0.2,
             ingest_queue: 4096,
             max_unindexed: 20_000,
+            seal_unindexed: default_seal_unindexed(),
         }
     }
 
@@ -125,12 +136,13 @@ impl CollectionConfig {
             || self.max_sealed_segments == 0
             || self.graph_threshold == 0
             || self.max_unindexed == 0
+            || self.seal_unindexed == 0
             || self.checkpoint_mutable_bytes == 0
         {
             return Err(CollectionError::invalid(
                 "config",
-                "ingest_queue, max_sealed_segments, graph_threshold, max_unindexed and \
-                 checkpoint_mutable_bytes must be positive",
+                "ingest_queue, max_sealed_segments, graph_threshold, max_unindexed, \
+                 seal_unindexed and checkpoint_mutable_bytes must be positive",
             ));
         }
         if !(self.rebuild_tombstone_fraction > 0.0 && self.rebuild_tombstone_fraction <= 1.0) {

@@ -44,7 +44,7 @@ pub(crate) fn run_indexer(shared: Arc<Shared>) {
             }
             *pending = false;
         }
-        while in_index_pool(|| shared.segments().mutable.index_pending(INDEX_BATCH)) > 0 {
+        while in_index_pool(|| index_batch(&shared)) > 0 {
             // Tests arm it with `panic` to kill this thread (`tests/thread_failure.rs`); after
             // a batch that indexed something, so an idle collection never reaches it.
             fail::fail_point!("indexer::batch");
@@ -53,6 +53,20 @@ pub(crate) fn run_indexer(shared: Arc<Shared>) {
             }
         }
     }
+}
+
+/// One batch of the mutable segment's tail into its graphs, unless a checkpoint is about to
+/// seal the tail with tarn's builder (ingestion starts one past `seal_unindexed`: see
+/// `IngestWorker::check_unindexed`), which is several times faster than hnsw_rs inserts.
+/// Returns how many slots it handled.
+fn index_batch(shared: &Shared) -> usize {
+    let mutable = Arc::clone(&shared.segments().mutable);
+    if shared.checkpoint_seals_tail.load(Ordering::Relaxed)
+        && mutable.n_unindexed() >= shared.config.seal_unindexed
+    {
+        return 0;
+    }
+    mutable.index_pending(INDEX_BATCH)
 }
 
 /// Vectors per indexing batch: large enough for parallel inserts to pay, small enough that a

@@ -66,7 +66,20 @@ pub(crate) struct IngestWorker {
     /// Jobs sent and not reported done. Automatic checkpoints start only when this is 0.
     pub(crate) in_flight: usize,
     pub(crate) checkpointer: Option<std::thread::JoinHandle<()>>,
+    /// WAL payload bytes applied since the unindexed tail was last checked.
+    pub(crate) bytes_since_unindexed_check: u64,
 }
+
+/// The unindexed tail is checked every 64 operations, or about every quarter of
+/// `seal_unindexed` vectors applied but at least every this many payload bytes, whichever comes
+/// first (a check reads every partition's lock: not on every apply), and after
+/// `UNINDEXED_RECHECK` without a signal.
+const UNINDEXED_CHECK_BYTES: u64 = 1 << 20;
+const UNINDEXED_RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The longest pause per check while the unindexed tail is past `max_unindexed` and a
+/// checkpoint is sealing the previous one.
+const MAX_UNINDEXED_PAUSE_MS: u32 = 10;
 
 impl IngestWorker {
     /// Runs until shutdown. Takes its state by reference so that, if it panics, the channel
@@ -76,8 +89,18 @@ impl IngestWorker {
         // The WAL writer may be waiting on this thread (the bounded channel): see
         // docs/CHECKPOINT.md, "Who waits on whom".
         tarn_wal::forbid_ticket_waits("ingestion");
+        // A tail replayed at open is checked before anything else arrives.
+        self.check_unindexed();
         loop {
-            let deadline = self.triggers.deadline();
+            // While a checkpoint is in flight or applies went unchecked, the unindexed tail is
+            // looked at again after a short idle spell, so that a load's last tail (or one left
+            // while a checkpoint ran) is sealed without waiting for another write.
+            let recheck = (self.in_flight > 0 || self.bytes_since_unindexed_check > 0)
+                .then(|| Instant::now() + UNINDEXED_RECHECK);
+            let deadline = match (self.triggers.deadline(), recheck) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let signal = match deadline {
                 None => signals.recv().map_err(|_| RecvTimeoutError::Disconnected),
                 Some(deadline) => {
@@ -97,10 +120,14 @@ impl IngestWorker {
                 }
                 Ok(IngestSignal::Flush) => {}
                 Err(RecvTimeoutError::Timeout) => {
-                    let in_flight = self.in_flight > 0;
-                    if let Some(reason) = self.triggers.deadline_passed(in_flight, Instant::now()) {
-                        self.start_checkpoint(None, reason.as_str());
+                    let now = Instant::now();
+                    if self.triggers.deadline().is_some_and(|at| at <= now) {
+                        let in_flight = self.in_flight > 0;
+                        if let Some(reason) = self.triggers.deadline_passed(in_flight, now) {
+                            self.start_checkpoint(None, reason.as_str());
+                        }
                     }
+                    self.check_unindexed();
                 }
                 Ok(IngestSignal::Shutdown) | Err(RecvTimeoutError::Disconnected) => break,
             }
@@ -167,11 +194,55 @@ impl IngestWorker {
                 }
             }
         }
-        if self.n_applied.is_multiple_of(64) {
-            // Back-pressure: past the bound, ingestion helps the indexer instead of growing the
-            // exactly-searched tail (and a full ingestion queue then holds writers back).
-            let mutable = Arc::clone(&self.shared.segments().mutable);
-            while mutable.n_unindexed() > self.shared.config.max_unindexed {
+        self.bytes_since_unindexed_check += payload.len() as u64;
+        // About every quarter of `seal_unindexed` vectors (payload bytes stand in for them).
+        let check_bytes = (self.shared.config.seal_unindexed as u64)
+            .saturating_mul(self.shared.config.dimension as u64)
+            .min(UNINDEXED_CHECK_BYTES);
+        if self.n_applied.is_multiple_of(64) || self.bytes_since_unindexed_check >= check_bytes {
+            self.check_unindexed();
+        }
+    }
+
+    /// The mutable segment's vectors waiting for a graph: past `seal_unindexed` a checkpoint
+    /// seals them, building their graphs with tarn's builder (ARCHITECTURE.md, "Where graphs
+    /// are built"), and the indexer leaves them alone meanwhile. Past `max_unindexed` (the
+    /// exactly searched tail grows faster than sealing takes it), a bounded pause per check
+    /// while a checkpoint is in flight; when no checkpoint will take the tail (they fail or
+    /// stopped), ingestion indexes with every core instead, and a full ingestion queue then
+    /// holds writers back.
+    fn check_unindexed(&mut self) {
+        self.bytes_since_unindexed_check = 0;
+        let mutable = Arc::clone(&self.shared.segments().mutable);
+        let n_unindexed = mutable.n_unindexed();
+        if let Some(reason) = self
+            .triggers
+            .due_by_unindexed(n_unindexed, self.in_flight > 0)
+        {
+            self.start_checkpoint(None, reason.as_str());
+            return;
+        }
+        let max_unindexed = self.shared.config.max_unindexed;
+        if n_unindexed <= max_unindexed {
+            return;
+        }
+        if self.triggers.seals_unindexed(n_unindexed) {
+            // Never an unbounded wait for the checkpoint thread (see `run`).
+            for _ in 0..MAX_UNINDEXED_PAUSE_MS {
+                self.collect_done();
+                if self.in_flight == 0 {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            if let Some(reason) = self
+                .triggers
+                .due_by_unindexed(n_unindexed, self.in_flight > 0)
+            {
+                self.start_checkpoint(None, reason.as_str());
+            }
+        } else {
+            while mutable.n_unindexed() > max_unindexed {
                 if mutable.index_pending(INDEX_BATCH) == 0 {
                     break;
                 }
@@ -192,6 +263,7 @@ impl IngestWorker {
             }
         }
         self.triggers.started();
+        self.publish_tail_owner();
         let job = CheckpointJob {
             seq: self.applied_seq,
             reply,
@@ -206,6 +278,21 @@ impl IngestWorker {
             // gets `Closed`; the frozen segment stays searchable and in the WAL.
             _ => tracing::error!("the checkpoint thread has stopped; no checkpoint is made"),
         }
+    }
+
+    /// Tells the indexer whether a checkpoint will take a tail past `seal_unindexed`.
+    fn publish_tail_owner(&self) {
+        let seals = self.triggers.seals_unindexed(usize::MAX);
+        if !self
+            .shared
+            .checkpoint_seals_tail
+            .swap(seals, Ordering::Relaxed)
+            || seals
+        {
+            return;
+        }
+        // The indexer left a tail to checkpoints that now fail: it takes it.
+        self.shared.indexer.kick();
     }
 
     /// Takes in the checkpoint thread's reports.
@@ -224,9 +311,12 @@ impl IngestWorker {
                 tracing::error!(%error, "checkpoint failed; retrying at the next trigger");
                 // Retry on the next trigger, not in a tight loop. The frozen segments stay
                 // (searchable, and logged in the WAL) and the next checkpoint seals them.
-                let mutable_bytes = self.shared.segments().mutable.estimated_bytes() as u64;
-                self.triggers.failed(mutable_bytes, Instant::now());
+                let mutable = Arc::clone(&self.shared.segments().mutable);
+                let (bytes, n_unindexed) =
+                    (mutable.estimated_bytes() as u64, mutable.n_unindexed());
+                self.triggers.failed(bytes, n_unindexed, Instant::now());
             }
+            self.publish_tail_owner();
         }
     }
 }

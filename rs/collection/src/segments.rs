@@ -185,6 +185,17 @@ impl SegmentSet {
         hits
     }
 
+    /// Stored vectors waiting for a graph: the mutable segment's and the frozen ones'
+    /// (`MutableSegment::n_unindexed`).
+    pub(crate) fn n_unindexed(&self) -> usize {
+        self.mutable.n_unindexed()
+            + self
+                .frozen
+                .iter()
+                .map(|(_, f)| f.n_unindexed())
+                .sum::<usize>()
+    }
+
     /// Live documents per tenant, counted from the segments.
     pub(crate) fn live_counts(&self) -> HashMap<u128, u64> {
         let mut counts = self.mutable.live_counts();

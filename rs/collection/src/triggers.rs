@@ -2,7 +2,9 @@
 //! tests drive them with made-up sizes and instants instead of threads and clocks.
 //!
 //! A checkpoint is due by WAL bytes applied since the last one, by the mutable segment's
-//! estimated size, or by age (the first operation not yet checkpointed is an interval old).
+//! estimated size, by the vectors it holds that wait for a graph (sealing builds them with
+//! tarn's builder, several times faster than the indexer's hnsw_rs: ARCHITECTURE.md, "Where
+//! graphs are built"), or by age (the first operation not yet checkpointed is an interval old).
 //! Automatic checkpoints start only when none is in flight. After a failure, the next one waits
 //! for the next trigger (an interval, or one more bound of growth), never a tight loop; after
 //! the WAL is found poisoned, none is due again.
@@ -14,6 +16,7 @@ use std::time::{Duration, Instant};
 pub(crate) enum Reason {
     WalSize,
     MutableSize,
+    UnindexedTail,
     Age,
 }
 
@@ -22,6 +25,7 @@ impl Reason {
         match self {
             Reason::WalSize => "WAL size",
             Reason::MutableSize => "mutable segment size",
+            Reason::UnindexedTail => "unindexed tail",
             Reason::Age => "age",
         }
     }
@@ -38,6 +42,10 @@ pub(crate) struct CheckpointTriggers {
     /// pushed one bound further after a failed checkpoint so that a failing disk is not retried
     /// on every apply.
     mutable_bytes_trigger: u64,
+    unindexed_bound: usize,
+    /// The unindexed tail that triggers the next checkpoint: the bound, pushed one bound
+    /// further after a failed checkpoint (as `mutable_bytes_trigger`).
+    unindexed_trigger: usize,
     /// The WAL is poisoned: no checkpoint is due any more.
     stopped: bool,
 }
@@ -48,6 +56,7 @@ impl CheckpointTriggers {
     pub(crate) fn new(
         wal_bytes_bound: u64,
         mutable_bytes_bound: u64,
+        unindexed_bound: usize,
         interval: Duration,
         replayed_bytes: u64,
         now: Instant,
@@ -59,6 +68,8 @@ impl CheckpointTriggers {
             wal_bytes_since: replayed_bytes,
             first_unsaved_at: (replayed_bytes > 0).then_some(now),
             mutable_bytes_trigger: mutable_bytes_bound,
+            unindexed_bound,
+            unindexed_trigger: unindexed_bound,
             stopped: false,
         }
     }
@@ -80,6 +91,20 @@ impl CheckpointTriggers {
         } else {
             None
         }
+    }
+
+    /// Is a checkpoint due by the mutable segment's vectors waiting for a graph?
+    pub(crate) fn due_by_unindexed(&self, n_unindexed: usize, in_flight: bool) -> Option<Reason> {
+        (!in_flight && !self.stopped && n_unindexed >= self.unindexed_trigger)
+            .then_some(Reason::UnindexedTail)
+    }
+
+    /// Whether a checkpoint will take a tail of this size off the indexer's hands: the tail is
+    /// past the bound and checkpoints neither failed since the last one started nor stopped.
+    pub(crate) fn seals_unindexed(&self, n_unindexed: usize) -> bool {
+        !self.stopped
+            && self.unindexed_trigger == self.unindexed_bound
+            && n_unindexed >= self.unindexed_bound
     }
 
     /// When a checkpoint falls due by age, if nothing else happens first.
@@ -105,13 +130,15 @@ impl CheckpointTriggers {
         self.wal_bytes_since = 0;
         self.first_unsaved_at = None;
         self.mutable_bytes_trigger = self.mutable_bytes_bound;
+        self.unindexed_trigger = self.unindexed_bound;
     }
 
     /// A checkpoint failed at `now`: retry at the next trigger, not at once.
-    pub(crate) fn failed(&mut self, mutable_bytes: u64, now: Instant) {
+    pub(crate) fn failed(&mut self, mutable_bytes: u64, n_unindexed: usize, now: Instant) {
         self.first_unsaved_at = Some(now);
         self.wal_bytes_since = 0;
         self.mutable_bytes_trigger = mutable_bytes + self.mutable_bytes_bound;
+        self.unindexed_trigger = n_unindexed.saturating_add(self.unindexed_bound);
     }
 
     /// The WAL is poisoned: no checkpoint is due any more.
@@ -132,7 +159,7 @@ mod tests {
     const SECOND: Duration = Duration::from_secs(1);
 
     fn rules(now: Instant) -> CheckpointTriggers {
-        CheckpointTriggers::new(1000, 500, 10 * SECOND, 0, now)
+        CheckpointTriggers::new(1000, 500, 300, 10 * SECOND, 0, now)
     }
 
     #[test]
@@ -152,6 +179,11 @@ mod tests {
         );
         assert_eq!(r.due_by_size(0, false), Some(Reason::WalSize));
         assert_eq!(r.due_by_size(10_000, true), None, "one in flight");
+        assert_eq!(r.due_by_unindexed(299, false), None);
+        assert!(!r.seals_unindexed(299));
+        assert_eq!(r.due_by_unindexed(300, false), Some(Reason::UnindexedTail));
+        assert!(r.seals_unindexed(300));
+        assert_eq!(r.due_by_unindexed(300, true), None, "one in flight");
         assert_eq!(
             r.deadline_passed(false, t0 + 10 * SECOND),
             Some(Reason::Age)
@@ -169,11 +201,17 @@ mod tests {
         let mut r = rules(t0);
         r.applied(2000, t0);
         r.started();
-        r.failed(800, t0 + SECOND);
+        r.failed(800, 400, t0 + SECOND);
         // Not due again at once: WAL bytes reset, the size bound moved one bound further.
         assert_eq!(r.due_by_size(1299, false), None);
         assert_eq!(r.due_by_size(1300, false), Some(Reason::MutableSize));
         assert_eq!(r.deadline(), Some(t0 + 11 * SECOND));
+        assert_eq!(r.due_by_unindexed(699, false), None);
+        assert!(
+            !r.seals_unindexed(10_000),
+            "after a failure the indexer takes the tail"
+        );
+        assert_eq!(r.due_by_unindexed(700, false), Some(Reason::UnindexedTail));
         r.stop();
         assert!(r.stopped());
         r.applied(5000, t0 + 2 * SECOND);
@@ -184,7 +222,7 @@ mod tests {
     #[test]
     fn replayed_bytes_at_open_count_and_start_the_clock() {
         let t0 = Instant::now();
-        let r = CheckpointTriggers::new(1000, 500, 10 * SECOND, 1000, t0);
+        let r = CheckpointTriggers::new(1000, 500, 300, 10 * SECOND, 1000, t0);
         assert_eq!(r.due_by_size(0, false), Some(Reason::WalSize));
         assert_eq!(r.deadline(), Some(t0 + 10 * SECOND));
     }

@@ -150,6 +150,17 @@ fn a_panic_on_the_checkpoint_thread_fails_the_collection_and_its_flush() {
 }
 
 #[test]
+fn a_panic_in_a_checkpoint_graph_build_fails_the_collection_and_loses_nothing() {
+    a_dead_thread_fails_only_its_collection("checkpoint::build", "checkpoint", async |a| {
+        // Past the graph threshold: sealing builds a graph.
+        let (ids, vectors) = docs(3000, 40);
+        a.insert(&ids, &[], &vectors, None).await.unwrap();
+        assert_failed_by(a.flush().await.unwrap_err(), "checkpoint");
+        ids
+    });
+}
+
+#[test]
 fn a_panic_on_the_indexing_thread_fails_the_collection() {
     a_dead_thread_fails_only_its_collection("indexer::batch", "indexing", async |a| {
         // Past the graph threshold: the indexer has a batch to index.

@@ -12,7 +12,6 @@ use crate::bytes::{ByteReader, ByteWriter};
 use crate::config::IndexConfig;
 use crate::error::{IndexError, Result};
 use crate::flat_graph::FlatGraph;
-use crate::hnsw_graph::HnswGraph;
 use crate::metric::Metric;
 use crate::mutable::MutableSegment;
 use crate::search::{exact_top_k, to_hits, Hit};
@@ -24,6 +23,11 @@ const FORMAT_VERSION: u32 = 1;
 /// Cache lines of a vector prefetched before its distance is computed: all of it, up to 2 KiB
 /// (measured: docs/BENCHMARKS.md, "Sealed search").
 const PREFETCH_MAX_LINES: usize = 32;
+/// What an hnsw_rs insert costs against one by tarn's builder, same vector, same M and
+/// ef_construction: 32 s against 7 s for minilm-debian's 60,733 x 384 on 2 threads
+/// (docs/BENCHMARKS.md, "Index build"), rounded down. Sealing rebuilds a partition whose
+/// unindexed tail is at least `1 / HNSW_RS_INSERT_COST` of it.
+const HNSW_RS_INSERT_COST: f64 = 4.0;
 
 /// One tenant's part of a sealed segment.
 #[derive(Debug)]
@@ -149,24 +153,34 @@ impl SealedSegment {
     /// Seals a mutable segment. Partitions with a graph keep all their slots (tombstoned ones
     /// stay in the graph, marked); partitions without one keep only their live vectors.
     pub fn seal(mutable: &MutableSegment, id: u64, max_seq: u64) -> SealedSegment {
-        Self::seal_compacting(mutable, id, max_seq, f64::INFINITY)
+        Self::seal_compacting(mutable, id, max_seq, f64::INFINITY, &BuildConfig::default())
     }
 
-    /// Like `seal`, but a partition whose share of superseded or removed slots exceeds
-    /// `rebuild_dead_fraction` gets a fresh graph over its live vectors instead (as `rebuild`
-    /// would give it right after sealing), so an upsert-heavy partition is not first indexed,
-    /// exported and written with its dead slots only to be rebuilt.
+    /// Like `seal`, but a partition gets a fresh graph over its live vectors from tarn's
+    /// builder (`build` threads) instead of its hnsw_rs graph when that is cheaper or better:
+    /// - its share of superseded or removed slots exceeds `rebuild_dead_fraction` (as `rebuild`
+    ///   would give it right after sealing), so an upsert-heavy partition is not first indexed,
+    ///   exported and written with its dead slots only to be rebuilt;
+    /// - or the tail hnsw_rs has not indexed yet is at least `1 / HNSW_RS_INSERT_COST` of its
+    ///   live documents: finishing the tail with hnsw_rs would cost more than building the
+    ///   whole partition (a load that outran the indexer).
     pub fn seal_compacting(
         mutable: &MutableSegment,
         id: u64,
         max_seq: u64,
         rebuild_dead_fraction: f64,
+        build: &BuildConfig,
     ) -> SealedSegment {
         let config = *mutable.config();
         let dim = config.dimension;
         let is_dead_heavy = |data: &crate::mutable::MutableData| {
             let n = data.doc_ids.len();
             n > 0 && (n - data.by_doc.len()) as f64 / n as f64 > rebuild_dead_fraction
+        };
+        let is_tail_heavy = |data: &crate::mutable::MutableData| {
+            let tail = data.doc_ids.len() - data.indexed;
+            data.by_doc.len() >= config.graph_threshold
+                && tail as f64 * HNSW_RS_INSERT_COST >= data.by_doc.len() as f64
         };
         let mut partitions = HashMap::new();
         for (user_id, partition) in mutable.partitions() {
@@ -175,7 +189,7 @@ impl SealedSegment {
                 if data.by_doc.is_empty() {
                     continue;
                 }
-                if is_dead_heavy(&data) {
+                if is_dead_heavy(&data) || is_tail_heavy(&data) {
                     // Copied out: the graph build takes seconds, and holding the read lock that
                     // long would block removals from this (frozen) partition, and behind them
                     // every search of it.
@@ -186,7 +200,7 @@ impl SealedSegment {
                         .collect();
                     drop(data);
                     let live = live.iter().map(|(d, v)| (*d, v.as_slice())).collect();
-                    partitions.insert(user_id, build_partition(live, &config));
+                    partitions.insert(user_id, build_partition(live, &config, build));
                     continue;
                 }
             }
@@ -230,8 +244,14 @@ impl SealedSegment {
     }
 
     /// Builds a fresh segment from the live documents of `sources` (merging several, or
-    /// rebuilding one with many tombstones). Graphs are rebuilt from scratch with hnsw_rs.
-    pub fn rebuild(sources: &[&SealedSegment], id: u64, config: IndexConfig) -> SealedSegment {
+    /// rebuilding one with many tombstones). Graphs are rebuilt from scratch by tarn's builder
+    /// (`build` threads).
+    pub fn rebuild(
+        sources: &[&SealedSegment],
+        id: u64,
+        config: IndexConfig,
+        build: &BuildConfig,
+    ) -> SealedSegment {
         let dim = config.dimension;
         let max_seq = sources.iter().map(|s| s.max_seq).max().unwrap_or(0);
         let mut by_user: HashMap<u128, Vec<(u128, &[f32])>> = HashMap::new();
@@ -248,7 +268,7 @@ impl SealedSegment {
         let partitions = by_user
             .into_iter()
             .filter(|(_, live)| !live.is_empty())
-            .map(|(user_id, live)| (user_id, build_partition(live, &config)))
+            .map(|(user_id, live)| (user_id, build_partition(live, &config, build)))
             .collect();
         SealedSegment::assemble(id, max_seq, config, partitions)
     }
@@ -666,40 +686,33 @@ fn graph_vectors<'a>(parts: impl Iterator<Item = &'a [f32]>, len: usize) -> Vec<
     copy
 }
 
-/// A partition without a graph: live documents only, renumbered in doc id order.
-/// A partition over `live` (one tenant's documents, in any order): a fresh hnsw_rs graph when
-/// there are enough of them, an exactly searched list otherwise.
-fn build_partition(mut live: Vec<(u128, &[f32])>, config: &IndexConfig) -> SealedPartition {
-    let dim = config.dimension;
+/// A partition over `live` (one tenant's documents, in any order, vectors prepared for the
+/// metric): a fresh graph from tarn's builder when there are enough of them, an exactly
+/// searched list otherwise.
+fn build_partition(
+    mut live: Vec<(u128, &[f32])>,
+    config: &IndexConfig,
+    build: &BuildConfig,
+) -> SealedPartition {
     live.sort_unstable_by_key(|(doc_id, _)| *doc_id);
-    let doc_index: Vec<(u128, u32)> = live
-        .iter()
-        .enumerate()
-        .map(|(slot, (d, _))| (*d, slot as u32))
-        .collect();
+    let doc_ids: Vec<u128> = live.iter().map(|(d, _)| *d).collect();
     if live.len() < config.graph_threshold {
-        return compact_partition(&doc_index, |slot| live[slot as usize].1);
+        let vectors = live.iter().flat_map(|(_, v)| v.iter().copied()).collect();
+        return SealedPartition::new_live(vectors, doc_ids, None);
     }
-    let graph = HnswGraph::new(&config.hnsw, config.metric, live.len());
-    let items: Vec<(&[f32], usize)> = live
-        .iter()
-        .enumerate()
-        .map(|(slot, (_, v))| (*v, slot))
-        .collect();
-    graph.insert_parallel(&items);
-    let n = live.len();
-    match graph.export(n, |_| true) {
-        Some((flat, _)) => SealedPartition {
-            vectors: graph_vectors(live.iter().map(|(_, v)| *v), n * dim),
-            doc_ids: live.iter().map(|(d, _)| *d).collect(),
-            doc_index,
-            tombstones: AtomicBitset::from_words(vec![0; AtomicBitset::words_for(n)]),
-            graph: Some(flat),
-        },
-        None => compact_partition(&doc_index, |slot| live[slot as usize].1),
-    }
+    let vectors = graph_vectors(live.iter().map(|(_, v)| *v), live.len() * config.dimension);
+    drop(live);
+    let graph = build_graph(
+        &vectors,
+        config.dimension,
+        config.metric,
+        &config.hnsw,
+        build,
+    );
+    SealedPartition::new_live(vectors, doc_ids, graph)
 }
 
+/// A partition without a graph: live documents only, renumbered in doc id order.
 fn compact_partition<'a>(
     doc_index: &[(u128, u32)],
     vector: impl Fn(u32) -> &'a [f32],

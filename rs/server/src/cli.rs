@@ -414,6 +414,10 @@ pub struct InsertArgs {
     /// fsync or written (default: the collection's).
     #[arg(long)]
     pub durability: Option<String>,
+    /// Return once the writes are acknowledged, without waiting for the collection to index
+    /// them (until then, searches scan the unindexed vectors exactly).
+    #[arg(long)]
+    pub no_wait: bool,
 }
 
 #[derive(Debug, Args)]

@@ -85,6 +85,10 @@ fn print_info(info: &CollectionInfo) {
         "sealed segments:    {} ({} removed, not compacted)",
         info.n_sealed_segments, info.n_removed_not_compacted
     );
+    println!(
+        "unindexed:          {} (searched exactly until indexed)",
+        info.n_unindexed
+    );
     println!("bytes on disk:      {}", info.bytes_on_disk);
     if info.shards > 1 {
         println!(
@@ -377,6 +381,38 @@ async fn insert(args: InsertArgs) -> anyhow::Result<()> {
         "inserted {n_rows} vectors in {elapsed:.2} s: {:.0} vectors/s (last seq_no {last_seq})",
         n_rows as f64 / elapsed
     );
+    if !args.no_wait {
+        wait_until_indexed(&client, &args.collection).await?;
+        println!(
+            "indexed: nothing left to scan exactly {:.2} s after the first write",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// Shows indexing progress until every appended operation is applied and no stored vector
+/// waits for a graph (`n_unindexed`).
+async fn wait_until_indexed(client: &Client, collection: &str) -> anyhow::Result<()> {
+    let progress = indicatif::ProgressBar::new_spinner();
+    progress.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} indexing: {msg} ({elapsed})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    loop {
+        let info = client.collection_info(collection).await?;
+        if info.n_unindexed == 0 && info.applied_seq_no >= info.last_seq_no {
+            break;
+        }
+        progress.set_message(format!(
+            "{} vectors wait for a graph, {} operations to apply",
+            info.n_unindexed,
+            info.last_seq_no.saturating_sub(info.applied_seq_no)
+        ));
+        progress.tick();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    progress.finish_and_clear();
     Ok(())
 }
 

@@ -108,6 +108,7 @@ pub fn collection_info(
         n_sealed_segments: stats.n_sealed_segments as u32,
         n_removed_not_compacted: stats.n_removed_not_compacted,
         n_tenants: stats.n_tenants as u32,
+        n_unindexed: stats.n_unindexed,
         shards: 1,
         shard_key: pb::ShardKey::User as i32,
     }

@@ -183,6 +183,36 @@ impl Metrics {
         );
         gauge(
             &mut text,
+            "tarn_collection_unindexed",
+            "stored vectors waiting for a graph, searched by exact scan meanwhile",
+            &mut stats
+                .iter()
+                .map(|(n, s, _, _)| (n.clone(), s.n_unindexed as f64)),
+        );
+        for (name, help, pick) in [
+            (
+                "tarn_index_build_vectors_total",
+                "vectors given graphs by checkpoints (sealing, merges, rebuilds)",
+                0,
+            ),
+            (
+                "tarn_index_build_seconds_total",
+                "time checkpoints spent building graphs (throughput: vectors / seconds)",
+                1,
+            ),
+        ] {
+            let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (collection, s, _, _) in &stats {
+                let value = if pick == 0 {
+                    s.n_vectors_built as f64
+                } else {
+                    s.build_seconds
+                };
+                let _ = writeln!(text, "{name}{{collection=\"{collection}\"}} {value}");
+            }
+        }
+        gauge(
+            &mut text,
             "tarn_wal_poisoned",
             "1 when the WAL refuses writes after an I/O error",
             &mut stats

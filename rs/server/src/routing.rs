@@ -464,6 +464,7 @@ impl TarnService {
                                 n_sealed_segments: info.n_sealed_segments,
                                 n_removed_not_compacted: info.n_removed_not_compacted,
                                 n_tenants: info.n_tenants,
+                                n_unindexed: info.n_unindexed,
                                 ..Default::default()
                             })
                         }
@@ -504,6 +505,7 @@ impl TarnService {
             total.n_sealed_segments += info.n_sealed_segments;
             total.n_removed_not_compacted += info.n_removed_not_compacted;
             total.n_tenants += info.n_tenants;
+            total.n_unindexed += info.n_unindexed;
         }
         Ok(total)
     }

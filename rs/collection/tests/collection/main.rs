@@ -473,6 +473,81 @@ fn automatic_checkpoints_by_mutable_size() {
 }
 
 #[test]
+fn a_load_that_outruns_the_indexer_is_sealed_by_the_builder_and_searched_well_meanwhile() {
+    // Past `seal_unindexed` vectors waiting for a graph, a checkpoint seals them with tarn's
+    // builder; nothing else could checkpoint here (the other triggers are far, no flush).
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let mut cfg = config();
+    cfg.graph_threshold = 64;
+    cfg.seal_unindexed = 500;
+    cfg.max_unindexed = 2_000;
+    let c = Collection::create(&dir.path().join("c"), cfg).unwrap();
+    let n = 6_000;
+    let base = clustered_vectors(n, DIM, 30, 21);
+    let queries = clustered_vectors(40, DIM, 30, 22);
+    let measure = |c: &Collection| {
+        queries
+            .chunks_exact(DIM)
+            .map(|q| {
+                let truth = brute_force_top_k(&base, DIM, q, 10, Metric::L2);
+                let found: Vec<usize> = c
+                    .search(&request(&[0], q, 10, false))
+                    .unwrap()
+                    .iter()
+                    .map(|h| h.doc_id as usize)
+                    .collect();
+                recall(&found, &truth, 10)
+            })
+            .sum::<f64>()
+            / 40.0
+    };
+    let mut recalls = Vec::new();
+    rt.block_on(async {
+        let mut seq = 0;
+        for part in 0..6 {
+            let rows = part * 1_000..(part + 1) * 1_000;
+            let ids: Vec<u128> = rows.clone().map(|i| i as u128).collect();
+            let vectors: Vec<f32> = base[rows.start * DIM..rows.end * DIM].to_vec();
+            seq = c
+                .insert(&ids, &[0], &vectors, Some(Durability::Written))
+                .await
+                .unwrap();
+        }
+        c.wait_applied(seq, Duration::from_secs(30)).await.unwrap();
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let stats = loop {
+        let stats = c.stats();
+        recalls.push(measure(&c));
+        if stats.n_unindexed == 0 {
+            break stats;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never indexed: {stats:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        stats.n_vectors_built >= 500 && stats.n_sealed_segments >= 1,
+        "the unindexed tail was not sealed by a build: {stats:?}"
+    );
+    assert_eq!(stats.n_documents, n as u64);
+    let worst = recalls.iter().copied().fold(1.0, f64::min);
+    assert!(
+        worst >= 0.95,
+        "recall fell to {worst} during the load: {recalls:?}"
+    );
+    let ids: Vec<u128> = (0..n as u128).collect();
+    assert_eq!(c.get(0, &ids).len(), n);
+    drop(c);
+    let c = Collection::open(&dir.path().join("c")).unwrap();
+    assert_eq!(c.stats().n_documents, n as u64);
+    assert!(measure(&c) >= 0.95);
+}
+
+#[test]
 fn automatic_checkpoints_by_wal_size() {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();

@@ -8,7 +8,7 @@ mod builder;
 use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
-use tarn_index::{Hit, IndexConfig, Metric, MutableSegment, SealedSegment};
+use tarn_index::{BuildConfig, Hit, IndexConfig, Metric, MutableSegment, SealedSegment};
 use tarn_testkit::{brute_force_top_k, clustered_vectors, recall};
 
 const DIM: usize = 32;
@@ -120,7 +120,8 @@ fn every_live_document_is_found_by_its_own_vector() {
     let base = clustered_vectors(3000, DIM, 30, 5);
     let mutable = filled(Metric::L2, &base);
     let sealed = SealedSegment::seal(&mutable, 1, 1);
-    let rebuilt = SealedSegment::rebuild(&[&sealed], 2, config(Metric::L2));
+    let rebuilt =
+        SealedSegment::rebuild(&[&sealed], 2, config(Metric::L2), &BuildConfig::default());
     for (i, row) in base.chunks_exact(DIM).enumerate() {
         let hits = rebuilt.search(7, row, 1, 64, false);
         assert_eq!(hits[0].doc_id, i as u128, "row {i} not found by itself");
@@ -231,7 +232,7 @@ fn rebuild_merges_segments_and_drops_tombstones() {
         let segment = if i < 600 { &a } else { &b };
         assert!(segment.tombstone(i % 2, i));
     }
-    let merged = SealedSegment::rebuild(&[&a, &b], 3, config(Metric::L2));
+    let merged = SealedSegment::rebuild(&[&a, &b], 3, config(Metric::L2), &BuildConfig::default());
     assert_eq!(merged.max_seq(), 20);
     let figures = merged.figures();
     assert_eq!(
