@@ -11,8 +11,9 @@ Then the load (`--tarn-bin`): a fresh `tarn serve`, a collection with the same p
 `tarn insert` of every vector over gRPC (FSYNC, 500 per request, 8 in flight), which returns once
 the collection reports nothing unindexed; load seconds are from its start to its exit, load_ratio
 = load seconds / hnswlib's median build. A second load, with one client searching throughout
-(recall@10 at ef 64 against an exact search of the collection at that moment, every 5th query),
-gives the curve of q/s and recall per second, written to --curve-json. Prints one summary line.
+(recall@10 at ef 64 against an exact search of the collection at that moment, every 5th query;
+a sample counts only when exact searches just before and just after it agree, see `searcher`),
+gives the curve of q/s (of the approximate searches, their time alone) and recall per second, written to --curve-json. Prints one summary line.
 Called by scripts/build-vs-hnswlib.sh.
 """
 
@@ -42,6 +43,12 @@ def read_vecs(path, dtype):
 def recall(labels, truth):
     found = sum(len(set(row[:K]) & set(t[:K])) for row, t in zip(labels, truth))
     return found / (len(labels) * K)
+
+
+def rss_kb(pid, field="VmRSS"):
+    """A process's resident set (or its peak, VmHWM) in KiB, from /proc."""
+    status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
+    return int(status[field].split()[0])
 
 
 def start_tarn(tarn_bin, work):
@@ -76,26 +83,46 @@ def load(tarn_bin, data, queries, with_searcher):
                                  m=16, ef_construction=200, ef_search=64)
         stop = threading.Event()
 
+        def exact(q):
+            return sorted(h.doc_id for h in client.search("minilm", q, top_k=K, exact=True))
+
         def searcher(t0):
             i = 0
             while not stop.is_set():
                 second_end = t0 + len(curve) + 1
-                n, found, expected = 0, 0, 0
+                n, found, expected, moved, busy = 0, 0, 0, 0, 0.0
                 while time.perf_counter() < second_end and not stop.is_set():
                     q = queries[i % len(queries)]
-                    hits = [h.doc_id for h in client.search("minilm", q, top_k=K, ef=64)]
                     if i % 5 == 0:
-                        truth = [h.doc_id for h in client.search("minilm", q, top_k=K, exact=True)]
-                        found += len(set(hits) & set(truth))
-                        expected += len(truth)
+                        # The exact answer is taken before and after the approximate one; the
+                        # load only inserts, so when both agree no better document arrived in
+                        # between and they are the truth at the moment of the approximate
+                        # search. Otherwise the sample is skipped (counted as `moved`).
+                        before = exact(q)
+                        started = time.perf_counter()
+                        hits = [h.doc_id for h in client.search("minilm", q, top_k=K, ef=64)]
+                        busy += time.perf_counter() - started
+                        after = exact(q)
+                        if before == after:
+                            found += len(set(hits) & set(after))
+                            expected += len(after)
+                        else:
+                            moved += 1
+                    else:
+                        started = time.perf_counter()
+                        client.search("minilm", q, top_k=K, ef=64)
+                        busy += time.perf_counter() - started
                     n += 1
                     i += 1
                 info = client.collection("minilm")
-                curve.append({"second": len(curve) + 1, "qps": n,
+                # q/s of the approximate searches alone: the exact ones are the measurement's.
+                curve.append({"second": len(curve) + 1, "qps": round(n / busy) if busy else 0,
                               "recall": found / expected if expected else None,
+                              "samples": expected // K, "moved": moved,
                               "n_documents": info.n_documents, "n_unindexed": info.n_unindexed})
 
         env = dict(os.environ, TARN_ADDR="http://" + address)
+        empty_kb = rss_kb(proc.pid)
         t0 = time.perf_counter()
         thread = None
         if with_searcher:
@@ -115,14 +142,18 @@ def load(tarn_bin, data, queries, with_searcher):
         assert info.n_unindexed == 0, info
         # Resident memory once settled (after a checkpoint's memory release), and the peak.
         time.sleep(2)
-        status = dict(line.split(":", 1) for line in open(f"/proc/{proc.pid}/status"))
-        rss_kb = int(status["VmRSS"].split()[0])
-        peak_kb = int(status["VmHWM"].split()[0])
+        settled_kb, peak_kb = rss_kb(proc.pid), rss_kb(proc.pid, "VmHWM")
         raw = info.n_documents * queries.shape[1] * 4
-        memory = {"rss_bytes": rss_kb * 1024, "peak_bytes": peak_kb * 1024, "raw_bytes": raw,
-                  "over_raw_per_vector": (rss_kb * 1024 - raw) / max(info.n_documents, 1)}
-        print(f"tarn memory after the load: RSS {rss_kb / 1024:.0f} MiB (raw vectors "
-              f"{raw / 2**20:.0f} MiB, {memory['over_raw_per_vector']:.0f} B/vector over raw), "
+        # Per vector: what the load added to the resident set (the server with its empty
+        # collection, binary and runtime included, was `empty_kb` before it), beyond the raw
+        # vectors, divided by the vectors.
+        memory = {"rss_bytes": settled_kb * 1024, "peak_bytes": peak_kb * 1024, "raw_bytes": raw,
+                  "empty_rss_bytes": empty_kb * 1024,
+                  "over_raw_per_vector":
+                      ((settled_kb - empty_kb) * 1024 - raw) / max(info.n_documents, 1)}
+        print(f"tarn memory after the load: RSS {settled_kb / 1024:.0f} MiB, "
+              f"{empty_kb / 1024:.0f} MiB before it (raw vectors {raw / 2**20:.0f} MiB, "
+              f"{memory['over_raw_per_vector']:.0f} B/vector over raw), "
               f"peak {peak_kb / 1024:.0f} MiB", flush=True)
         print(f"tarn load{' with a searcher' if with_searcher else ''}: {seconds:.2f} s "
               f"({result.stdout.strip().splitlines()[-1]})", flush=True)
@@ -190,10 +221,11 @@ def main():
         curve = load(args.tarn_bin, args.data, queries, True)[1]
         with open(args.curve_json or args.out_json + ".curve", "w") as f:
             json.dump(curve, f, indent=1)
-        print("second | q/s | recall@10 | documents | unindexed")
+        print("second | q/s | recall@10 (samples, skipped as moved) | documents | unindexed")
         for point in curve:
             r = "-" if point["recall"] is None else f"{point['recall']:.3f}"
-            print(f"{point['second']} | {point['qps']} | {r} | {point['n_documents']} | {point['n_unindexed']}")
+            print(f"{point['second']} | {point['qps']} | {r} ({point['samples']}, {point['moved']}) "
+                  f"| {point['n_documents']} | {point['n_unindexed']}")
     tarn_s = statistics.median(tarn_seconds)
     hnsw_s = statistics.median(hnsw_seconds)
     load_s = statistics.median(load_seconds) if load_seconds else None
@@ -224,6 +256,11 @@ def main():
     if load_s:
         print(f"load: {load_s:.2f} s (median of {', '.join(f'{s:.2f}' for s in load_seconds)}); "
               f"recall@10 during the load with a searcher: min {min(recalls):.3f}")
+        over = statistics.median(m["over_raw_per_vector"] for m in memories)
+        peak = max(m["peak_bytes"] for m in memories)
+        print(f"memory once settled: {over:.0f} B/vector over raw (median over loads); "
+              f"peak resident during a load {peak / 2**20:.0f} MiB "
+              f"(raw vectors {memories[0]['raw_bytes'] / 2**20:.0f} MiB)")
     load_ratio = f"{load_s / hnsw_s:.3f}" if load_s else "na"
     print(f"build_ratio={tarn_s / hnsw_s:.3f} load_ratio={load_ratio} "
           f"recall_ef64={summary['tarn_recall'][64]:.4f} "

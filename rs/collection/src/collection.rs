@@ -215,6 +215,7 @@ impl Collection {
         }
         let config: CollectionConfig = manifest::read_checked(&config_path)?;
         config.validate()?;
+        crate::memory::configure_allocator();
         let index_config = config.index_config();
         let (state, sealed) = load_checkpoint(dir, &config)?;
         let checkpoint_seq = state.current.checkpoint_seq;

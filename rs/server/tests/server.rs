@@ -837,15 +837,20 @@ fn the_cli_creates_inserts_searches_gets_removes_flushes_and_drops() {
     let ivecs = dir.path().join("truth.ivecs");
     write_vecs(&ivecs, &(0..50u32).map(|i| vec![i]).collect::<Vec<_>>());
     let tarn = |args: &[&str]| run_cli(&server.addr, args);
-    tarn(&[
-        "collection",
-        "create",
-        "cli",
-        "--dimension",
-        "8",
-        "--metric",
-        "l2",
-    ]);
+    // Every client command takes a bare host:port as well as http://host:port.
+    let bare = server.addr.strip_prefix("http://").unwrap();
+    run_cli(
+        bare,
+        &[
+            "collection",
+            "create",
+            "cli",
+            "--dimension",
+            "8",
+            "--metric",
+            "l2",
+        ],
+    );
     assert_eq!(tarn(&["collection", "list"]).trim(), "cli");
     let out = tarn(&[
         "insert",
