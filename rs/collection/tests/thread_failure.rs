@@ -139,10 +139,10 @@ fn a_panic_on_the_ingestion_thread_fails_the_collection_and_a_reopen_recovers_ev
     });
 }
 
-#[test]
-fn a_panic_on_the_checkpoint_thread_fails_the_collection_and_its_flush() {
-    a_dead_thread_fails_only_its_collection("checkpoint::start", "checkpoint", async |a| {
-        let (ids, vectors) = docs(3000, 3);
+/// A panic at `point` during the checkpoint a flush of `n_docs` documents starts.
+fn a_checkpoint_panic_fails_the_flush(point: &str, n_docs: u128) {
+    a_dead_thread_fails_only_its_collection(point, "checkpoint", async |a| {
+        let (ids, vectors) = docs(3000, n_docs);
         a.insert(&ids, &[], &vectors, None).await.unwrap();
         assert_failed_by(a.flush().await.unwrap_err(), "checkpoint");
         ids
@@ -150,14 +150,14 @@ fn a_panic_on_the_checkpoint_thread_fails_the_collection_and_its_flush() {
 }
 
 #[test]
+fn a_panic_on_the_checkpoint_thread_fails_the_collection_and_its_flush() {
+    a_checkpoint_panic_fails_the_flush("checkpoint::start", 3);
+}
+
+#[test]
 fn a_panic_in_a_checkpoint_graph_build_fails_the_collection_and_loses_nothing() {
-    a_dead_thread_fails_only_its_collection("checkpoint::build", "checkpoint", async |a| {
-        // Past the graph threshold: sealing builds a graph.
-        let (ids, vectors) = docs(3000, 40);
-        a.insert(&ids, &[], &vectors, None).await.unwrap();
-        assert_failed_by(a.flush().await.unwrap_err(), "checkpoint");
-        ids
-    });
+    // Past the graph threshold: sealing builds a graph.
+    a_checkpoint_panic_fails_the_flush("checkpoint::build", 40);
 }
 
 #[test]

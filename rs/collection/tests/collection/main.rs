@@ -234,6 +234,25 @@ fn tenants_upserts_and_removes_survive_recovery_and_sealing() {
     expect(&c);
 }
 
+/// Mean recall@10 of tenant 0's searches for `queries` against brute force (L2) over `base`.
+fn mean_recall_at_10(c: &Collection, base: &[f32], queries: &[f32]) -> f64 {
+    let n_queries = queries.len() / DIM;
+    queries
+        .chunks_exact(DIM)
+        .map(|q| {
+            let truth = brute_force_top_k(base, DIM, q, 10, Metric::L2);
+            let found: Vec<usize> = c
+                .search(&request(&[0], q, 10, false))
+                .unwrap()
+                .iter()
+                .map(|h| h.doc_id as usize)
+                .collect();
+            recall(&found, &truth, 10)
+        })
+        .sum::<f64>()
+        / n_queries as f64
+}
+
 #[test]
 fn recall_at_10_of_the_sealed_and_mutable_collection_is_at_least_0_95() {
     let dir = tempfile::tempdir().unwrap();
@@ -241,22 +260,7 @@ fn recall_at_10_of_the_sealed_and_mutable_collection_is_at_least_0_95() {
     let c = Collection::create(&dir.path().join("c"), config()).unwrap();
     let base = clustered_vectors(2000, DIM, 20, 3);
     let queries = clustered_vectors(50, DIM, 20, 4);
-    let measure = |c: &Collection| {
-        queries
-            .chunks_exact(DIM)
-            .map(|q| {
-                let truth = brute_force_top_k(&base, DIM, q, 10, Metric::L2);
-                let found: Vec<usize> = c
-                    .search(&request(&[0], q, 10, false))
-                    .unwrap()
-                    .iter()
-                    .map(|h| h.doc_id as usize)
-                    .collect();
-                recall(&found, &truth, 10)
-            })
-            .sum::<f64>()
-            / 50.0
-    };
+    let measure = |c: &Collection| mean_recall_at_10(c, &base, &queries);
     rt.block_on(async {
         let seq = insert_rows(&c, &base, 0..1000, 0).await;
         c.flush().await.unwrap();
@@ -486,22 +490,7 @@ fn a_load_that_outruns_the_indexer_is_sealed_by_the_builder_and_searched_well_me
     let n = 6_000;
     let base = clustered_vectors(n, DIM, 30, 21);
     let queries = clustered_vectors(40, DIM, 30, 22);
-    let measure = |c: &Collection| {
-        queries
-            .chunks_exact(DIM)
-            .map(|q| {
-                let truth = brute_force_top_k(&base, DIM, q, 10, Metric::L2);
-                let found: Vec<usize> = c
-                    .search(&request(&[0], q, 10, false))
-                    .unwrap()
-                    .iter()
-                    .map(|h| h.doc_id as usize)
-                    .collect();
-                recall(&found, &truth, 10)
-            })
-            .sum::<f64>()
-            / 40.0
-    };
+    let measure = |c: &Collection| mean_recall_at_10(c, &base, &queries);
     let mut recalls = Vec::new();
     rt.block_on(async {
         let mut seq = 0;
