@@ -33,9 +33,17 @@ fn main() {
     let n_writers = arg(&args, "--writers", 4) as usize;
     let payload_bytes = arg(&args, "--payload", 1024) as usize;
     let segment_bytes = arg(&args, "--segment-bytes", 64 << 10);
+    // A new segment's first reservation (`WalConfig::initial_segment_bytes`); pass the segment
+    // size for the whole segment reserved up front.
+    let initial_segment_bytes = arg(
+        &args,
+        "--initial-segment-bytes",
+        WalConfig::default().initial_segment_bytes,
+    );
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let config = WalConfig {
         segment_bytes,
+        initial_segment_bytes,
         ..WalConfig::default()
     };
     let (wal, _) = Wal::open(dir.path(), config).unwrap();
@@ -67,9 +75,11 @@ fn main() {
     let q = |p: f64| ms[((ms.len() - 1) as f64 * p).round() as usize];
     let n_segments = stats.n_bytes.div_ceil(segment_bytes);
     println!(
-        "segment {} KiB, {n_writers} writers, {payload_bytes} B: {} appends ({:.0}/s), about \
-         {n_segments} segments; p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms, max {:.3} ms",
+        "segment {} KiB (first reservation {} KiB), {n_writers} writers, {payload_bytes} B: {} \
+         appends ({:.0}/s), about {n_segments} segments; p50 {:.3} ms, p99 {:.3} ms, p99.9 \
+         {:.3} ms, max {:.3} ms",
         segment_bytes >> 10,
+        initial_segment_bytes >> 10,
         ms.len(),
         ms.len() as f64 / seconds as f64,
         q(0.5),

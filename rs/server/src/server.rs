@@ -309,7 +309,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
 
 /// Where gRPC is served: a TCP address (`host:port`), or a Unix socket (`unix:/path`) for
 /// clients on the same machine, which skips the loopback TCP stack (measured:
-/// docs/BENCHMARKS.md, "Unix socket").
+/// docs/BENCHMARKS.md, "Over Unix sockets").
 enum GrpcListener {
     Tcp(tokio::net::TcpListener),
     Unix(tokio::net::UnixListener, std::path::PathBuf),

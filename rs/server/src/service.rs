@@ -533,7 +533,7 @@ impl TarnService {
         }
         // A graph search of a few tenants takes a fraction of a millisecond: it runs on this
         // worker, since handing it to another thread and back costs two thread wake-ups, more
-        // than the search itself (docs/BENCHMARKS.md, "through gRPC"). An exact search scans
+        // than the search itself (docs/benchmarks/sealed-search.md, "Through gRPC"). An exact search scans
         // every vector of its tenants, and a search naming many tenants searches each of them
         // (a small tenant by a scan): those run on the blocking pool, a bounded number at a
         // time, so that the runtime's workers stay free for writes and cheap reads (the

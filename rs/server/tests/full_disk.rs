@@ -1,6 +1,6 @@
-//! A full disk, for real: the server runs on a size-capped tmpfs (72 MiB: room for the first
-//! 64 MiB WAL segment and a little more), the rest of the space is taken by a filler file, and a
-//! client writes until the log cannot grow. Checked: the first failing write is
+//! A full disk, for real: the server runs on a size-capped tmpfs (72 MiB), all but 12 MiB of the
+//! space is taken by a filler file, and a client writes until the log cannot grow (its segments
+//! reserve 1, 2, 4, then 8 MiB: the fourth does not fit). Checked: the first failing write is
 //! RESOURCE_EXHAUSTED, nothing acknowledged is lost, searches keep working, and after the space
 //! is freed writes succeed again after a restart (a WAL that failed to grow is poisoned and stays
 //! so until restart: docs/RELIABILITY.md).
@@ -56,9 +56,10 @@ fn a_full_disk_fails_writes_with_resource_exhausted_and_loses_nothing() {
         c.create_collection(create("full", DIM as u32, pb::Metric::L2))
             .await
             .unwrap();
-        // Leave about 256 KiB: the preallocated WAL segment has room, its successor will not.
+        // Leave 12 MiB: WAL segments of 1, 2 and 4 MiB fit (with the checkpoints' files), the
+        // 8 MiB one after them does not.
         let filler = mount_point.path().join("filler");
-        let take = free_bytes(mount_point.path()).saturating_sub(256 << 10);
+        let take = free_bytes(mount_point.path()).saturating_sub(12 << 20);
         std::fs::write(&filler, vec![1u8; take as usize]).unwrap();
         let mut doc = 0u128;
         loop {

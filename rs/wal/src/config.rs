@@ -30,9 +30,13 @@ pub enum RecoveryMode {
 /// Log settings. `Default` gives production values.
 #[derive(Debug, Clone)]
 pub struct WalConfig {
-    /// Preallocated size of a segment file. An entry never spans segments; a segment holding one
-    /// entry larger than this grows to fit it.
+    /// Largest segment reservation (`fallocate`d up front). An entry never spans segments; a
+    /// segment holding one entry larger than its reservation grows to fit it.
     pub segment_bytes: u64,
+    /// Disk reserved (`fallocate`) for a new log's first segment; each later segment reserves
+    /// twice what the one before it held, up to `segment_bytes`, so an empty or small log
+    /// takes little disk and a busy one reaches full segments after a few rollovers.
+    pub initial_segment_bytes: u64,
     /// Largest payload accepted by `append`.
     pub max_entry_bytes: usize,
     /// A write group closes at this many payload bytes (it always takes at least one entry).
@@ -49,6 +53,7 @@ impl Default for WalConfig {
     fn default() -> Self {
         WalConfig {
             segment_bytes: 64 << 20,
+            initial_segment_bytes: 1 << 20,
             max_entry_bytes: 64 << 20,
             max_group_bytes: 8 << 20,
             max_group_entries: 4096,
@@ -59,9 +64,26 @@ impl Default for WalConfig {
 }
 
 impl WalConfig {
+    /// What a new segment reserves: `initial_segment_bytes`, at most a full segment, and room
+    /// for the header at least.
+    pub(crate) fn first_reservation(&self) -> u64 {
+        self.initial_segment_bytes
+            .min(self.segment_bytes)
+            .max(crate::segment::SEGMENT_HEADER_BYTES)
+    }
+
+    /// What the segment after one that reserved `previous` bytes reserves.
+    pub(crate) fn next_reservation(&self, previous: u64) -> u64 {
+        previous
+            .saturating_mul(2)
+            .clamp(self.first_reservation(), self.segment_bytes)
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         let problem = if self.segment_bytes < 256 {
             "segment_bytes must be at least 256"
+        } else if self.initial_segment_bytes == 0 {
+            "initial_segment_bytes must be positive"
         } else if self.max_entry_bytes == 0 || self.max_entry_bytes > u32::MAX as usize {
             "max_entry_bytes must be between 1 and u32::MAX"
         } else if self.max_group_bytes == 0 || self.max_group_entries == 0 {

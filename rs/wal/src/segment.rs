@@ -1,7 +1,9 @@
 //! Segment files: naming, the fixed file header, creation with preallocation, and scanning.
 //!
 //! A segment is named `<first sequence number, 20 digits>.wal`. It starts with a 32-byte header
-//! and holds consecutive entries after it; the rest of the file is preallocated zeros. A segment
+//! and holds consecutive entries after it; the rest of the file is preallocated zeros (a log's
+//! first segment reserves `initial_segment_bytes`, each later one twice its predecessor, up to
+//! `segment_bytes`). A segment
 //! is created under a `.tmp` name, its header written and synced, then renamed into place and the
 //! directory synced, so a file with a final name always has a durable, valid header.
 
@@ -82,10 +84,13 @@ fn preallocate(file: &File, len: u64) -> io::Result<()> {
     }
 }
 
-/// Grows a segment's preallocation to at least `len` bytes (for an entry larger than a segment).
+/// Grows a segment's reservation to `len` bytes (for an entry larger than the reservation).
+/// Not synced here: the file's new length is metadata that the next `fdatasync` makes durable
+/// together with the entry written into the new space (fdatasync flushes the size whenever
+/// reading the data needs it). A crash before that sync leaves the old or the new length, and
+/// recovery reads zeros past the last entry either way.
 pub(crate) fn grow_segment(file: &File, path: &Path, len: u64) -> Result<()> {
-    preallocate(file, len).map_err(|e| WalError::io("preallocate", path, e))?;
-    file.sync_all().map_err(|e| WalError::io("fsync", path, e))
+    preallocate(file, len).map_err(|e| WalError::io("preallocate", path, e))
 }
 
 /// Creates, preallocates and durably publishes a new empty segment; returns it open for writing,
@@ -94,11 +99,17 @@ pub(crate) fn create_segment(dir: &Path, first_seq: u64, capacity: u64) -> Resul
     let path = dir.join(segment_file_name(first_seq));
     let temp_path = dir.join(format!("{first_seq:020}{TEMP_SUFFIX}"));
     (|| -> Result<()> {
-        fail::fail_point!("wal::create_segment", |_| Err(WalError::io(
-            "create segment",
-            &temp_path,
-            io::Error::other("fail point wal::create_segment")
-        )));
+        fail::fail_point!("wal::create_segment", |arg: Option<String>| Err(
+            WalError::io(
+                "create segment",
+                &temp_path,
+                if arg.as_deref() == Some("nospc") {
+                    io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error())
+                } else {
+                    io::Error::other("fail point wal::create_segment")
+                }
+            )
+        ));
         let mut file = OpenOptions::new()
             .write(true)
             .create(true)

@@ -103,6 +103,49 @@ fn failed_segment_creation_at_rollover_poisons() {
     let _ = poisons_and_recovers("wal::create_segment", config);
 }
 
+/// A full disk when the next (larger) segment is reserved is a full disk like any other: the
+/// append fails out-of-space, the log is poisoned out-of-space, nothing acknowledged is lost.
+#[test]
+fn a_full_disk_when_reserving_the_next_segment_is_out_of_space() {
+    let scenario = FailScenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    // 5 entries of 216 bytes fill the first 1,112-byte segment; the sixth needs the next.
+    let config = WalConfig {
+        initial_segment_bytes: 32 + 5 * 216,
+        ..WalConfig::default()
+    };
+    let (wal, _) = Wal::open(dir.path(), config.clone()).unwrap();
+    for tag in 1..=5 {
+        wal.append(payload(tag), Durability::Fsync).wait().unwrap();
+    }
+    fail::cfg("wal::create_segment", "return(nospc)").unwrap();
+    let error = wal
+        .append(payload(6), Durability::Fsync)
+        .wait()
+        .unwrap_err();
+    assert!(error.is_out_of_space(), "{error}");
+    fail::remove("wal::create_segment");
+    let later = wal
+        .append(payload(7), Durability::Fsync)
+        .wait()
+        .unwrap_err();
+    assert!(
+        matches!(
+            later,
+            WalError::Poisoned {
+                out_of_space: true,
+                ..
+            }
+        ),
+        "{later:?}"
+    );
+    drop(wal);
+    let (wal, report) = Wal::open(dir.path(), config).unwrap();
+    assert_eq!(report.last_seq, 5);
+    assert_eq!(replay_all(&wal).len(), 5);
+    scenario.teardown();
+}
+
 #[test]
 fn every_member_of_a_failing_group_gets_the_error() {
     let scenario = FailScenario::setup();

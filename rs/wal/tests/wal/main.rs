@@ -5,6 +5,7 @@
 mod model;
 mod process_crash;
 mod recovery;
+mod reservation;
 mod start_at;
 mod tail_damage;
 mod write_groups;
