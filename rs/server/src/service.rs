@@ -533,11 +533,12 @@ impl TarnService {
         }
         // A graph search of a few tenants takes a fraction of a millisecond: it runs on this
         // worker, since handing it to another thread and back costs two thread wake-ups, more
-        // than the search itself (docs/benchmarks/sealed-search.md, "Through gRPC"). An exact search scans
-        // every vector of its tenants, and a search naming many tenants searches each of them
-        // (a small tenant by a scan): those run on the blocking pool, a bounded number at a
-        // time, so that the runtime's workers stay free for writes and cheap reads (the
-        // threshold is measured: docs/BENCHMARKS.md, "Heavy searches and a durable writer").
+        // than the search itself (docs/benchmarks/sealed-search.md, "Through gRPC"). An exact
+        // search scans every vector of its tenants, and a search naming many tenants searches
+        // each of them (a small tenant by a scan): those run on the blocking pool, a bounded
+        // number at a time, so that the runtime's workers stay free for writes and cheap reads
+        // (the threshold is measured: docs/BENCHMARKS.md, "Heavy searches and a durable
+        // writer").
         /// Searches naming at least this many tenants run off the runtime's workers.
         const HEAVY_SEARCH_TENANTS: usize = 16;
         static HEAVY_SEARCH_SLOTS: std::sync::OnceLock<Arc<Semaphore>> = std::sync::OnceLock::new();
@@ -557,6 +558,9 @@ impl TarnService {
             .await
             .map_err(|e| ApiError::Internal(e.to_string()))?;
         tokio::task::spawn_blocking(move || {
+            // Tests only: hold a heavy search inside the pool (`server::heavy_search=sleep(ms)`).
+            #[cfg(feature = "failpoints")]
+            fail::fail_point!("server::heavy_search");
             let hits = collection.search(&search);
             drop(slot);
             hits

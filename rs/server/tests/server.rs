@@ -689,6 +689,55 @@ fn a_failing_fdatasync_makes_writes_unavailable_until_restart() {
     );
 }
 
+/// Searches naming many tenants run on the blocking pool, not on the runtime's workers: with one
+/// more of them than the runtime has workers, each held inside its search for 4 s (fail point
+/// `server::heavy_search=sleep(4000)`), durable writes and a one-tenant search still answer
+/// within a 2 s deadline, and the held searches then answer in full.
+#[cfg(feature = "failpoints")]
+#[test]
+fn heavy_searches_held_in_their_search_leave_writes_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let server = Server::start_with_env(
+        dir.path(),
+        &[],
+        &[("FAILPOINTS", "server::heavy_search=sleep(4000)")],
+    );
+    rt.block_on(async {
+        let mut c = server.client().await;
+        c.create_collection(create("h", 2, pb::Metric::L2))
+            .await
+            .unwrap();
+        let tenants: Vec<u128> = (0..20).collect();
+        for &t in &tenants {
+            c.insert(insert("h", &[t], &[t], vec![t as f32, 1.0]))
+                .await
+                .unwrap();
+        }
+        let workers = std::thread::available_parallelism().map_or(1, usize::from);
+        let mut searches = Vec::new();
+        for _ in 0..=workers {
+            let mut c = server.client().await;
+            let request = search("h", &tenants, vec![3.0, 1.0], 5);
+            searches.push(tokio::spawn(async move { c.search(request).await }));
+        }
+        // Let the first of them reach the fail point; the others wait for a slot.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for doc in 100..105u128 {
+            let mut request = Request::new(insert("h", &[doc], &[0], vec![0.5, 0.5]));
+            request.set_timeout(Duration::from_secs(2));
+            c.insert(request).await.unwrap();
+        }
+        let mut request = Request::new(search("h", &[0], vec![0.5, 0.5], 1));
+        request.set_timeout(Duration::from_secs(2));
+        assert_eq!(c.search(request).await.unwrap().into_inner().hits.len(), 1);
+        for held in searches {
+            let hits = held.await.unwrap().unwrap().into_inner().hits;
+            assert_eq!(hits.len(), 5, "{hits:?}");
+        }
+    });
+}
+
 /// A panic on one collection's ingestion thread (fail point `ingest::apply=1*panic`): its writes
 /// are UNAVAILABLE naming the thread, health is NOT_SERVING for it and for the server while the
 /// other collection stays SERVING and writable, `tarn_collection_failed` says which thread;
