@@ -33,7 +33,8 @@ cargo build --release -p tarn-server
 cargo bench -p tarn-benches --bench reopen --no-run
 
 # The guest's idle polling decides what a wake-up of an idle vCPU costs, and with it the
-# one-client figures (docs/BENCHMARKS.md, session 7): recorded with the machine.
+# one-client figures (docs/benchmarks/history-of-runs.md, "What decides the one-client figures on
+# this VM"): recorded with the machine.
 halt_poll_ns() { cat /sys/module/haltpoll/parameters/guest_halt_poll_ns 2>/dev/null || echo null; }
 machine() {
     echo "{\"bench\":\"machine\",\"cpus\":$(nproc),\"cpu\":\"$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)\",\"kernel\":\"$(uname -r)\",\"guest_halt_poll_ns\":$(halt_poll_ns),\"date\":\"$(date -u +%FT%TZ)\",\"commit\":\"$(git rev-parse --short HEAD)\"}" >>"$results"

@@ -1,5 +1,5 @@
 """Renders scripts/bench-suite.sh's results (JSON lines) as the markdown tables of
-docs/BENCHMARKS.md and the insert-throughput chart, and ends with the issue's targets, each
+docs/BENCHMARKS.md and the insert-throughput chart, and ends with the suite's targets, each
 with its measured ratio and whether it is met."""
 
 import argparse

@@ -1,4 +1,5 @@
-"""How much an fdatasync costs depending on the CPU that issues it (docs/BENCHMARKS.md, session 7).
+"""How much an fdatasync costs depending on the CPU that issues it
+(docs/benchmarks/history-of-runs.md, "What decides the one-client figures on this VM").
 
 On a VM whose disk has one request queue, the disk's completion interrupt is taken by one vCPU
 (`/proc/irq/N/effective_affinity_list`); a thread that waits in fdatasync on another, halted vCPU

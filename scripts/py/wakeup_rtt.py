@@ -2,7 +2,8 @@
 a pair of pipes, pinned to the same CPU, then to two different CPUs. Each round trip is two
 wake-ups of a blocked reader. On a VM whose idle vCPUs halt (no guest halt-polling), a wake-up
 on another CPU costs an inter-processor interrupt and the host waking that vCPU, which a
-durable insert pays at every hand-off between threads (docs/BENCHMARKS.md, issue 8).
+durable insert pays at every hand-off between threads (docs/benchmarks/history-of-runs.md,
+"One write per request, and where a hand-off's time goes").
 Then the waker's own share: how long the `write` that wakes a reader blocked on an idle CPU
 takes, against one that wakes a reader on the writer's own CPU (the reader answers, and the
 writer sleeps 0.2 ms before the next write so that the reader's CPU goes idle again).

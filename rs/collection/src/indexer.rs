@@ -91,7 +91,8 @@ pub(crate) fn in_index_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
 /// request thread gets a core ahead of the indexer, which has a quarter of a busy core's time
 /// instead of half. Background work below foreground work, as databases run compaction; not
 /// lower, because the indexer holds the mutable segment's graph locks that searches read (the
-/// idle class starved it while it held one: a 106 ms stall). Measured (docs/BENCHMARKS.md):
+/// idle class starved it while it held one: a 106 ms stall). Measured
+/// (docs/benchmarks/history-of-runs.md, "What a request costs, and what changed for it"):
 /// 64 clients 1.15x (8 alternating rounds); `scripts/soak.sh 600` search p99 30.6 / 46.9 ms in
 /// the first / last third (36 / 90 before).
 const INDEX_NICE: i32 = 5;

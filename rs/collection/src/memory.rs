@@ -4,9 +4,10 @@
 //! workers, the rayon pools) and returns pages to the system only from the top of a heap. A
 //! checkpoint drops a frozen mutable segment, whose hnsw_rs graph is millions of small
 //! allocations; afterwards the process stayed at 5,466 resident bytes per 128-d vector sealed
-//! (50,000 vectors), against 1,072 once `malloc_trim(0)` had run (docs/BENCHMARKS.md, "Resident
-//! memory"). mimalloc as the global allocator was measured too: it kept more (8,039), and did
-//! not make writes faster.
+//! (50,000 vectors), against 1,072 once `malloc_trim(0)` had run
+//! (docs/benchmarks/history-of-runs.md, "Where the insert time goes, what was tried, what was
+//! kept"). mimalloc as the global allocator was measured too: it kept more (8,039), and did not
+//! make writes faster.
 
 use std::time::Instant;
 

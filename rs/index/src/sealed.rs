@@ -21,7 +21,7 @@ const SEGMENT_MAGIC: &[u8; 8] = b"TARNSEG1";
 const TOMBSTONE_MAGIC: &[u8; 8] = b"TARNTMB1";
 const FORMAT_VERSION: u32 = 1;
 /// Cache lines of a vector prefetched before its distance is computed: all of it, up to 2 KiB
-/// (measured: docs/BENCHMARKS.md, "Sealed search").
+/// (measured: docs/benchmarks/sealed-search.md, "What each step bought").
 const PREFETCH_MAX_LINES: usize = 32;
 /// What an hnsw_rs insert costs against one by tarn's builder, same vector, same M and
 /// ef_construction: 32 s against 7 s for minilm-debian's 60,733 x 384 on 2 threads

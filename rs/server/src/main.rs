@@ -26,8 +26,9 @@ fn main() -> std::process::ExitCode {
     // with one request in flight (`tarn search`, `tarn bench ... --clients 1`) runs on this
     // thread alone, as pgbench runs one thread per connection up to `-j`: the hand-offs between
     // a request's tasks (tonic's buffer, the HTTP/2 connection) are then queue pushes instead of
-    // cross-thread wake-ups. Measured (docs/BENCHMARKS.md): one-client gRPC search 1.2-1.4x the
-    // queries/s; at 64 clients one thread was 0.74x, hence the multi-thread runtime there.
+    // cross-thread wake-ups. Measured (docs/benchmarks/history-of-runs.md, "What a request
+    // costs, and what changed for it"): one-client gRPC search 1.17-1.25x the queries/s; at 64
+    // clients one thread was 0.74x, hence the multi-thread runtime there.
     let mut builder = if cli.command.max_in_flight() > 1 {
         tokio::runtime::Builder::new_multi_thread()
     } else {
