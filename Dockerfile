@@ -35,8 +35,7 @@ FROM base AS prebuilt
 COPY target/x86_64-unknown-linux-gnu/release/tarn /usr/local/bin/tarn
 
 FROM rust:1-bookworm AS build
-# etcd-client (cluster mode) compiles etcd's protos with protoc at build time.
-RUN apt-get update -q && apt-get install -y -q protobuf-compiler && rm -rf /var/lib/apt/lists/*
+# Nothing to install: every .proto (tarn's and etcd's) is compiled by protox, in Rust.
 WORKDIR /src
 COPY . .
 RUN RUSTFLAGS='-C target-feature=+crt-static' \

@@ -6,11 +6,22 @@
 # engine answers (it says SKIPPED otherwise). This is the command the README gives and the one CI
 # (.ci/run) calls. Needs Rust (rustup's default profile: cargo, rustfmt, clippy) and python3 with
 # venv; the Python packages come from PyPI, into virtualenvs under target/; Debian's
-# protobuf-compiler (for etcd-client's build) and etcd-server (for the cluster tests) are
-# installed when missing.
+# etcd-server (for the cluster tests) is installed when missing. Building needs nothing but cargo
+# and the crate registry: every .proto is compiled by protox. To prove it, the builds below run
+# with a `protoc` first on PATH that fails if anything calls it, and PROTOC unset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/ensure-protoc.sh
+no_protoc="$PWD/target/no-protoc"
+mkdir -p "$no_protoc"
+cat > "$no_protoc/protoc" <<'SHIM'
+#!/bin/sh
+echo "check: something called protoc ($0 $*): tarn's build must need nothing but cargo" >&2
+exit 97
+SHIM
+chmod +x "$no_protoc/protoc"
+export PATH="$no_protoc:$PATH"
+unset PROTOC PROTOC_INCLUDE
+[[ "$(command -v protoc)" == "$no_protoc/protoc" ]]
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # The cluster tests run a real etcd (Debian's etcd-server); they print SKIPPED without one.

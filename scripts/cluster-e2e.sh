@@ -16,7 +16,6 @@
 #   scripts/cluster-e2e.sh [a test name filter; default: processes_, all of them]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/ensure-protoc.sh
 source scripts/lib-etcd.sh
 if ! ensure_etcd; then
     echo "cluster-e2e: SKIPPED: etcd-server could not be installed here"

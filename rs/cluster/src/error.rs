@@ -4,9 +4,10 @@
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClusterError {
-    /// Another live node is registered under this node id.
-    #[error("node id {0:?} is already registered by a live node")]
-    DuplicateNode(String),
+    /// Another live node is registered under this node id (and is not this data directory's
+    /// previous process).
+    #[error("node id {node_id:?} is already registered by a live node: {detail}")]
+    DuplicateNode { node_id: String, detail: String },
     /// The coordination store (etcd) cannot be reached or refused a request. Retriable.
     #[error("coordination store unavailable: {0}")]
     StoreUnavailable(String),

@@ -1,5 +1,5 @@
-//! [`EtcdStore`]: the [`ClusterStore`] of a real cluster, in etcd (v3 API, through the
-//! `etcd-client` crate). etcd does all the agreeing: membership is keys under leases, every
+//! [`EtcdStore`]: the [`ClusterStore`] of a real cluster, in etcd (v3 API, through tarn's own
+//! small client of it, [`crate::etcd_api`]). etcd does all the agreeing: membership is keys under leases, every
 //! change is one etcd transaction, each node follows the state with one etcd watch, and the
 //! placement coordinator is chosen by etcd's election API ([`EtcdStore::campaign`]). Nothing here
 //! votes, elects or times out a peer by itself.
@@ -46,11 +46,12 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaderKey,
-    LeaseKeepAliveStream, LeaseKeeper, PutOptions, ResignOptions, Txn, TxnOp, TxnOpResponse,
-    WatchOptions,
+use crate::etcd_api::etcdserverpb::{
+    compare, event::EventType, request_op, response_op, Compare, RequestOp, TxnRequest,
+    WatchCreateRequest,
 };
+use crate::etcd_api::v3electionpb::LeaderKey;
+use crate::etcd_api::{delete_request, prefix_end, ConnectOptions, EtcdClient};
 use parking_lot::Mutex;
 use tokio::sync::{watch, OnceCell};
 use tokio::task::JoinHandle;
@@ -68,6 +69,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// The first and the longest wait between two attempts to reach etcd again.
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(2);
+/// How long after a foreign registration's lease should have lapsed a starting node still
+/// waits before it gives up ([`ClusterStore::register`]).
+const LAPSE_MARGIN: Duration = Duration::from_secs(2);
+/// Most registrations of this data directory's previous processes one start takes over (each
+/// is one etcd transaction; more means something else keeps writing the key).
+const MAX_TAKEOVERS: u32 = 3;
 /// etcd's default `--max-txn-ops`: the most operations in one branch of a transaction.
 const MAX_TXN_OPS: usize = 128;
 /// The lease of a candidate in an election: a coordinator that dies is replaced this long after.
@@ -104,7 +111,7 @@ impl std::fmt::Debug for EtcdStore {
 
 /// What the store and its background tasks share.
 struct Inner {
-    client: Client,
+    client: EtcdClient,
     /// Ends with `/`.
     prefix: String,
     /// The endpoints as given, comma-separated, for error messages.
@@ -140,12 +147,13 @@ impl EtcdStore {
                 "no etcd endpoint given".to_owned(),
             ));
         }
-        let options = ConnectOptions::new()
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_keep_alive(HTTP2_PING_INTERVAL, HTTP2_PING_TIMEOUT)
-            .with_require_leader(true);
-        let client = Client::connect(endpoints, Some(options))
-            .await
+        let options = ConnectOptions {
+            connect_timeout: CONNECT_TIMEOUT,
+            keep_alive: Some((HTTP2_PING_INTERVAL, HTTP2_PING_TIMEOUT)),
+            require_leader: true,
+            max_decoding_message_size: MAX_MESSAGE_BYTES,
+        };
+        let client = EtcdClient::connect(endpoints, &options)
             .map_err(|e| ClusterError::StoreUnavailable(format!("etcd at {joined}: {e}")))?;
         let mut prefix = prefix.to_owned();
         if !prefix.ends_with('/') {
@@ -158,14 +166,10 @@ impl EtcdStore {
             connected: AtomicBool::new(false),
         });
         // A cheap read proves that etcd answers (the client itself connects lazily).
-        let mut kv = inner.client.kv_client();
         inner
             .call(
                 "first contact",
-                kv.get(
-                    inner.prefix.as_str(),
-                    Some(GetOptions::new().with_prefix().with_count_only()),
-                ),
+                inner.client.count_prefix(inner.prefix.as_bytes()),
             )
             .await?;
         Ok(EtcdStore {
@@ -189,14 +193,14 @@ impl EtcdStore {
         let lease = inner.grant(ttl_seconds(ELECTION_TTL)).await?;
         let guard = LeaseGuard::start(Arc::clone(inner), lease, OnExpiry::GiveUp);
         let name = inner.key(&format!("elections/{election}"));
-        let mut election_client = inner.client.election_client();
         // No deadline: etcd answers when this candidate is elected.
-        let mut response = election_client
-            .campaign(name, node_id, guard.lease.id())
+        let response = inner
+            .client
+            .campaign(name.as_bytes(), node_id.as_bytes(), guard.lease.id())
             .await
             .map_err(|e| inner.failed("campaign", &e))?;
         inner.set_connected(true);
-        let leader_key = response.take_leader().ok_or_else(|| {
+        let leader_key = response.leader.ok_or_else(|| {
             ClusterError::StoreUnavailable(format!(
                 "etcd at {}: campaign answered without a leader key",
                 inner.endpoints
@@ -215,18 +219,83 @@ impl EtcdStore {
 impl ClusterStore for EtcdStore {
     async fn register(&self, node: &NodeInfo, ttl: Duration) -> Result<Registration> {
         let inner = &self.inner;
-        let lease = inner.grant(ttl_seconds(ttl)).await?;
-        match inner.create_node_key(node, lease.id).await {
-            Ok(true) => {}
-            Ok(false) => {
-                inner.revoke_quietly(lease.id).await;
-                return Err(ClusterError::DuplicateNode(node.node_id.clone()));
+        let key = inner.key(&format!("nodes/{}", node.node_id));
+        // Until when to wait for another process's registration to lapse (set when first seen).
+        let mut wait_until: Option<(Instant, Instant)> = None;
+        let mut takeovers = 0;
+        let lease = loop {
+            if let Some(lease) = register_again(inner, node, ttl).await? {
+                break lease;
             }
-            Err(e) => {
-                inner.revoke_quietly(lease.id).await;
-                return Err(e);
+            // The id is taken: by this data directory's previous process, or by another one?
+            let response = inner
+                .call(
+                    "read the node's registration",
+                    inner.client.get(key.as_bytes(), false),
+                )
+                .await?;
+            let Some(holder) = response.kvs.first() else {
+                continue; // it lapsed meanwhile
+            };
+            let info = serde_json::from_slice::<NodeInfo>(&holder.value).ok();
+            let address = info.as_ref().map_or("?", |h| h.address.as_str()).to_owned();
+            let own = !node.incarnation.is_empty()
+                && info
+                    .as_ref()
+                    .is_some_and(|h| h.incarnation == node.incarnation);
+            if own && takeovers < MAX_TAKEOVERS {
+                // This process holds the directory's lock, so the registration's process is
+                // dead: remove its key (only if it is still the one read) and its lease.
+                takeovers += 1;
+                let txn = when(
+                    vec![modified_at(&key, holder.mod_revision)],
+                    vec![delete_op(&key, false)],
+                );
+                inner
+                    .call("take over the registration", inner.client.txn(txn))
+                    .await?;
+                inner.revoke_quietly(holder.lease).await;
+                tracing::warn!(node_id = %node.node_id, old_lease = holder.lease, %address,
+                    "this data directory's previous process was still registered (killed before \
+                     its lease lapsed): its registration is removed and its lease revoked");
+                continue;
             }
-        }
+            let now = Instant::now();
+            let (since, deadline) = match wait_until {
+                Some(waiting) => waiting,
+                None => {
+                    let left = inner
+                        .call(
+                            "read the holder's lease",
+                            inner.client.time_to_live(holder.lease),
+                        )
+                        .await
+                        .map_or(0, |r| r.ttl.max(0));
+                    let wait = Duration::from_secs(left.unsigned_abs()) + LAPSE_MARGIN;
+                    let holder_kind = if info.is_some_and(|h| !h.incarnation.is_empty()) {
+                        "a process with another data directory"
+                    } else {
+                        "a process that carries no data directory token (an older tarn)"
+                    };
+                    tracing::warn!(node_id = %node.node_id, %address, wait_s = wait.as_secs(),
+                        "node id registered by {holder_kind}; waiting for its lease to lapse \
+                         (a dead node's does within its TTL, a live node keeps it)");
+                    *wait_until.insert((now, now + wait))
+                }
+            };
+            if now >= deadline {
+                return Err(ClusterError::DuplicateNode {
+                    node_id: node.node_id.clone(),
+                    detail: format!(
+                        "registered from {address} by a process with another data directory (or \
+                         none), which kept its lease alive while this one waited {:.1} s; stop \
+                         it, or give this node another --node-id",
+                        (now - since).as_secs_f64()
+                    ),
+                });
+            }
+            tokio::time::sleep(RETRY_FIRST * 5).await;
+        };
         tracing::info!(node_id = %node.node_id, lease = lease.id, ttl_s = lease.ttl.as_secs(), "registered in etcd");
         let guard = LeaseGuard::start(
             Arc::clone(inner),
@@ -273,52 +342,37 @@ impl ClusterStore for EtcdStore {
             });
         }
         let mut puts = Vec::with_capacity(1 + map.shards.len());
-        puts.push(TxnOp::put(
-            def_key.as_str(),
-            encode(&def_key, &map.def)?,
-            None,
-        ));
+        puts.push(put_op(&def_key, encode(&def_key, &map.def)?, 0));
         for (shard, assignment) in map.shards.iter().enumerate() {
             let key = inner.shard_key(name, shard as u32);
             let value = encode(&key, assignment)?;
-            puts.push(TxnOp::put(key, value, None));
+            puts.push(put_op(&key, value, 0));
         }
         let rest = if puts.len() > MAX_TXN_OPS {
             puts.split_off(MAX_TXN_OPS)
         } else {
             Vec::new()
         };
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                def_key.as_str(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then(puts);
-        let mut kv = inner.client.kv_client();
-        let response = inner.call("create collection", kv.txn(txn)).await?;
-        if !response.succeeded() {
+        let txn = when(vec![created_at(&def_key, 0)], puts);
+        let response = inner
+            .call("create collection", inner.client.txn(txn))
+            .await?;
+        if !response.succeeded {
             return Ok(false);
         }
         if rest.is_empty() {
             return Ok(true);
         }
         // The definition's revision: the later transactions write only while it is unchanged.
-        let def_revision = response.header().map_or(0, |h| h.revision());
+        let def_revision = response.header.map_or(0, |h| h.revision);
         let n_chunks = rest.len().div_ceil(MAX_TXN_OPS);
         for chunk in rest.chunks(MAX_TXN_OPS) {
-            let txn = Txn::new()
-                .when([Compare::mod_revision(
-                    def_key.as_str(),
-                    CompareOp::Equal,
-                    def_revision,
-                )])
-                .and_then(chunk.to_vec());
+            let txn = when(vec![modified_at(&def_key, def_revision)], chunk.to_vec());
             let outcome = inner
-                .call("create collection (more shards)", kv.txn(txn))
+                .call("create collection (more shards)", inner.client.txn(txn))
                 .await;
             match outcome {
-                Ok(r) if r.succeeded() => {}
+                Ok(r) if r.succeeded => {}
                 Ok(_) => {
                     return Err(ClusterError::StoreUnavailable(format!(
                         "collection {name:?} was dropped or replaced while its {} shards were \
@@ -328,15 +382,13 @@ impl ClusterStore for EtcdStore {
                 }
                 Err(e) => {
                     // Best effort: take the half-written collection back, so the name is free.
-                    let undo = Txn::new()
-                        .when([Compare::mod_revision(
-                            def_key.as_str(),
-                            CompareOp::Equal,
-                            def_revision,
-                        )])
-                        .and_then(inner.drop_ops(name));
-                    if let Err(undo_error) =
-                        inner.call("undo create collection", kv.txn(undo)).await
+                    let undo = when(
+                        vec![modified_at(&def_key, def_revision)],
+                        inner.drop_ops(name),
+                    );
+                    if let Err(undo_error) = inner
+                        .call("undo create collection", inner.client.txn(undo))
+                        .await
                     {
                         tracing::warn!(collection = %name, error = %undo_error,
                             "a half-written collection stays invisible until it is dropped");
@@ -350,11 +402,10 @@ impl ClusterStore for EtcdStore {
 
     async fn drop_collection(&self, name: &str) -> Result<bool> {
         let inner = &self.inner;
-        let mut kv = inner.client.kv_client();
-        let txn = Txn::new().and_then(inner.drop_ops(name));
-        let response = inner.call("drop collection", kv.txn(txn)).await?;
-        let deleted_def = match response.op_responses().first() {
-            Some(TxnOpResponse::Delete(d)) => d.deleted(),
+        let txn = when(Vec::new(), inner.drop_ops(name));
+        let response = inner.call("drop collection", inner.client.txn(txn)).await?;
+        let deleted_def = match response.responses.first().and_then(|r| r.response.as_ref()) {
+            Some(response_op::Response::ResponseDeleteRange(d)) => d.deleted,
             _ => 0,
         };
         Ok(deleted_def > 0)
@@ -369,39 +420,36 @@ impl ClusterStore for EtcdStore {
     ) -> Result<bool> {
         let inner = &self.inner;
         let key = inner.shard_key(collection, shard);
-        let mut kv = inner.client.kv_client();
-        let response = inner.call("read shard", kv.get(key.as_str(), None)).await?;
-        let Some(current) = response.kvs().first() else {
+        let response = inner
+            .call("read shard", inner.client.get(key.as_bytes(), false))
+            .await?;
+        let Some(current) = response.kvs.first() else {
             return Ok(false);
         };
-        let assignment: ShardAssignment = decode(&key, current.value())?;
+        let assignment: ShardAssignment = decode(&key, &current.value)?;
         if assignment.epoch != expected_epoch {
             return Ok(false);
         }
         // etcd compares bytes or revisions, not JSON fields: the write goes through only if
         // the key is still the one just read.
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.as_str(),
-                CompareOp::Equal,
-                current.mod_revision(),
-            )])
-            .and_then([TxnOp::put(key.as_str(), encode(&key, new)?, None)]);
-        let response = inner.call("set shard", kv.txn(txn)).await?;
-        Ok(response.succeeded())
+        let txn = when(
+            vec![modified_at(&key, current.mod_revision)],
+            vec![put_op(&key, encode(&key, new)?, 0)],
+        );
+        let response = inner.call("set shard", inner.client.txn(txn)).await?;
+        Ok(response.succeeded)
     }
 
     async fn set_draining(&self, node_id: &str, draining: bool) -> Result<()> {
         let inner = &self.inner;
         let key = inner.key(&format!("draining/{node_id}"));
-        let mut kv = inner.client.kv_client();
         if draining {
             inner
-                .call("mark draining", kv.put(key.as_str(), "{}", None))
+                .call("mark draining", inner.client.put(key.as_bytes(), b"{}", 0))
                 .await?;
         } else {
             inner
-                .call("clear draining", kv.delete(key.as_str(), None))
+                .call("clear draining", inner.client.delete(key.as_bytes(), false))
                 .await?;
         }
         Ok(())
@@ -431,24 +479,22 @@ impl Inner {
     }
 
     /// The error of a failed call, noting whether etcd was reached at all.
-    fn failed(&self, what: &str, error: &etcd_client::Error) -> ClusterError {
-        let unreached = match error {
-            etcd_client::Error::GRpcStatus(status) => {
-                UNREACHED_GRPC_CODES.contains(&i32::from(status.code()))
-            }
-            etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
-            etcd_client::Error::LeaseKeepAliveError(_) | etcd_client::Error::WatchError(_) => true,
-            _ => false,
-        };
+    fn failed(&self, what: &str, error: &tonic::Status) -> ClusterError {
+        let unreached = UNREACHED_GRPC_CODES.contains(&i32::from(error.code()));
         self.set_connected(!unreached);
-        ClusterError::StoreUnavailable(format!("etcd at {}: {what}: {error}", self.endpoints))
+        ClusterError::StoreUnavailable(format!(
+            "etcd at {}: {what}: {}: {}",
+            self.endpoints,
+            error.code(),
+            error.message()
+        ))
     }
 
     /// Runs one etcd request under [`REQUEST_TIMEOUT`], keeping `connected` up to date.
     async fn call<T>(
         &self,
         what: &str,
-        request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+        request: impl Future<Output = std::result::Result<T, tonic::Status>>,
     ) -> Result<T> {
         match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
             Ok(Ok(value)) => {
@@ -468,12 +514,11 @@ impl Inner {
 
     /// Grants a lease of `ttl_s` seconds (etcd may grant a longer one: it has a minimum).
     async fn grant(&self, ttl_s: i64) -> Result<Lease> {
-        let mut leases = self.client.lease_client();
         let asked_at = Instant::now();
-        let response = self.call("grant lease", leases.grant(ttl_s, None)).await?;
-        let ttl = Duration::from_secs(response.ttl().max(1).unsigned_abs());
+        let response = self.call("grant lease", self.client.grant(ttl_s)).await?;
+        let ttl = Duration::from_secs(response.ttl.max(1).unsigned_abs());
         Ok(Lease {
-            id: response.id(),
+            id: response.id,
             ttl,
             asked_at,
         })
@@ -481,8 +526,7 @@ impl Inner {
 
     /// Revokes a lease, logging (not returning) a failure: the lease lapses on its own anyway.
     async fn revoke_quietly(&self, lease: i64) {
-        let mut leases = self.client.lease_client();
-        if let Err(e) = self.call("revoke lease", leases.revoke(lease)).await {
+        if let Err(e) = self.call("revoke lease", self.client.revoke(lease)).await {
             tracing::debug!(lease, error = %e, "lease not revoked; it will lapse");
         }
     }
@@ -491,49 +535,90 @@ impl Inner {
     async fn create_node_key(&self, node: &NodeInfo, lease: i64) -> Result<bool> {
         let key = self.key(&format!("nodes/{}", node.node_id));
         let value = encode(&key, node)?;
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key.as_str(),
-                value,
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
-        let mut kv = self.client.kv_client();
-        Ok(self.call("register node", kv.txn(txn)).await?.succeeded())
+        let txn = when(vec![created_at(&key, 0)], vec![put_op(&key, value, lease)]);
+        let response = self.call("register node", self.client.txn(txn)).await?;
+        Ok(response.succeeded)
     }
 
     /// The operations that delete a collection: its definition first, then its shard keys. The
     /// trailing slash keeps `shards/docs/` from matching `shards/docs2/`.
-    fn drop_ops(&self, name: &str) -> Vec<TxnOp> {
+    fn drop_ops(&self, name: &str) -> Vec<RequestOp> {
         vec![
-            TxnOp::delete(self.key(&format!("collections/{name}")), None),
-            TxnOp::delete(
-                self.key(&format!("shards/{name}/")),
-                Some(etcd_client::DeleteOptions::new().with_prefix()),
-            ),
+            delete_op(&self.key(&format!("collections/{name}")), false),
+            delete_op(&self.key(&format!("shards/{name}/")), true),
         ]
     }
 
     /// Reads the whole prefix in one range read.
     async fn load(&self) -> Result<View> {
-        let mut kv = self
-            .client
-            .kv_client()
-            .max_decoding_message_size(MAX_MESSAGE_BYTES);
         let response = self
             .call(
                 "read the cluster state",
-                kv.get(self.prefix.as_str(), Some(GetOptions::new().with_prefix())),
+                self.client.get(self.prefix.as_bytes(), true),
             )
             .await?;
         let mut view = View {
-            revision: response.header().map_or(0, |h| h.revision()),
+            revision: response.header.map_or(0, |h| h.revision),
             ..View::default()
         };
-        for kv in response.kvs() {
-            view.put(&self.prefix, kv.key(), kv.value());
+        for kv in &response.kvs {
+            view.put(&self.prefix, &kv.key, &kv.value);
         }
         Ok(view)
+    }
+}
+
+/// A transaction: `then` if every comparison holds (no comparison: always).
+fn when(compare: Vec<Compare>, then: Vec<RequestOp>) -> TxnRequest {
+    TxnRequest {
+        compare,
+        success: then,
+        failure: Vec::new(),
+    }
+}
+
+/// Holds if `key` was created at `revision` (0: the key does not exist).
+fn created_at(key: &str, revision: i64) -> Compare {
+    Compare {
+        result: compare::CompareResult::Equal.into(),
+        target: compare::CompareTarget::Create.into(),
+        key: key.as_bytes().to_vec(),
+        target_union: Some(compare::TargetUnion::CreateRevision(revision)),
+        range_end: Vec::new(),
+    }
+}
+
+/// Holds if `key` was last written at `revision`.
+fn modified_at(key: &str, revision: i64) -> Compare {
+    Compare {
+        result: compare::CompareResult::Equal.into(),
+        target: compare::CompareTarget::Mod.into(),
+        key: key.as_bytes().to_vec(),
+        target_union: Some(compare::TargetUnion::ModRevision(revision)),
+        range_end: Vec::new(),
+    }
+}
+
+/// Writes `key`, attached to `lease` unless it is 0.
+fn put_op(key: &str, value: Vec<u8>, lease: i64) -> RequestOp {
+    RequestOp {
+        request: Some(request_op::Request::RequestPut(
+            crate::etcd_api::etcdserverpb::PutRequest {
+                key: key.as_bytes().to_vec(),
+                value,
+                lease,
+            },
+        )),
+    }
+}
+
+/// Deletes `key`, or with `prefix` every key starting with it.
+fn delete_op(key: &str, prefix: bool) -> RequestOp {
+    RequestOp {
+        request: Some(request_op::Request::RequestDeleteRange(delete_request(
+            key.as_bytes(),
+            prefix,
+        ))),
     }
 }
 
@@ -753,22 +838,25 @@ async fn keep_alive_stream(
     backoff: &mut Backoff,
 ) -> KeepAliveEnd {
     let id = lease.id();
-    let mut leases = inner.client.lease_client();
-    // Opening the stream sends a first keep-alive and waits for its answer.
+    // Opening the stream sends a first keep-alive; its answer says whether the lease lives.
     let sent_at = Instant::now();
-    let (mut keeper, mut stream): (LeaseKeeper, LeaseKeepAliveStream) =
-        match tokio::time::timeout(REQUEST_TIMEOUT, leases.keep_alive(id)).await {
-            Ok(Ok(opened)) => opened,
-            Ok(Err(etcd_client::Error::LeaseKeepAliveError(reason)))
-                if reason.contains("not found") =>
-            {
-                inner.set_connected(true);
-                return KeepAliveEnd::Expired;
-            }
-            Ok(Err(e)) => return KeepAliveEnd::Broken(e.to_string()),
-            Err(_) => return KeepAliveEnd::Broken(format!("no answer in {REQUEST_TIMEOUT:?}")),
-        };
-    *lease.alive_until.lock() = sent_at + ttl;
+    let opened = tokio::time::timeout(REQUEST_TIMEOUT, async {
+        let mut keeper = inner.client.keep_alive(id).await?;
+        let first = keeper.answer().await?;
+        Ok::<_, tonic::Status>((keeper, first))
+    })
+    .await;
+    let (mut keeper, granted) = match opened {
+        Ok(Ok((keeper, Some(answer)))) if answer.ttl > 0 => (keeper, answer.ttl),
+        Ok(Ok((_, Some(_)))) => {
+            inner.set_connected(true);
+            return KeepAliveEnd::Expired;
+        }
+        Ok(Ok((_, None))) => return KeepAliveEnd::Broken("keep-alive stream closed".to_owned()),
+        Ok(Err(e)) => return KeepAliveEnd::Broken(e.to_string()),
+        Err(_) => return KeepAliveEnd::Broken(format!("no answer in {REQUEST_TIMEOUT:?}")),
+    };
+    *lease.alive_until.lock() = sent_at + Duration::from_secs(granted.unsigned_abs()).min(ttl);
     inner.set_connected(true);
     backoff.reset();
     let period = (ttl / 3).max(Duration::from_millis(100));
@@ -777,13 +865,13 @@ async fn keep_alive_stream(
     loop {
         ticks.tick().await;
         let sent_at = Instant::now();
-        if let Err(e) = keeper.keep_alive().await {
+        if let Err(e) = keeper.renew().await {
             return KeepAliveEnd::Broken(e.to_string());
         }
-        match tokio::time::timeout(period.max(Duration::from_secs(1)), stream.message()).await {
-            Ok(Ok(Some(answer))) if answer.ttl() <= 0 => return KeepAliveEnd::Expired,
+        match tokio::time::timeout(period.max(Duration::from_secs(1)), keeper.answer()).await {
+            Ok(Ok(Some(answer))) if answer.ttl <= 0 => return KeepAliveEnd::Expired,
             Ok(Ok(Some(answer))) => {
-                let granted = Duration::from_secs(answer.ttl().unsigned_abs());
+                let granted = Duration::from_secs(answer.ttl.unsigned_abs());
                 *lease.alive_until.lock() = sent_at + granted;
                 inner.set_connected(true);
             }
@@ -837,9 +925,8 @@ impl Leadership {
             return;
         };
         let inner = Arc::clone(&guard.inner);
-        let mut elections = inner.client.election_client();
-        let options = ResignOptions::new().with_leader(self.leader_key.clone());
-        if let Err(e) = inner.call("resign", elections.resign(Some(options))).await {
+        let resigned = inner.client.resign(self.leader_key.clone());
+        if let Err(e) = inner.call("resign", resigned).await {
             tracing::debug!(election = %self.election, error = %e, "resign failed; revoking the lease");
         }
         guard.revoke().await;
@@ -1025,19 +1112,13 @@ async fn follow(
     tx: &watch::Sender<Arc<ClusterState>>,
     backoff: &mut Backoff,
 ) -> String {
-    let mut watches = inner
-        .client
-        .watch_client()
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let options = WatchOptions::new()
-        .with_prefix()
-        .with_start_revision(view.revision + 1);
-    let mut stream = match tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        watches.watch(inner.prefix.as_str(), Some(options)),
-    )
-    .await
-    {
+    let create = WatchCreateRequest {
+        key: inner.prefix.as_bytes().to_vec(),
+        range_end: prefix_end(inner.prefix.as_bytes()),
+        start_revision: view.revision + 1,
+        ..WatchCreateRequest::default()
+    };
+    let mut stream = match tokio::time::timeout(REQUEST_TIMEOUT, inner.client.watch(create)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => return format!("cannot start the watch: {e}"),
         Err(_) => return format!("cannot start the watch: no answer in {REQUEST_TIMEOUT:?}"),
@@ -1048,28 +1129,27 @@ async fn follow(
             Ok(None) => return "the watch stream ended".to_owned(),
             Err(e) => return e.to_string(),
         };
-        if response.canceled() {
+        if response.canceled {
             return format!(
                 "the watch was cancelled ({}; compacted up to revision {})",
-                response.cancel_reason(),
-                response.compact_revision()
+                response.cancel_reason, response.compact_revision
             );
         }
-        if response.created() {
+        if response.created {
             inner.set_connected(true);
             backoff.reset();
         }
-        if response.events().is_empty() {
+        if response.events.is_empty() {
             continue;
         }
-        for event in response.events() {
-            let Some(kv) = event.kv() else { continue };
-            match event.event_type() {
-                EventType::Put => view.put(&inner.prefix, kv.key(), kv.value()),
-                EventType::Delete => view.delete(&inner.prefix, kv.key()),
+        for event in &response.events {
+            let Some(kv) = &event.kv else { continue };
+            match event.r#type() {
+                EventType::Put => view.put(&inner.prefix, &kv.key, &kv.value),
+                EventType::Delete => view.delete(&inner.prefix, &kv.key),
             }
             // A deletion's key carries the revision of the deletion.
-            view.revision = view.revision.max(kv.mod_revision());
+            view.revision = view.revision.max(kv.mod_revision);
         }
         publish(tx, view);
     }

@@ -6,6 +6,7 @@
 
 mod error;
 mod etcd;
+pub mod etcd_api;
 pub mod map;
 mod merge;
 mod store;

@@ -18,6 +18,13 @@ pub struct NodeInfo {
     pub node_id: String,
     /// Where the other nodes and clients reach its gRPC service (`--advertise`).
     pub address: String,
+    /// The token of the data directory the node runs on (its `INCARNATION` file, written once;
+    /// the running process holds the directory's lock). A registration that carries the token
+    /// of the directory a starting process has locked belongs to that directory's previous,
+    /// dead process: [`crate::ClusterStore::register`] takes it over at once. Empty: unknown
+    /// (a node of an older tarn), which never matches.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub incarnation: String,
 }
 
 /// What decides a document's shard.
@@ -484,6 +491,7 @@ mod token_tests {
                 NodeInfo {
                     node_id: (*n).to_owned(),
                     address: String::new(),
+                    incarnation: String::new(),
                 },
             );
         }
@@ -541,6 +549,7 @@ mod token_tests {
             NodeInfo {
                 node_id: "d".into(),
                 address: String::new(),
+                incarnation: String::new(),
             },
         );
         let moves = settle(&mut state, 10);

@@ -64,7 +64,12 @@ impl std::fmt::Debug for Leader {
 #[async_trait::async_trait]
 pub trait ClusterStore: Send + Sync + std::fmt::Debug + 'static {
     /// Registers `node` under a lease of `ttl`, kept alive in the background while the returned
-    /// [`Registration`] lives. [`ClusterError::DuplicateNode`] if a live node holds the id.
+    /// [`Registration`] lives. When the id is taken by a registration carrying the same
+    /// non-empty [`NodeInfo::incarnation`] (this data directory's previous process, killed before
+    /// its lease lapsed), that registration is removed and its lease revoked, and this one takes
+    /// its place at once. When it is taken by anything else, waits for that registration's lease
+    /// to lapse (as long as it has left, plus a margin), saying so in the log, and then gives
+    /// [`ClusterError::DuplicateNode`] if a live node still holds the id.
     async fn register(&self, node: &NodeInfo, ttl: Duration) -> Result<Registration>;
 
     /// A live view of the whole state: the current one at once, then every change.
@@ -105,6 +110,10 @@ pub trait ClusterStore: Send + Sync + std::fmt::Debug + 'static {
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
     state: Arc<Mutex<ClusterState>>,
+    /// The registration that holds each node id (a counter value), so that a registration
+    /// taken over ends only its own membership when dropped.
+    holders: Arc<Mutex<std::collections::HashMap<String, u64>>>,
+    next_holder: Arc<std::sync::atomic::AtomicU64>,
     tx: Arc<watch::Sender<Arc<ClusterState>>>,
     /// One leader per store (elections are not told apart: tests use one).
     election: Arc<tokio::sync::Mutex<()>>,
@@ -115,6 +124,8 @@ impl Default for MemoryStore {
         let (tx, _) = watch::channel(Arc::new(ClusterState::default()));
         MemoryStore {
             state: Arc::default(),
+            holders: Arc::default(),
+            next_holder: Arc::default(),
             tx: Arc::new(tx),
             election: Arc::default(),
         }
@@ -134,6 +145,7 @@ impl MemoryStore {
 
     /// Ends `node_id`'s lease at once (what a lapsed keep-alive does).
     pub fn expire(&self, node_id: &str) {
+        self.holders.lock().remove(node_id);
         self.change(|s| s.nodes.remove(node_id).is_some());
     }
 }
@@ -141,30 +153,53 @@ impl MemoryStore {
 struct MemoryLease {
     store: MemoryStore,
     node_id: String,
+    holder: u64,
 }
 
 impl Drop for MemoryLease {
     fn drop(&mut self) {
-        self.store.expire(&self.node_id);
+        let mut holders = self.store.holders.lock();
+        if holders.get(&self.node_id) == Some(&self.holder) {
+            holders.remove(&self.node_id);
+            drop(holders);
+            self.store
+                .change(|s| s.nodes.remove(&self.node_id).is_some());
+        }
     }
 }
 
 #[async_trait::async_trait]
 impl ClusterStore for MemoryStore {
+    /// As etcd's, except that a live holder with another incarnation is refused at once (a
+    /// lease here lapses only by [`MemoryStore::expire`]).
     async fn register(&self, node: &NodeInfo, _ttl: Duration) -> Result<Registration> {
-        let registered = self.change(|s| {
-            if s.nodes.contains_key(&node.node_id) {
-                return false;
+        let holder = self
+            .next_holder
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut holders = self.holders.lock();
+        let mut held_by = None;
+        self.change(|s| {
+            if let Some(current) = s.nodes.get(&node.node_id) {
+                let own = !node.incarnation.is_empty() && current.incarnation == node.incarnation;
+                if !own {
+                    held_by = Some(current.address.clone());
+                    return false;
+                }
             }
             s.nodes.insert(node.node_id.clone(), node.clone());
             true
         });
-        if !registered {
-            return Err(ClusterError::DuplicateNode(node.node_id.clone()));
+        if let Some(address) = held_by {
+            return Err(ClusterError::DuplicateNode {
+                node_id: node.node_id.clone(),
+                detail: format!("registered from {address} by another data directory"),
+            });
         }
+        holders.insert(node.node_id.clone(), holder);
         Ok(Registration::new(MemoryLease {
             store: self.clone(),
             node_id: node.node_id.clone(),
+            holder,
         }))
     }
 

@@ -19,6 +19,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use tarn_cluster::etcd_api::etcdserverpb::RangeResponse;
+use tarn_cluster::etcd_api::{ConnectOptions, EtcdClient};
 use tarn_cluster::{
     ClusterError, ClusterState, ClusterStore, CollectionDef, CollectionMap, EtcdStore, MemoryStore,
     NodeInfo, ShardAssignment, ShardKey,
@@ -225,10 +227,9 @@ async fn connect(etcd: &Etcd, test: &str) -> EtcdStore {
         .unwrap()
 }
 
-async fn raw_client(etcd: &Etcd) -> etcd_client::Client {
-    etcd_client::Client::connect([etcd.endpoint()], None)
-        .await
-        .unwrap()
+/// tarn's etcd client on its own, to look at and change keys behind the store's back.
+async fn raw_client(etcd: &Etcd) -> EtcdClient {
+    EtcdClient::connect(&[etcd.endpoint()], &ConnectOptions::default()).unwrap()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -238,7 +239,42 @@ fn node(id: &str) -> NodeInfo {
     NodeInfo {
         node_id: id.to_owned(),
         address: format!("{id}.example:50061"),
+        incarnation: String::new(),
     }
+}
+
+/// A node on a data directory whose token is `incarnation`.
+fn node_on(id: &str, incarnation: &str) -> NodeInfo {
+    NodeInfo {
+        incarnation: incarnation.to_owned(),
+        ..node(id)
+    }
+}
+
+/// Registers `node` from a process that then dies: its own runtime on its own thread, the
+/// registration neither dropped nor revoked; the runtime's end stops the keep-alive task as the
+/// process's death would. Returns the dead registration's lease.
+fn register_and_die(endpoint: String, prefix: String, node: NodeInfo, ttl: Duration) -> i64 {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let store = EtcdStore::connect(std::slice::from_ref(&endpoint), &prefix)
+                .await
+                .unwrap();
+            let registration = store.register(&node, ttl).await.unwrap();
+            std::mem::forget(registration);
+            let raw = EtcdClient::connect(&[endpoint], &ConnectOptions::default()).unwrap();
+            let key = format!("{}nodes/{}", store.prefix(), node.node_id);
+            let lease = raw.get(key.as_bytes(), false).await.unwrap().kvs[0].lease;
+            std::mem::forget(store);
+            lease
+        })
+    })
+    .join()
+    .unwrap()
 }
 
 fn collection(name: &str, uid: u64, owners: &[&str]) -> CollectionMap {
@@ -310,7 +346,7 @@ async fn store_semantics(store: &impl ClusterStore) {
     // Membership: one live node per id.
     let n1 = store.register(&node("n1"), ttl).await.unwrap();
     match store.register(&node("n1"), ttl).await {
-        Err(ClusterError::DuplicateNode(id)) => assert_eq!(id, "n1"),
+        Err(ClusterError::DuplicateNode { node_id, .. }) => assert_eq!(node_id, "n1"),
         other => panic!("a second n1 was not refused: {other:?}"),
     }
     let n2 = store.register(&node("n2"), ttl).await.unwrap();
@@ -332,6 +368,26 @@ async fn store_semantics(store: &impl ClusterStore) {
     let n2_again = store.register(&node("n2"), ttl).await.unwrap();
     wait_until(&mut rx, WAIT, "n2 back", |s| s.is_alive("n2")).await;
     drop(n2_again);
+
+    // The same data directory's token takes a registration over (its process is known dead:
+    // the new one holds the directory's lock); another token is refused while the holder
+    // lives; the taken-over registration, dropped, ends nothing.
+    let short = Duration::from_secs(2);
+    let first = store.register(&node_on("n3", "aa"), short).await.unwrap();
+    let second = store.register(&node_on("n3", "aa"), short).await.unwrap();
+    match store.register(&node_on("n3", "bb"), short).await {
+        Err(ClusterError::DuplicateNode { node_id, detail }) => {
+            assert_eq!(node_id, "n3");
+            assert!(detail.contains("n3.example:50061"), "{detail}");
+        }
+        other => panic!("n3 of another data directory was not refused: {other:?}"),
+    }
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let state = rx.borrow().clone();
+    assert_eq!(state.nodes["n3"].incarnation, "aa", "{state:?}");
+    drop(second);
+    wait_until(&mut rx, WAIT, "n3 gone", |s| !s.is_alive("n3")).await;
 
     // Collections: created only if the name is free, in one piece.
     let docs = collection("docs", 1, &["n1", "n2", "n1"]);
@@ -454,25 +510,13 @@ async fn etcd_lease_lapses_when_the_process_dies() {
     let live = store.register(&node("live"), ttl).await.unwrap();
     let registered_at = Instant::now();
 
-    // The dying process: its own runtime, its registration neither dropped nor revoked; the
-    // runtime's end stops the keep-alive task as the process's death would.
-    let endpoint = etcd.endpoint();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let store = EtcdStore::connect(&[endpoint], &format!("/tarn-test/{test}"))
-                .await
-                .unwrap();
-            let registration = store.register(&node("dying"), ttl).await.unwrap();
-            std::mem::forget(registration);
-            std::mem::forget(store);
-        });
-    })
-    .join()
-    .unwrap();
+    // The dying process.
+    register_and_die(
+        etcd.endpoint(),
+        format!("/tarn-test/{test}"),
+        node("dying"),
+        ttl,
+    );
     let died_at = Instant::now();
     wait_until(&mut rx, WAIT, "dying registered", |s| s.is_alive("dying")).await;
     wait_until(
@@ -513,15 +557,17 @@ async fn etcd_registration_comes_back_after_its_lease_expires() {
         .await
         .unwrap();
     let key = format!("{}nodes/n1", store.prefix());
-    let mut raw = raw_client(etcd).await;
-    let lease_of = |response: etcd_client::GetResponse| response.kvs().first().map(|kv| kv.lease());
-    let first = lease_of(raw.get(key.as_str(), None).await.unwrap()).unwrap();
-    raw.lease_revoke(first).await.unwrap();
+    let raw = raw_client(etcd).await;
+    let lease_of = |response: RangeResponse| response.kvs.first().map(|kv| kv.lease);
+    let first = lease_of(raw.get(key.as_bytes(), false).await.unwrap()).unwrap();
+    assert!(raw.time_to_live(first).await.unwrap().ttl > 0);
+    raw.revoke(first).await.unwrap();
+    assert_eq!(raw.time_to_live(first).await.unwrap().ttl, -1);
     poll_until(Duration::from_secs(5), "n1 under a new lease", || {
-        let mut raw = raw.clone();
+        let raw = raw.clone();
         let key = key.clone();
         async move {
-            let lease = lease_of(raw.get(key.as_str(), None).await.unwrap());
+            let lease = lease_of(raw.get(key.as_bytes(), false).await.unwrap());
             lease.is_some_and(|lease| lease != first)
         }
     })
@@ -561,19 +607,12 @@ async fn etcd_collection_of_300_shards_spans_transactions() {
         .unwrap());
     assert!(store.drop_collection("big").await.unwrap());
     wait_until(&mut rx, WAIT, "big dropped", |s| s.collections.is_empty()).await;
-    let mut raw = raw_client(etcd).await;
+    let raw = raw_client(etcd).await;
     let left = raw
-        .get(
-            format!("{}shards/", store.prefix()),
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_prefix()
-                    .with_count_only(),
-            ),
-        )
+        .count_prefix(format!("{}shards/", store.prefix()).as_bytes())
         .await
         .unwrap();
-    assert_eq!(left.count(), 0);
+    assert_eq!(left, 0);
 }
 
 /// A value tarn cannot read is an error where it is read on purpose and is skipped (logged) by
@@ -590,12 +629,16 @@ async fn etcd_unreadable_values_are_reported_not_fatal() {
         .create_collection(&collection("bad", 2, &["n1"]))
         .await
         .unwrap());
-    let mut raw = raw_client(etcd).await;
+    let raw = raw_client(etcd).await;
     let bad_key = format!("{}shards/bad/00000", store.prefix());
-    raw.put(bad_key.as_str(), "{not json", None).await.unwrap();
-    raw.put(format!("{}nodes/n9", store.prefix()), "garbage", None)
-        .await
-        .unwrap();
+    raw.put(bad_key.as_bytes(), b"{not json", 0).await.unwrap();
+    raw.put(
+        format!("{}nodes/n9", store.prefix()).as_bytes(),
+        b"garbage",
+        0,
+    )
+    .await
+    .unwrap();
     match store
         .compare_and_set_shard("bad", 0, 1, &assignment("n2", 2))
         .await
@@ -612,9 +655,9 @@ async fn etcd_unreadable_values_are_reported_not_fatal() {
     assert!(!state.is_alive("n9"));
     // Repaired, it shows.
     raw.put(
-        bad_key.as_str(),
-        serde_json::to_vec(&assignment("n1", 1)).unwrap(),
-        None,
+        bad_key.as_bytes(),
+        &serde_json::to_vec(&assignment("n1", 1)).unwrap(),
+        0,
     )
     .await
     .unwrap();
@@ -712,9 +755,9 @@ async fn etcd_campaign_elects_one_leader_at_a_time() {
         "two leaders at once"
     );
     let name = format!("{}elections/placement", a.prefix());
-    let mut raw = raw_client(etcd).await;
-    let leader = raw.leader(name.as_str()).await.unwrap();
-    assert_eq!(leader.kv().unwrap().value(), b"a");
+    let raw = raw_client(etcd).await;
+    let leader = raw.leader(name.as_bytes()).await.unwrap();
+    assert_eq!(leader.kv.unwrap().value, b"a");
 
     drop(first);
     let second = tokio::time::timeout(Duration::from_secs(5), second)
@@ -723,8 +766,8 @@ async fn etcd_campaign_elects_one_leader_at_a_time() {
         .unwrap()
         .unwrap();
     assert!(second.is_leader());
-    let leader = raw.leader(name.as_str()).await.unwrap();
-    assert_eq!(leader.kv().unwrap().value(), b"b");
+    let leader = raw.leader(name.as_bytes()).await.unwrap();
+    assert_eq!(leader.kv.unwrap().value, b"b");
 
     let contender = Arc::clone(&a);
     let mut third = tokio::spawn(async move { contender.campaign("placement", "c").await });
@@ -738,4 +781,48 @@ async fn etcd_campaign_elects_one_leader_at_a_time() {
         .unwrap()
         .unwrap();
     assert!(third.is_leader());
+}
+
+/// A node killed with kill -9 and started again at once on the same data directory takes its
+/// old registration over (its lease revoked) without waiting for the lease; a node of another
+/// data directory waits for the dead holder's lease to lapse, then registers.
+#[tokio::test]
+async fn etcd_a_restarted_node_takes_its_own_registration_back() {
+    let test = "etcd_a_restarted_node_takes_its_own_registration_back";
+    let Some(etcd) = shared_etcd(test) else {
+        return;
+    };
+    let prefix = "/tarn-test/phoenix/";
+    let store = EtcdStore::connect(&[etcd.endpoint()], prefix)
+        .await
+        .unwrap();
+    let raw = raw_client(etcd).await;
+    let ttl = Duration::from_secs(5);
+
+    let dead = register_and_die(etcd.endpoint(), prefix.into(), node_on("n1", "aa"), ttl);
+    let started = Instant::now();
+    let _back = store.register(&node_on("n1", "aa"), ttl).await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "waited {took:?} for its own lease"
+    );
+    assert_eq!(
+        raw.time_to_live(dead).await.unwrap().ttl,
+        -1,
+        "old lease not revoked"
+    );
+    let key = format!("{prefix}nodes/n1");
+    let now = raw.get(key.as_bytes(), false).await.unwrap();
+    assert_ne!(now.kvs[0].lease, dead);
+
+    let dead = register_and_die(etcd.endpoint(), prefix.into(), node_on("n2", "aa"), ttl);
+    let started = Instant::now();
+    let _other = store.register(&node_on("n2", "bb"), ttl).await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(3) && took < ttl + Duration::from_secs(4),
+        "registered after {took:?}: not once the dead holder's lease lapsed"
+    );
+    assert_eq!(raw.time_to_live(dead).await.unwrap().ttl, -1);
 }

@@ -88,7 +88,9 @@ pub enum Target {
 }
 
 impl ClusterNode {
-    /// Joins: registers this node under a lease (refused if a live node has the id) and starts
+    /// Joins: registers this node under a lease (refused if a live node has the id; a
+    /// registration carrying `incarnation`, this data directory's token, is this directory's
+    /// previous process and is taken over at once) and starts
     /// watching the shard map; a task drops local shards of collections that no longer exist.
     pub async fn join(
         store: Arc<dyn ClusterStore>,
@@ -97,10 +99,12 @@ impl ClusterNode {
         lease_ttl: Duration,
         registry: Arc<Registry>,
         internal_key: Option<String>,
+        incarnation: String,
     ) -> anyhow::Result<Arc<ClusterNode>> {
         let node = NodeInfo {
             node_id: node_id.clone(),
             address: address.clone(),
+            incarnation,
         };
         let registration = store.register(&node, lease_ttl).await?;
         let state = store.watch().await?;
@@ -713,6 +717,43 @@ pub fn read_token(map: &CollectionMap, positions: Vec<(u32, u64)>) -> Vec<u8> {
         positions,
     });
     token.encode()
+}
+
+/// The name of the file in the data directory that holds its token ([`incarnation_token`]).
+pub(crate) const INCARNATION_FILE: &str = "INCARNATION";
+
+/// The data directory's token: 32 hex digits, made once (written to a temporary file, synced,
+/// renamed, the directory synced) and read at every start. The caller holds the directory's
+/// lock, so a cluster registration carrying this token belongs to this directory's previous
+/// process, which is dead. A file that does not hold a token (damaged by hand) is replaced,
+/// with a warning: the only cost is one start that waits for the old lease to lapse.
+pub(crate) fn incarnation_token(data_dir: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    use std::io::Write;
+    let path = data_dir.join(INCARNATION_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let token = text.trim();
+            if token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Ok(token.to_owned());
+            }
+            tracing::warn!(path = %path.display(), "not a data directory token; writing a new one");
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+    let token = format!("{:032x}", rand::random::<u128>());
+    let staging = data_dir.join(format!("{INCARNATION_FILE}.tmp"));
+    let mut file = std::fs::File::create(&staging)
+        .with_context(|| format!("creating {}", staging.display()))?;
+    file.write_all(format!("{token}\n").as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", staging.display()))?;
+    std::fs::rename(&staging, &path).with_context(|| format!("renaming to {}", path.display()))?;
+    std::fs::File::open(data_dir)
+        .and_then(|dir| dir.sync_all())
+        .with_context(|| format!("syncing {}", data_dir.display()))?;
+    Ok(token)
 }
 
 #[cfg(test)]

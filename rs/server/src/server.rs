@@ -134,6 +134,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
                 cluster.lease_ttl,
                 Arc::clone(&registry),
                 keys.internal_key(),
+                crate::cluster::incarnation_token(&config.data_dir)?,
             )
             .await
             .context("joining the cluster")?;

@@ -128,6 +128,8 @@ struct Node {
     id: String,
     dir: PathBuf,
     port: u16,
+    /// `--lease-seconds`.
+    lease_seconds: u64,
     server: Option<Server>,
 }
 
@@ -139,6 +141,7 @@ impl Node {
     /// Starts the node with extra environment (fail points: `FAILPOINTS`).
     fn start_with_env(&mut self, etcd: &str, env: &[(&str, &str)]) {
         let listen = format!("127.0.0.1:{}", self.port);
+        let lease = self.lease_seconds.to_string();
         self.server = Some(Server::start_with_env(
             &self.dir,
             &[
@@ -151,7 +154,7 @@ impl Node {
                 "--advertise",
                 &listen,
                 "--lease-seconds",
-                "2",
+                &lease,
             ],
             env,
         ));
@@ -175,12 +178,18 @@ impl Node {
 }
 
 fn nodes(dir: &Path, n: usize, etcd: &str) -> Vec<Node> {
+    nodes_with_lease(dir, n, etcd, 2)
+}
+
+/// `n` nodes `n1`.. with data in `dir/n<i>`, registered under leases of `lease_seconds`.
+fn nodes_with_lease(dir: &Path, n: usize, etcd: &str, lease_seconds: u64) -> Vec<Node> {
     (1..=n)
         .map(|i| {
             let mut node = Node {
                 id: format!("n{i}"),
                 dir: dir.join(format!("n{i}")),
                 port: free_port(),
+                lease_seconds,
                 server: None,
             };
             node.start(etcd);
@@ -1030,6 +1039,110 @@ fn processes_a_second_node_with_a_live_id_is_refused() {
     );
     let log = refused.err().expect("a second n1 must not start");
     assert!(log.contains("already registered"), "{log}");
+    assert!(log.contains("another data directory"), "{log}");
+    assert!(log.contains("waiting for its lease to lapse"), "{log}");
+}
+
+/// A node killed with kill -9 and started again at once (what systemd's `Restart=always` or a
+/// container's restart policy does) serves at once: it proves with its data directory's token
+/// that the registration still in etcd is its dead predecessor's, takes it over, and writes
+/// through every node to every shard go on long before the old 20 s lease would have lapsed;
+/// every acknowledged write is there after.
+#[test]
+fn processes_a_node_restarted_right_after_kill_9_serves_at_once() {
+    let Some(binary) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let endpoint = etcd.endpoint();
+    let mut nodes = nodes_with_lease(dir.path(), 3, &endpoint, 20);
+    let rt = runtime();
+    const DIM: usize = 8;
+    let addrs: Vec<String> = nodes.iter().map(Node::addr).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(27);
+    let mut acked: BTreeMap<u128, Vec<f32>> = BTreeMap::new();
+    // One request per node, 24 documents over the 6 shards: every node to every shard.
+    let mut batch = |round: u128, node: usize| {
+        let ids: Vec<u128> = (0..24)
+            .map(|k| round * 1_000 + node as u128 * 100 + k)
+            .collect();
+        let v = vectors(&mut rng, ids.len(), DIM);
+        (ids, v)
+    };
+    rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        client
+            .create_collection(
+                CollectionSpec::new("phoenix", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(6, ShardKey::Doc),
+            )
+            .await
+            .unwrap();
+    });
+    for (i, addr) in addrs.iter().enumerate() {
+        let (ids, v) = batch(1, i);
+        rt.block_on(async {
+            let client = Client::connect(addr.clone()).await.unwrap();
+            client
+                .insert(Insert::new("phoenix", ids.clone(), v.clone()))
+                .await
+                .unwrap();
+        });
+        for (k, id) in ids.iter().enumerate() {
+            acked.insert(*id, v[k * DIM..(k + 1) * DIM].to_vec());
+        }
+    }
+    nodes[2].signal(rustix::process::Signal::KILL);
+    nodes[2].kill(); // reaps it
+    let restarted = Instant::now();
+    nodes[2].start(&endpoint);
+    for (i, addr) in addrs.iter().enumerate() {
+        let (ids, v) = batch(2, i);
+        rt.block_on(async {
+            let client = Client::connect(addr.clone()).await.unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let insert =
+                    Insert::new("phoenix", ids.clone(), v.clone()).timeout(Duration::from_secs(2));
+                match client.insert(insert).await {
+                    Ok(_) => break,
+                    Err(e) if Instant::now() < deadline => {
+                        eprintln!("write through {addr} after the restart: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => panic!("no write through {addr} 10 s after n3's restart: {e}"),
+                }
+            }
+        });
+        for (k, id) in ids.iter().enumerate() {
+            acked.insert(*id, v[k * DIM..(k + 1) * DIM].to_vec());
+        }
+    }
+    let took = restarted.elapsed();
+    eprintln!(
+        "n3 restarted after kill -9: writes through every node to every shard {took:?} later"
+    );
+    assert!(
+        took < Duration::from_secs(12),
+        "{took:?}: waited for the old lease"
+    );
+    rt.block_on(async {
+        for addr in &addrs {
+            let client = Client::connect(addr.clone()).await.unwrap();
+            let ids: Vec<u128> = acked.keys().copied().collect();
+            let docs = client.get("phoenix", 0, &ids).await.unwrap();
+            assert_eq!(
+                docs.len(),
+                ids.len(),
+                "acknowledged documents missing via {addr}"
+            );
+            for doc in docs {
+                assert_eq!(doc.vector, acked[&doc.doc_id]);
+            }
+            let status = client.cluster_status().await.unwrap();
+            assert!(status.nodes.iter().all(|n| n.alive), "{status:?}");
+        }
+    });
 }
 
 #[test]
@@ -1292,6 +1405,7 @@ fn processes_shard_moves_survive_kills_and_a_stale_map() {
         id: "n4".into(),
         dir: dir.path().join("n4"),
         port: free_port(),
+        lease_seconds: 2,
         server: None,
     });
     let rt = runtime();
