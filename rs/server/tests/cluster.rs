@@ -438,6 +438,184 @@ async fn memory_node(
     tarn_server::start(config).await.unwrap()
 }
 
+/// The node-to-node RPCs (`Cluster/PullShard`, `Cluster/ShardStream`) and the administrative
+/// ones (`ForgetNode`, `Drain`) share the client port: a caller with no key, an unknown key or
+/// a read-only key gets UNAUTHENTICATED or PERMISSION_DENIED from each, and nothing happens (no
+/// drain mark, no shard given up or moved, not one byte of a shard streamed). The same calls
+/// with a read-write key do act (so the refusals are the keys', not the requests').
+#[test]
+fn node_to_node_and_admin_rpcs_need_a_read_write_key() {
+    use tarn_proto::v1 as pb;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let store = std::sync::Arc::new(tarn_cluster::MemoryStore::default());
+        let mut servers = Vec::new();
+        for i in 1..=2 {
+            let listen = format!("127.0.0.1:{}", free_port());
+            let mut config = tarn_server::ServeConfig::in_process(dir.path().join(format!("n{i}")));
+            config.listen = listen.clone();
+            config.api_keys = vec!["rw-key".into()];
+            config.read_only_keys = vec!["ro-key".into()];
+            config.cluster = Some(tarn_server::ClusterConfig {
+                etcd: Vec::new(),
+                node_id: format!("n{i}"),
+                advertise: listen,
+                lease_ttl: Duration::from_secs(2),
+                store: Some(store.clone()),
+            });
+            servers.push(tarn_server::start(config).await.unwrap());
+        }
+        let addr = format!("http://{}", servers[0].grpc_addr());
+        let admin = Client::builder(addr.clone())
+            .api_key("rw-key")
+            .connect()
+            .await
+            .unwrap();
+        admin
+            .create_collection(CollectionSpec::new("guarded", 4).shards(2, ShardKey::Doc))
+            .await
+            .unwrap();
+        admin
+            .insert(Insert::new("guarded", [1u128, 2, 3, 4], vec![0.5f32; 16]))
+            .await
+            .unwrap();
+        let state = {
+            use tarn_cluster::ClusterStore;
+            store.watch().await.unwrap().borrow().clone()
+        };
+        let map = &state.collections["guarded"];
+        let on_n1 = map.shards.iter().position(|a| a.owner == "n1").unwrap() as u32;
+        let on_n2 = map.shards.iter().position(|a| a.owner == "n2").unwrap() as u32;
+        let name = |shard: u32| tarn_cluster::ShardName {
+            collection: "guarded".into(),
+            uid: map.def.uid,
+            shard,
+        };
+        let stream_request = pb::ShardStreamRequest {
+            shard: name(on_n1).address(map.shards[on_n1 as usize].epoch),
+            to_node: "n2".into(),
+        };
+        let pull_request = pb::PullShardRequest {
+            collection: "guarded".into(),
+            shard: on_n2,
+            epoch: map.shards[on_n2 as usize].epoch,
+        };
+        let channel = tonic::transport::Endpoint::from_shared(addr.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        fn with_key<T>(key: Option<&str>, message: T) -> tonic::Request<T> {
+            let mut request = tonic::Request::new(message);
+            if let Some(key) = key {
+                request
+                    .metadata_mut()
+                    .insert("authorization", format!("Bearer {key}").parse().unwrap());
+            }
+            request
+        }
+        let callers = [
+            (None, tonic::Code::Unauthenticated),
+            (Some("wrong-key"), tonic::Code::Unauthenticated),
+            (Some("ro-key"), tonic::Code::PermissionDenied),
+        ];
+        for (key, expected) in callers {
+            let mut cluster = pb::cluster_client::ClusterClient::new(channel.clone());
+            let who = key.unwrap_or("no key");
+            let drain = pb::DrainRequest {
+                node_id: "n2".into(),
+                cancel: false,
+            };
+            let code = cluster
+                .drain(with_key(key, drain))
+                .await
+                .unwrap_err()
+                .code();
+            assert_eq!(code, expected, "Drain with {who}");
+            let forget = pb::ForgetNodeRequest {
+                node_id: "n2".into(),
+                confirm: true,
+            };
+            let code = cluster
+                .forget_node(with_key(key, forget))
+                .await
+                .unwrap_err()
+                .code();
+            assert_eq!(code, expected, "ForgetNode with {who}");
+            let code = cluster
+                .pull_shard(with_key(key, pull_request.clone()))
+                .await
+                .unwrap_err()
+                .code();
+            assert_eq!(code, expected, "PullShard with {who}");
+            let code = cluster
+                .shard_stream(with_key(key, stream_request.clone()))
+                .await
+                .unwrap_err()
+                .code();
+            assert_eq!(code, expected, "ShardStream with {who}");
+        }
+        // Nothing happened: no drain mark, the map as it was, the data all there.
+        let after = {
+            use tarn_cluster::ClusterStore;
+            store.watch().await.unwrap().borrow().clone()
+        };
+        assert!(after.draining.is_empty(), "{after:?}");
+        assert_eq!(after.collections, state.collections);
+        assert_eq!(
+            admin.collection_info("guarded").await.unwrap().n_documents,
+            4
+        );
+
+        // With the read-write key the same calls act: ShardStream streams the shard's snapshot
+        // (then waits for a fence that never comes), ForgetNode of a live node is refused for
+        // that reason, Drain marks the node.
+        let mut cluster = pb::cluster_client::ClusterClient::new(channel.clone());
+        let mut stream = cluster
+            .shard_stream(with_key(Some("rw-key"), stream_request.clone()))
+            .await
+            .unwrap()
+            .into_inner();
+        let first = stream.message().await.unwrap().unwrap();
+        assert!(!first.snapshot.is_empty(), "no snapshot bytes streamed");
+        drop(stream);
+        let forget = pb::ForgetNodeRequest {
+            node_id: "n2".into(),
+            confirm: false,
+        };
+        let code = cluster
+            .forget_node(with_key(Some("rw-key"), forget))
+            .await
+            .unwrap_err()
+            .code();
+        assert_eq!(
+            code,
+            tonic::Code::FailedPrecondition,
+            "ForgetNode of a live node"
+        );
+        let drain = pb::DrainRequest {
+            node_id: "n2".into(),
+            cancel: false,
+        };
+        cluster
+            .drain(with_key(Some("rw-key"), drain))
+            .await
+            .unwrap();
+        let cancel = pb::DrainRequest {
+            node_id: "n2".into(),
+            cancel: true,
+        };
+        cluster
+            .drain(with_key(Some("rw-key"), cancel))
+            .await
+            .unwrap();
+        for server in servers {
+            server.shutdown().await.unwrap();
+        }
+    });
+}
+
 /// Shards per node of `collection`, as `status` shows them (fenced shards count for their owner).
 fn owners(status: &tarn_client::ClusterStatus, collection: &str) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
