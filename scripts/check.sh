@@ -32,5 +32,6 @@ cargo test --workspace --all-features --locked -- --skip processes_
 scripts/cluster-e2e.sh
 scripts/test-rust-client.sh
 scripts/test-python-client.sh
-scripts/compose-e2e.sh
+# The generated vectors: what a user's clone, without ../shared/data, runs.
+TARN_E2E_DATA=generated scripts/compose-e2e.sh
 scripts/cluster-compose-e2e.sh
