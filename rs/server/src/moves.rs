@@ -650,7 +650,11 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
             let Some(node) = node.upgrade() else {
                 return;
             };
-            let state = node.state();
+            // A receiver marked as having seen the state planned from, so that the wait below
+            // wakes on the next change only. (Waiting on a fresh clone of the node's receiver,
+            // never marked seen, returned at once every time: the loop spun a core at idle.)
+            let mut watch = node.watch();
+            let state = Arc::clone(&watch.borrow_and_update());
             for map in state.collections.values() {
                 for (shard, a) in map.shards.iter().enumerate() {
                     if let Some(taker) = &a.moving_to {
@@ -669,7 +673,6 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
                     }
                 }
                 None => {
-                    let mut watch = node.watch();
                     drop(node);
                     let _ = tokio::time::timeout(Duration::from_secs(2), watch.changed()).await;
                 }

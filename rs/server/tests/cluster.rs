@@ -1221,6 +1221,65 @@ fn processes_a_second_node_with_a_live_id_is_refused() {
     assert!(log.contains("waiting for its lease to lapse"), "{log}");
 }
 
+/// CPU seconds (user + system) a process has used so far, from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name (which is in parentheses and may hold spaces).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    let output = Command::new("getconf").arg("CLK_TCK").output().unwrap();
+    let per_second: f64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    ticks / per_second
+}
+
+/// An idle three-node cluster (a collection created, nothing asked of it) uses next to no CPU:
+/// the placement coordinator waits for the next change of the map instead of planning in a loop
+/// (it once spun a whole core: 53 s of CPU in 51 s).
+#[test]
+fn processes_an_idle_cluster_uses_no_cpu() {
+    let Some(binary) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let nodes = nodes(dir.path(), 3, &etcd.endpoint());
+    let rt = runtime();
+    rt.block_on(async {
+        let client = Client::connect(nodes[0].addr()).await.unwrap();
+        client
+            .create_collection(CollectionSpec::new("idle", 8).shards(6, ShardKey::Doc))
+            .await
+            .unwrap();
+        client
+            .insert(Insert::new("idle", [1u128, 2, 3], vec![0.25f32; 24]))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    });
+    let pids: Vec<u32> = nodes
+        .iter()
+        .map(|n| n.server.as_ref().unwrap().child.id())
+        .collect();
+    let before: Vec<f64> = pids.iter().map(|p| cpu_seconds(*p)).collect();
+    let window = Duration::from_secs(30);
+    std::thread::sleep(window);
+    for (i, pid) in pids.iter().enumerate() {
+        let used = cpu_seconds(*pid) - before[i];
+        eprintln!("n{}: {used:.2} s of CPU in {window:?} idle", i + 1);
+        assert!(
+            used < 1.5,
+            "n{} used {used:.2} s of CPU in {window:?} idle",
+            i + 1
+        );
+    }
+}
+
 /// A node killed with kill -9 and started again at once (what systemd's `Restart=always` or a
 /// container's restart policy does) serves at once: it proves with its data directory's token
 /// that the registration still in etcd is its dead predecessor's, takes it over, and writes
