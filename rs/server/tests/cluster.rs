@@ -425,6 +425,16 @@ async fn memory_node(
     i: usize,
     store: &std::sync::Arc<tarn_cluster::MemoryStore>,
 ) -> tarn_server::RunningServer {
+    memory_node_with(dir, i, store, |_| {}).await
+}
+
+/// [`memory_node`], its configuration changed by `configure` first.
+async fn memory_node_with(
+    dir: &Path,
+    i: usize,
+    store: &std::sync::Arc<tarn_cluster::MemoryStore>,
+    configure: impl FnOnce(&mut tarn_server::ServeConfig),
+) -> tarn_server::RunningServer {
     let listen = format!("127.0.0.1:{}", free_port());
     let mut config = tarn_server::ServeConfig::in_process(dir.join(format!("n{i}")));
     config.listen = listen.clone();
@@ -435,6 +445,7 @@ async fn memory_node(
         lease_ttl: Duration::from_secs(2),
         store: Some(store.clone()),
     });
+    configure(&mut config);
     tarn_server::start(config).await.unwrap()
 }
 
@@ -452,19 +463,11 @@ fn node_to_node_and_admin_rpcs_need_a_read_write_key() {
         let store = std::sync::Arc::new(tarn_cluster::MemoryStore::default());
         let mut servers = Vec::new();
         for i in 1..=2 {
-            let listen = format!("127.0.0.1:{}", free_port());
-            let mut config = tarn_server::ServeConfig::in_process(dir.path().join(format!("n{i}")));
-            config.listen = listen.clone();
-            config.api_keys = vec!["rw-key".into()];
-            config.read_only_keys = vec!["ro-key".into()];
-            config.cluster = Some(tarn_server::ClusterConfig {
-                etcd: Vec::new(),
-                node_id: format!("n{i}"),
-                advertise: listen,
-                lease_ttl: Duration::from_secs(2),
-                store: Some(store.clone()),
+            let node = memory_node_with(dir.path(), i, &store, |config| {
+                config.api_keys = vec!["rw-key".into()];
+                config.read_only_keys = vec!["ro-key".into()];
             });
-            servers.push(tarn_server::start(config).await.unwrap());
+            servers.push(node.await);
         }
         let addr = format!("http://{}", servers[0].grpc_addr());
         let admin = Client::builder(addr.clone())
