@@ -579,22 +579,33 @@ fn when(compare: Vec<Compare>, then: Vec<RequestOp>) -> TxnRequest {
 
 /// Holds if `key` was created at `revision` (0: the key does not exist).
 fn created_at(key: &str, revision: i64) -> Compare {
-    Compare {
-        result: compare::CompareResult::Equal.into(),
-        target: compare::CompareTarget::Create.into(),
-        key: key.as_bytes().to_vec(),
-        target_union: Some(compare::TargetUnion::CreateRevision(revision)),
-        range_end: Vec::new(),
-    }
+    revision_equals(
+        key,
+        compare::CompareTarget::Create,
+        compare::TargetUnion::CreateRevision(revision),
+    )
 }
 
 /// Holds if `key` was last written at `revision`.
 fn modified_at(key: &str, revision: i64) -> Compare {
+    revision_equals(
+        key,
+        compare::CompareTarget::Mod,
+        compare::TargetUnion::ModRevision(revision),
+    )
+}
+
+/// Holds if `key`'s revision of kind `target` equals `value`.
+fn revision_equals(
+    key: &str,
+    target: compare::CompareTarget,
+    value: compare::TargetUnion,
+) -> Compare {
     Compare {
         result: compare::CompareResult::Equal.into(),
-        target: compare::CompareTarget::Mod.into(),
+        target: target.into(),
         key: key.as_bytes().to_vec(),
-        target_union: Some(compare::TargetUnion::ModRevision(revision)),
+        target_union: Some(value),
         range_end: Vec::new(),
     }
 }

@@ -177,10 +177,6 @@ impl Node {
     }
 }
 
-fn nodes(dir: &Path, n: usize, etcd: &str) -> Vec<Node> {
-    nodes_with_lease(dir, n, etcd, 2)
-}
-
 /// `n` nodes `n1`.. with data in `dir/n<i>`, registered under leases of `lease_seconds`.
 fn nodes_with_lease(dir: &Path, n: usize, etcd: &str, lease_seconds: u64) -> Vec<Node> {
     (1..=n)
@@ -196,6 +192,17 @@ fn nodes_with_lease(dir: &Path, n: usize, etcd: &str, lease_seconds: u64) -> Vec
             node
         })
         .collect()
+}
+
+/// A real etcd and `n` nodes on it (leases of `lease_seconds`), all under one temporary
+/// directory; `None` (SKIPPED printed) where etcd cannot be had. Bound as `let Some((dir, etcd,
+/// nodes)) = ...`, they drop in reverse: the nodes, then etcd, then the directory.
+fn real_cluster(n: usize, lease_seconds: u64) -> Option<(tempfile::TempDir, Etcd, Vec<Node>)> {
+    let binary = etcd_binary()?;
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let nodes = nodes_with_lease(dir.path(), n, &etcd.endpoint(), lease_seconds);
+    Some((dir, etcd, nodes))
 }
 
 fn vectors(rng: &mut rand::rngs::StdRng, n: usize, dim: usize) -> Vec<f32> {
@@ -530,34 +537,35 @@ fn node_to_node_and_admin_rpcs_need_a_read_write_key() {
                 node_id: "n2".into(),
                 cancel: false,
             };
-            let code = cluster
-                .drain(with_key(key, drain))
-                .await
-                .unwrap_err()
-                .code();
-            assert_eq!(code, expected, "Drain with {who}");
             let forget = pb::ForgetNodeRequest {
                 node_id: "n2".into(),
                 confirm: true,
             };
-            let code = cluster
-                .forget_node(with_key(key, forget))
-                .await
-                .unwrap_err()
-                .code();
-            assert_eq!(code, expected, "ForgetNode with {who}");
-            let code = cluster
-                .pull_shard(with_key(key, pull_request.clone()))
-                .await
-                .unwrap_err()
-                .code();
-            assert_eq!(code, expected, "PullShard with {who}");
-            let code = cluster
-                .shard_stream(with_key(key, stream_request.clone()))
-                .await
-                .unwrap_err()
-                .code();
-            assert_eq!(code, expected, "ShardStream with {who}");
+            let outcomes = [
+                ("Drain", cluster.drain(with_key(key, drain)).await.err()),
+                (
+                    "ForgetNode",
+                    cluster.forget_node(with_key(key, forget)).await.err(),
+                ),
+                (
+                    "PullShard",
+                    cluster
+                        .pull_shard(with_key(key, pull_request.clone()))
+                        .await
+                        .err(),
+                ),
+                (
+                    "ShardStream",
+                    cluster
+                        .shard_stream(with_key(key, stream_request.clone()))
+                        .await
+                        .err(),
+                ),
+            ];
+            for (rpc, error) in outcomes {
+                let code = error.map(|e| e.code());
+                assert_eq!(code, Some(expected), "{rpc} with {who}");
+            }
         }
         // Nothing happened: no drain mark, the map as it was, the data all there.
         let after = {
@@ -597,22 +605,27 @@ fn node_to_node_and_admin_rpcs_need_a_read_write_key() {
             tonic::Code::FailedPrecondition,
             "ForgetNode of a live node"
         );
-        let drain = pb::DrainRequest {
-            node_id: "n2".into(),
-            cancel: false,
-        };
-        cluster
-            .drain(with_key(Some("rw-key"), drain))
-            .await
-            .unwrap();
-        let cancel = pb::DrainRequest {
-            node_id: "n2".into(),
-            cancel: true,
-        };
-        cluster
-            .drain(with_key(Some("rw-key"), cancel))
-            .await
-            .unwrap();
+        for cancel in [false, true] {
+            let drain = pb::DrainRequest {
+                node_id: "n2".into(),
+                cancel,
+            };
+            cluster
+                .drain(with_key(Some("rw-key"), drain))
+                .await
+                .unwrap();
+            let draining = {
+                use tarn_cluster::ClusterStore;
+                store
+                    .watch()
+                    .await
+                    .unwrap()
+                    .borrow()
+                    .draining
+                    .contains("n2")
+            };
+            assert_eq!(draining, !cancel, "Drain with cancel = {cancel}");
+        }
         for server in servers {
             server.shutdown().await.unwrap();
         }
@@ -990,10 +1003,9 @@ fn a_single_node_collection_moves_into_a_cluster_by_snapshot() {
 
 #[test]
 fn processes_three_nodes_route_fan_out_and_isolate_tenants() {
-    let Some(binary) = etcd_binary() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
-    let nodes = nodes(dir.path(), 3, &etcd.endpoint());
+    let Some((_dir, _etcd, nodes)) = real_cluster(3, 2) else {
+        return;
+    };
     let rt = runtime();
     rt.block_on(async {
         let clients: Vec<Client> = {
@@ -1198,10 +1210,9 @@ fn processes_three_nodes_route_fan_out_and_isolate_tenants() {
 
 #[test]
 fn processes_a_second_node_with_a_live_id_is_refused() {
-    let Some(binary) = etcd_binary() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
-    let _nodes = nodes(dir.path(), 1, &etcd.endpoint());
+    let Some((dir, etcd, _nodes)) = real_cluster(1, 2) else {
+        return;
+    };
     let port = free_port().to_string();
     let listen = format!("127.0.0.1:{port}");
     let refused = Server::try_start(
@@ -1248,10 +1259,9 @@ fn cpu_seconds(pid: u32) -> f64 {
 /// (it once spun a whole core: 53 s of CPU in 51 s).
 #[test]
 fn processes_an_idle_cluster_uses_no_cpu() {
-    let Some(binary) = etcd_binary() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
-    let nodes = nodes(dir.path(), 3, &etcd.endpoint());
+    let Some((_dir, _etcd, nodes)) = real_cluster(3, 2) else {
+        return;
+    };
     let rt = runtime();
     rt.block_on(async {
         let client = Client::connect(nodes[0].addr()).await.unwrap();
@@ -1290,11 +1300,10 @@ fn processes_an_idle_cluster_uses_no_cpu() {
 /// every acknowledged write is there after.
 #[test]
 fn processes_a_node_restarted_right_after_kill_9_serves_at_once() {
-    let Some(binary) = etcd_binary() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let Some((_dir, etcd, mut nodes)) = real_cluster(3, 20) else {
+        return;
+    };
     let endpoint = etcd.endpoint();
-    let mut nodes = nodes_with_lease(dir.path(), 3, &endpoint, 20);
     let rt = runtime();
     const DIM: usize = 8;
     let addrs: Vec<String> = nodes.iter().map(Node::addr).collect();
@@ -1387,10 +1396,9 @@ fn processes_a_node_restarted_right_after_kill_9_serves_at_once() {
 
 #[test]
 fn processes_a_killed_node_s_shards_are_unavailable_then_come_back_whole() {
-    let Some(binary) = etcd_binary() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let mut etcd = Etcd::start(binary, &dir.path().join("etcd"));
-    let mut nodes = nodes(dir.path(), 3, &etcd.endpoint());
+    let Some((_dir, mut etcd, mut nodes)) = real_cluster(3, 2) else {
+        return;
+    };
     let rt = runtime();
     const DIM: usize = 8;
     let entry = nodes[0].addr();
@@ -1636,11 +1644,10 @@ async fn wait_for_status(
 /// retryable code.
 #[test]
 fn processes_shard_moves_survive_kills_and_a_stale_map() {
-    let Some(binary) = etcd_binary() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let Some((dir, etcd, mut nodes)) = real_cluster(3, 2) else {
+        return;
+    };
     let endpoint = etcd.endpoint();
-    let mut nodes = nodes(dir.path(), 3, &endpoint);
     nodes.push(Node {
         id: "n4".into(),
         dir: dir.path().join("n4"),
