@@ -16,7 +16,7 @@ use crate::error::{Code, Error, Result};
 use crate::snapshot::{feed_restore, Restored, SnapshotStream};
 use crate::types::{
     id_to_wire, ClusterStatus, CollectionInfo, CollectionSpec, Document, Hit, Insert, Remove,
-    Search, ShardKey, ShardStatus, WriteAck,
+    Search, SetAsideShard, ShardKey, ShardStatus, WriteAck,
 };
 
 /// Largest message the client sends or accepts (a large batch of vectors, a large `get`).
@@ -373,6 +373,57 @@ impl Client {
             request.set_timeout(timeout);
         }
         Ok(stub.drain(request).await?.into_inner().shards_left)
+    }
+
+    /// Cluster mode: the shard copies the node asked set aside instead of deleting them (the
+    /// map had no record of their collection, or their data was given up by forget).
+    pub async fn list_set_aside(&self) -> Result<Vec<SetAsideShard>> {
+        let mut stub = self.cluster_stub();
+        let mut request = tonic::Request::new(pb::ListSetAsideRequest {});
+        if let Some(timeout) = self.timeout {
+            request.set_timeout(timeout);
+        }
+        let reply = stub.list_set_aside(request).await?.into_inner();
+        Ok(reply
+            .shards
+            .into_iter()
+            .map(|s| SetAsideShard {
+                name: s.name,
+                reason: s.reason,
+                bytes: s.bytes,
+            })
+            .collect())
+    }
+
+    /// Cluster mode: deletes the set-aside copy `name` on the node asked, for good.
+    pub async fn drop_set_aside(&self, name: &str) -> Result<()> {
+        let mut stub = self.cluster_stub();
+        let mut request = tonic::Request::new(pb::DropSetAsideRequest {
+            name: name.to_owned(),
+        });
+        if let Some(timeout) = self.timeout {
+            request.set_timeout(timeout);
+        }
+        stub.drop_set_aside(request).await?;
+        Ok(())
+    }
+
+    /// Cluster mode: inserts every live document of the set-aside copy `name` (on the node
+    /// asked) into the cluster collection `collection`; returns how many. The copy stays.
+    pub async fn import_set_aside(&self, name: &str, collection: &str) -> Result<u64> {
+        let mut stub = self.cluster_stub();
+        let mut request = tonic::Request::new(pb::ImportSetAsideRequest {
+            name: name.to_owned(),
+            collection: collection.to_owned(),
+        });
+        if let Some(timeout) = self.timeout {
+            request.set_timeout(timeout);
+        }
+        Ok(stub
+            .import_set_aside(request)
+            .await?
+            .into_inner()
+            .n_documents)
     }
 
     /// The stored documents of one tenant among `doc_ids`; ids not stored are absent.

@@ -40,5 +40,5 @@ pub use error::{retry_overloaded, Code, Error, Result, RETRY_AFTER_MS};
 pub use snapshot::{Restored, SnapshotStream};
 pub use types::{
     ClusterStatus, CollectionInfo, CollectionSpec, Document, Durability, Hit, Insert, Metric,
-    NodeStatus, ReadToken, Remove, Search, ShardKey, ShardStatus, WriteAck,
+    NodeStatus, ReadToken, Remove, Search, SetAsideShard, ShardKey, ShardStatus, WriteAck,
 };

@@ -699,6 +699,25 @@ pub struct ClusterStatus {
     pub shards: Vec<ShardStatus>,
     /// Whether the node asked reaches etcd now.
     pub etcd_connected: bool,
+    /// The cluster's identity.
+    pub cluster_id: String,
+    /// How many shard copies the node asked set aside ([`crate::Client::list_set_aside`]).
+    pub set_aside: u32,
+    /// Collections whose record in etcd the node asked cannot decode.
+    pub unreadable: Vec<String>,
+}
+
+/// A shard copy a node took out of service instead of deleting it
+/// ([`crate::Client::list_set_aside`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SetAsideShard {
+    /// Its name, to pass to drop or import.
+    pub name: String,
+    /// Why it was set aside.
+    pub reason: String,
+    /// Bytes on disk.
+    pub bytes: u64,
 }
 
 /// One node of a [`ClusterStatus`].
@@ -760,6 +779,9 @@ impl ClusterStatus {
                 })
                 .collect(),
             etcd_connected: reply.etcd_connected,
+            cluster_id: reply.cluster_id,
+            set_aside: reply.set_aside,
+            unreadable: reply.unreadable,
         }
     }
 }

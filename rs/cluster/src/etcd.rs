@@ -14,6 +14,8 @@
 //! <prefix>collections/<name>                CollectionDef JSON
 //! <prefix>shards/<name>/<shard, 5 digits>   ShardAssignment JSON ("00000" to "01023")
 //! <prefix>draining/<node_id>                "{}": the node is being drained (until cancelled)
+//! <prefix>dropped/<name>/<uid, 16 hex>      "{}": a dropped collection's tombstone (kept)
+//! <prefix>cluster                           {"cluster_id": ...}: the cluster's identity
 //! <prefix>elections/<election>/...          etcd's election keys (EtcdStore::campaign)
 //! ```
 //!
@@ -35,8 +37,10 @@
 //! prefix when etcd is back. A node's keep-alive task retries the same way; if it finds its lease
 //! expired when etcd is back, it registers the node again under a new lease, if the id is still
 //! free (and logs an error, retrying, if not). A value that does not decode is
-//! [`ClusterError::BadValue`] where it is read on purpose, and is logged and left out of the
-//! watched state.
+//! [`ClusterError::BadValue`] where it is read on purpose; in the watched state a node record
+//! that does not decode is logged and left out, and a collection's definition or shard record
+//! that does not decode makes the collection unreadable ([`ClusterState::unreadable`]), never
+//! absent.
 //!
 //! Node ids and collection names are validated by the caller; they must not contain `/`.
 
@@ -56,9 +60,19 @@ use parking_lot::Mutex;
 use tokio::sync::{watch, OnceCell};
 use tokio::task::JoinHandle;
 
+use crate::copies::ShardRecord;
 use crate::error::{ClusterError, Result};
 use crate::map::{ClusterState, CollectionDef, CollectionMap, NodeInfo, ShardAssignment};
-use crate::store::{ClusterStore, Registration};
+use crate::store::{ClusterStore, Liveness, Registration, ShardSwap, StoreIdentity};
+
+/// The key of the cluster's identity, under the prefix.
+const IDENTITY_KEY: &str = "cluster";
+
+/// The value of [`IDENTITY_KEY`].
+#[derive(serde::Serialize, serde::Deserialize)]
+struct IdentityRecord {
+    cluster_id: String,
+}
 
 /// The key prefix of a cluster when none is given.
 pub const DEFAULT_PREFIX: &str = "/tarn/";
@@ -191,7 +205,7 @@ impl EtcdStore {
     pub async fn campaign(&self, election: &str, node_id: &str) -> Result<Leadership> {
         let inner = &self.inner;
         let lease = inner.grant(ttl_seconds(ELECTION_TTL)).await?;
-        let guard = LeaseGuard::start(Arc::clone(inner), lease, OnExpiry::GiveUp);
+        let guard = LeaseGuard::start(Arc::clone(inner), lease, 0, OnExpiry::GiveUp);
         let name = inner.key(&format!("elections/{election}"));
         // No deadline: etcd answers when this candidate is elected.
         let response = inner
@@ -223,9 +237,9 @@ impl ClusterStore for EtcdStore {
         // Until when to wait for another process's registration to lapse (set when first seen).
         let mut wait_until: Option<(Instant, Instant)> = None;
         let mut takeovers = 0;
-        let lease = loop {
-            if let Some(lease) = register_again(inner, node, ttl).await? {
-                break lease;
+        let (lease, registered_at) = loop {
+            if let Some(registered) = register_again(inner, node, ttl).await? {
+                break registered;
             }
             // The id is taken: by this data directory's previous process, or by another one?
             let response = inner
@@ -300,9 +314,14 @@ impl ClusterStore for EtcdStore {
         let guard = LeaseGuard::start(
             Arc::clone(inner),
             lease,
+            registered_at,
             OnExpiry::RegisterAgain(node.clone()),
         );
-        Ok(Registration::new(guard))
+        let state = Arc::clone(&guard.lease);
+        Ok(Registration::new(guard).with_liveness(move || Liveness {
+            lease_alive_until: *state.alive_until.lock(),
+            registered_at: state.registered_at.load(Ordering::Relaxed),
+        }))
     }
 
     async fn watch(&self) -> Result<watch::Receiver<Arc<ClusterState>>> {
@@ -402,42 +421,143 @@ impl ClusterStore for EtcdStore {
 
     async fn drop_collection(&self, name: &str) -> Result<bool> {
         let inner = &self.inner;
-        let txn = when(Vec::new(), inner.drop_ops(name));
-        let response = inner.call("drop collection", inner.client.txn(txn)).await?;
-        let deleted_def = match response.responses.first().and_then(|r| r.response.as_ref()) {
-            Some(response_op::Response::ResponseDeleteRange(d)) => d.deleted,
-            _ => 0,
-        };
-        Ok(deleted_def > 0)
+        let def_key = inner.key(&format!("collections/{name}"));
+        loop {
+            let response = inner
+                .call(
+                    "read collection",
+                    inner.client.get(def_key.as_bytes(), false),
+                )
+                .await?;
+            let Some(current) = response.kvs.first() else {
+                // No definition: remove any half-written shard keys all the same.
+                let txn = when(vec![created_at(&def_key, 0)], inner.drop_ops(name));
+                inner.call("drop collection", inner.client.txn(txn)).await?;
+                return Ok(false);
+            };
+            // An unreadable definition is dropped all the same, without a tombstone: its
+            // shards' local copies are then set aside rather than deleted.
+            let uid = decode::<CollectionDef>(&def_key, &current.value)
+                .ok()
+                .map(|d| d.uid);
+            let mut ops = inner.drop_ops(name);
+            if let Some(uid) = uid {
+                let tombstone = inner.tombstone_key(name, uid);
+                ops.push(put_op(&tombstone, b"{}".to_vec(), 0));
+            }
+            let txn = when(vec![modified_at(&def_key, current.mod_revision)], ops);
+            if inner
+                .call("drop collection", inner.client.txn(txn))
+                .await?
+                .succeeded
+            {
+                return Ok(true);
+            }
+            // Replaced meanwhile: drop what is there now.
+        }
     }
 
-    async fn compare_and_set_shard(
-        &self,
-        collection: &str,
-        shard: u32,
-        expected_epoch: u64,
-        new: &ShardAssignment,
-    ) -> Result<bool> {
+    async fn compare_and_set_shard(&self, swap: &ShardSwap<'_>) -> Result<bool> {
         let inner = &self.inner;
-        let key = inner.shard_key(collection, shard);
-        let response = inner
-            .call("read shard", inner.client.get(key.as_bytes(), false))
-            .await?;
-        let Some(current) = response.kvs.first() else {
+        let key = inner.shard_key(swap.collection, swap.shard);
+        let def_key = inner.key(&format!("collections/{}", swap.collection));
+        // One read of both keys at one revision.
+        let read = when(Vec::new(), vec![get_op(&def_key), get_op(&key)]);
+        let response = inner.call("read shard", inner.client.txn(read)).await?;
+        let mut found = range_results(&response.responses);
+        let (Some(def), Some(current)) = (found.remove(&def_key), found.remove(&key)) else {
             return Ok(false);
         };
+        if decode::<CollectionDef>(&def_key, &def.value)?.uid != swap.uid {
+            return Ok(false);
+        }
         let assignment: ShardAssignment = decode(&key, &current.value)?;
-        if assignment.epoch != expected_epoch {
+        if assignment.epoch != swap.expected_epoch {
             return Ok(false);
         }
         // etcd compares bytes or revisions, not JSON fields: the write goes through only if
-        // the key is still the one just read.
-        let txn = when(
-            vec![modified_at(&key, current.mod_revision)],
-            vec![put_op(&key, encode(&key, new)?, 0)],
-        );
+        // both keys are still the ones just read (and, for forget, the node is not registered).
+        let mut compare = vec![
+            modified_at(&def_key, def.mod_revision),
+            modified_at(&key, current.mod_revision),
+        ];
+        if let Some(node_id) = swap.unless_registered {
+            compare.push(created_at(&inner.key(&format!("nodes/{node_id}")), 0));
+        }
+        let txn = when(compare, vec![put_op(&key, encode(&key, swap.new)?, 0)]);
         let response = inner.call("set shard", inner.client.txn(txn)).await?;
         Ok(response.succeeded)
+    }
+
+    async fn read_shard(&self, collection: &str, uid: u64, shard: u32) -> Result<ShardRecord> {
+        let inner = &self.inner;
+        let def_key = inner.key(&format!("collections/{collection}"));
+        let key = inner.shard_key(collection, shard);
+        let tombstone = inner.tombstone_key(collection, uid);
+        // etcd's reads are linearizable unless asked to be serializable.
+        let read = when(
+            Vec::new(),
+            vec![get_op(&tombstone), get_op(&def_key), get_op(&key)],
+        );
+        let response = inner.call("read shard", inner.client.txn(read)).await?;
+        let mut found = range_results(&response.responses);
+        if found.contains_key(&tombstone) {
+            return Ok(ShardRecord::Dropped);
+        }
+        let Some(def) = found.remove(&def_key) else {
+            return Ok(ShardRecord::Unknown);
+        };
+        if decode::<CollectionDef>(&def_key, &def.value)?.uid != uid {
+            return Ok(ShardRecord::Unknown);
+        }
+        match found.remove(&key) {
+            Some(kv) => Ok(ShardRecord::Assigned(decode(&key, &kv.value)?)),
+            None => Ok(ShardRecord::Unknown),
+        }
+    }
+
+    async fn identity(&self) -> Result<StoreIdentity> {
+        let inner = &self.inner;
+        let key = inner.key(IDENTITY_KEY);
+        let response = inner
+            .call(
+                "read the cluster id",
+                inner.client.get(key.as_bytes(), false),
+            )
+            .await?;
+        let cluster_id = match response.kvs.first() {
+            Some(kv) => Some(decode::<IdentityRecord>(&key, &kv.value)?.cluster_id),
+            None => None,
+        };
+        let n_keys = inner
+            .call(
+                "count the cluster's keys",
+                inner.client.count_prefix(inner.prefix.as_bytes()),
+            )
+            .await?;
+        Ok(StoreIdentity {
+            holds_state: n_keys > i64::from(cluster_id.is_some()),
+            cluster_id,
+        })
+    }
+
+    async fn create_identity(&self, cluster_id: &str) -> Result<String> {
+        let inner = &self.inner;
+        let key = inner.key(IDENTITY_KEY);
+        let value = encode(
+            &key,
+            &IdentityRecord {
+                cluster_id: cluster_id.to_owned(),
+            },
+        )?;
+        let txn = when(vec![created_at(&key, 0)], vec![put_op(&key, value, 0)]);
+        inner
+            .call("create the cluster id", inner.client.txn(txn))
+            .await?;
+        self.identity()
+            .await?
+            .cluster_id
+            .ok_or_else(|| ClusterError::StoreUnavailable("the cluster id vanished".to_owned()))
     }
 
     async fn set_draining(&self, node_id: &str, draining: bool) -> Result<()> {
@@ -472,6 +592,10 @@ impl Inner {
 
     fn shard_key(&self, collection: &str, shard: u32) -> String {
         self.key(&format!("shards/{collection}/{shard:05}"))
+    }
+
+    fn tombstone_key(&self, collection: &str, uid: u64) -> String {
+        self.key(&format!("dropped/{collection}/{uid:016x}"))
     }
 
     fn set_connected(&self, connected: bool) {
@@ -531,13 +655,16 @@ impl Inner {
         }
     }
 
-    /// Creates `nodes/<id>` under `lease` unless the key exists; `false` if it does.
-    async fn create_node_key(&self, node: &NodeInfo, lease: i64) -> Result<bool> {
+    /// Creates `nodes/<id>` under `lease` unless the key exists: the revision it was created
+    /// at, or `None` if it exists.
+    async fn create_node_key(&self, node: &NodeInfo, lease: i64) -> Result<Option<i64>> {
         let key = self.key(&format!("nodes/{}", node.node_id));
         let value = encode(&key, node)?;
         let txn = when(vec![created_at(&key, 0)], vec![put_op(&key, value, lease)]);
         let response = self.call("register node", self.client.txn(txn)).await?;
-        Ok(response.succeeded)
+        Ok(response
+            .succeeded
+            .then(|| response.header.map_or(0, |h| h.revision)))
     }
 
     /// The operations that delete a collection: its definition first, then its shard keys. The
@@ -608,6 +735,33 @@ fn revision_equals(
         target_union: Some(value),
         range_end: Vec::new(),
     }
+}
+
+/// Reads `key`.
+fn get_op(key: &str) -> RequestOp {
+    RequestOp {
+        request: Some(request_op::Request::RequestRange(
+            crate::etcd_api::etcdserverpb::RangeRequest {
+                key: key.as_bytes().to_vec(),
+                ..Default::default()
+            },
+        )),
+    }
+}
+
+/// The keys a transaction's reads found, by key.
+fn range_results(
+    responses: &[crate::etcd_api::etcdserverpb::ResponseOp],
+) -> BTreeMap<String, crate::etcd_api::etcdserverpb::KeyValue> {
+    responses
+        .iter()
+        .filter_map(|r| match &r.response {
+            Some(response_op::Response::ResponseRange(range)) => Some(range.kvs.iter()),
+            _ => None,
+        })
+        .flatten()
+        .map(|kv| (String::from_utf8_lossy(&kv.key).into_owned(), kv.clone()))
+        .collect()
 }
 
 /// Writes `key`, attached to `lease` unless it is 0.
@@ -705,6 +859,8 @@ struct LeaseState {
     alive_until: Mutex<Instant>,
     /// The lease expired and the task gave up ([`OnExpiry::GiveUp`]).
     lost: AtomicBool,
+    /// The revision of the registration made under the current lease (0 for a candidacy).
+    registered_at: AtomicI64,
 }
 
 impl LeaseState {
@@ -724,11 +880,17 @@ struct LeaseGuard {
 }
 
 impl LeaseGuard {
-    fn start(inner: Arc<Inner>, lease: Lease, on_expiry: OnExpiry) -> LeaseGuard {
+    fn start(
+        inner: Arc<Inner>,
+        lease: Lease,
+        registered_at: i64,
+        on_expiry: OnExpiry,
+    ) -> LeaseGuard {
         let state = Arc::new(LeaseState {
             id: AtomicI64::new(lease.id),
             alive_until: Mutex::new(lease.asked_at + lease.ttl),
             lost: AtomicBool::new(false),
+            registered_at: AtomicI64::new(registered_at),
         });
         let task = tokio::spawn(keep_alive_forever(
             Arc::clone(&inner),
@@ -800,9 +962,10 @@ async fn keep_alive_forever(
                 OnExpiry::RegisterAgain(node) => {
                     tracing::warn!(node_id = %node.node_id, "membership lease expired; registering again");
                     match register_again(&inner, node, ttl).await {
-                        Ok(Some(new)) => {
+                        Ok(Some((new, revision))) => {
                             lease.id.store(new.id, Ordering::Relaxed);
                             *lease.alive_until.lock() = new.asked_at + new.ttl;
+                            lease.registered_at.store(revision, Ordering::Relaxed);
                             tracing::info!(node_id = %node.node_id, lease = new.id, "registered again");
                             backoff.reset();
                         }
@@ -825,12 +988,17 @@ async fn keep_alive_forever(
     }
 }
 
-/// Registers `node` under a new lease; `None` (the lease revoked) if its id is taken.
-async fn register_again(inner: &Inner, node: &NodeInfo, ttl: Duration) -> Result<Option<Lease>> {
+/// Registers `node` under a new lease: the lease and the registration's revision; `None` (the
+/// lease revoked) if its id is taken.
+async fn register_again(
+    inner: &Inner,
+    node: &NodeInfo,
+    ttl: Duration,
+) -> Result<Option<(Lease, i64)>> {
     let lease = inner.grant(ttl_seconds(ttl)).await?;
     match inner.create_node_key(node, lease.id).await {
-        Ok(true) => Ok(Some(lease)),
-        Ok(false) => {
+        Ok(Some(revision)) => Ok(Some((lease, revision))),
+        Ok(None) => {
             inner.revoke_quietly(lease.id).await;
             Ok(None)
         }
@@ -955,6 +1123,8 @@ struct View {
     defs: BTreeMap<String, CollectionDef>,
     shards: BTreeMap<String, BTreeMap<u32, ShardAssignment>>,
     draining: std::collections::BTreeSet<String>,
+    /// Collection records that did not decode, by key: the collection's name and why.
+    unreadable: BTreeMap<String, (String, String)>,
 }
 
 /// What a key under the prefix is.
@@ -995,10 +1165,18 @@ fn key_kind<'a>(prefix: &str, key: &'a [u8]) -> KeyKind<'a> {
 }
 
 impl View {
-    /// Applies a key's new value. A value that does not decode is logged and counts as absent.
+    /// Applies a key's new value. A node or draining value that does not decode is logged and
+    /// counts as absent; a collection's definition or shard record that does not decode makes
+    /// the collection unreadable (never absent: absent would let nodes act on its shards).
     fn put(&mut self, prefix: &str, key: &[u8], value: &[u8]) {
         let key_text = String::from_utf8_lossy(key);
-        let outcome = match key_kind(prefix, key) {
+        self.unreadable.remove(key_text.as_ref());
+        let kind = key_kind(prefix, key);
+        let collection = match kind {
+            KeyKind::Collection(name) | KeyKind::Shard(name, _) => Some(name.to_owned()),
+            _ => None,
+        };
+        let outcome = match kind {
             KeyKind::Node(id) => decode::<NodeInfo>(&key_text, value).map(|node| {
                 self.nodes.insert(id.to_owned(), node);
             }),
@@ -1020,12 +1198,23 @@ impl View {
             KeyKind::Other => Ok(()),
         };
         if let Err(e) = outcome {
-            tracing::error!(error = %e, "ignoring a value tarn cannot read");
             self.delete(prefix, key);
+            match collection {
+                Some(name) => {
+                    tracing::error!(error = %e, collection = %name,
+                        "a collection record tarn cannot read: the collection is unavailable \
+                         here, and its local shards are left as they are");
+                    self.unreadable
+                        .insert(key_text.into_owned(), (name, e.to_string()));
+                }
+                None => tracing::error!(error = %e, "ignoring a value tarn cannot read"),
+            }
         }
     }
 
     fn delete(&mut self, prefix: &str, key: &[u8]) {
+        self.unreadable
+            .remove(String::from_utf8_lossy(key).as_ref());
         match key_kind(prefix, key) {
             KeyKind::Node(id) => {
                 self.nodes.remove(id);
@@ -1050,8 +1239,16 @@ impl View {
 
     /// The state: every node, and every collection whose definition and shards are all there.
     fn state(&self) -> ClusterState {
+        let unreadable: BTreeMap<String, String> = self
+            .unreadable
+            .iter()
+            .map(|(key, (name, why))| (name.clone(), format!("{key}: {why}")))
+            .collect();
         let mut collections = BTreeMap::new();
         for (name, def) in &self.defs {
+            if unreadable.contains_key(name) {
+                continue;
+            }
             let complete = self.shards.get(name).and_then(|shards| {
                 (0..def.n_shards)
                     .map(|shard| shards.get(&shard).cloned())
@@ -1072,6 +1269,7 @@ impl View {
             nodes: self.nodes.clone(),
             collections,
             draining: self.draining.clone(),
+            unreadable,
         }
     }
 }

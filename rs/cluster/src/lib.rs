@@ -4,6 +4,7 @@
 //! merges shard results. Knows nothing of WAL bytes, HNSW or protobuf; never runs a consensus,
 //! election or membership protocol of its own (etcd does).
 
+mod copies;
 mod error;
 mod etcd;
 pub mod etcd_api;
@@ -11,6 +12,7 @@ pub mod map;
 mod merge;
 mod store;
 
+pub use copies::{fate_of_copy, CopyFate, ShardRecord};
 pub use error::{ClusterError, Result};
 pub use etcd::{EtcdStore, Leadership, DEFAULT_PREFIX, ELECTION_TTL, REQUEST_TIMEOUT};
 pub use map::{
@@ -19,4 +21,6 @@ pub use map::{
     MAX_SHARDS,
 };
 pub use merge::{merge_top_k, ShardHit};
-pub use store::{ClusterStore, Leader, MemoryStore, Registration};
+pub use store::{
+    ClusterStore, Leader, Liveness, MemoryStore, Registration, ShardSwap, StoreIdentity,
+};

@@ -68,6 +68,19 @@ pub struct ShardAssignment {
     /// While fenced: the node taking the shard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moving_to: Option<String>,
+    /// The data directory (its [`NodeInfo::incarnation`] token) that creates this shard empty
+    /// when it first serves it: set when the shard starts without data (a new collection, or a
+    /// shard given up by `forget`). Any other directory of the owner (wiped, replaced) holds no
+    /// copy and must not invent one: the shard is unavailable until its data comes back. A
+    /// shard is never created by a lookup alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_on: Option<String>,
+    /// Nodes whose copies of this shard were given up by `forget`: when such a node comes back
+    /// it sets its copy aside (it holds acknowledged writes the shard no longer has) instead of
+    /// dropping it. A node not listed here whose copy the map gives to another owner was
+    /// replaced by a confirmed move, and drops it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub given_up: Vec<String>,
 }
 
 /// A shard's state in the map.
@@ -96,6 +109,17 @@ impl ShardAssignment {
             epoch,
             state: ShardState::Serving,
             moving_to: None,
+            create_on: None,
+            given_up: Vec::new(),
+        }
+    }
+
+    /// A new, empty shard of `owner` at `epoch`, to be created by the data directory
+    /// `incarnation`.
+    pub fn created(owner: impl Into<String>, epoch: u64, incarnation: &str) -> ShardAssignment {
+        ShardAssignment {
+            create_on: Some(incarnation.to_owned()),
+            ..ShardAssignment::serving(owner, epoch)
         }
     }
 
@@ -106,6 +130,43 @@ impl ShardAssignment {
             epoch: self.epoch + 1,
             state: ShardState::Fenced,
             moving_to: Some(to.to_owned()),
+            create_on: None,
+            given_up: self.given_up.clone(),
+        }
+    }
+
+    /// After this fence: the taker serves the shard with the data it copied (the flip).
+    pub fn handed_over(&self) -> ShardAssignment {
+        let taker = self.moving_to.clone().unwrap_or_else(|| self.owner.clone());
+        ShardAssignment {
+            given_up: self
+                .given_up
+                .iter()
+                .filter(|n| **n != taker)
+                .cloned()
+                .collect(),
+            ..ShardAssignment::serving(taker, self.epoch + 1)
+        }
+    }
+
+    /// After this fence: the owner serves the shard again (the move was abandoned).
+    pub fn fence_lifted(&self) -> ShardAssignment {
+        ShardAssignment {
+            given_up: self.given_up.clone(),
+            ..ShardAssignment::serving(self.owner.clone(), self.epoch + 1)
+        }
+    }
+
+    /// The shard of the dead owner given up to `to` (data directory `incarnation`), empty.
+    pub fn given_up_to(&self, to: &str, incarnation: &str) -> ShardAssignment {
+        let mut given_up = self.given_up.clone();
+        if !given_up.contains(&self.owner) {
+            given_up.push(self.owner.clone());
+        }
+        given_up.retain(|n| n != to);
+        ShardAssignment {
+            given_up,
+            ..ShardAssignment::created(to, self.epoch + 1, incarnation)
         }
     }
 
@@ -134,6 +195,10 @@ pub struct ClusterState {
     /// Nodes marked for draining (`tarn cluster drain`): placement moves their shards off and
     /// puts no new ones on them. The mark stays until cancelled, alive or not.
     pub draining: BTreeSet<String>,
+    /// Collections whose definition or a shard record this tarn cannot decode (written by a
+    /// newer version, or damaged), by name, with why. They are not in `collections`, and they
+    /// are not absent either: calls naming them fail, and their local shards are left alone.
+    pub unreadable: BTreeMap<String, String>,
 }
 
 impl ClusterState {
@@ -218,15 +283,16 @@ impl ShardName {
 
 /// Spreads `n_shards` over `nodes` as evenly as possible (round robin over the node ids in
 /// order, starting at an offset taken from the collection's name so that many small collections
-/// do not all start on the first node). Epochs start at 1.
+/// do not all start on the first node). Epochs start at 1; each shard is to be created empty by
+/// its owner's data directory ([`ShardAssignment::create_on`]).
 pub fn initial_placement(
     collection: &str,
     n_shards: u32,
-    nodes: &[String],
+    nodes: &[NodeInfo],
 ) -> Vec<ShardAssignment> {
-    let mut nodes: Vec<&String> = nodes.iter().collect();
-    nodes.sort();
-    nodes.dedup();
+    let mut nodes: Vec<&NodeInfo> = nodes.iter().collect();
+    nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+    nodes.dedup_by(|a, b| a.node_id == b.node_id);
     if nodes.is_empty() {
         return Vec::new();
     }
@@ -234,7 +300,10 @@ pub fn initial_placement(
         .bytes()
         .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
     (0..n_shards as usize)
-        .map(|shard| ShardAssignment::serving(nodes[(offset + shard) % nodes.len()].clone(), 1))
+        .map(|shard| {
+            let node = nodes[(offset + shard) % nodes.len()];
+            ShardAssignment::created(node.node_id.clone(), 1, &node.incarnation)
+        })
         .collect()
 }
 
@@ -342,13 +411,21 @@ mod tests {
 
     #[test]
     fn initial_placement_is_even_and_deterministic() {
-        let nodes = vec!["n3".to_owned(), "n1".to_owned(), "n2".to_owned()];
+        let nodes: Vec<NodeInfo> = ["n3", "n1", "n2"]
+            .iter()
+            .map(|id| NodeInfo {
+                node_id: (*id).to_owned(),
+                address: String::new(),
+                incarnation: format!("dir-of-{id}"),
+            })
+            .collect();
         let placement = initial_placement("docs", 8, &nodes);
         assert_eq!(placement.len(), 8);
         let mut per_node = BTreeMap::new();
         for a in &placement {
             *per_node.entry(a.owner.clone()).or_insert(0) += 1;
             assert_eq!(a.epoch, 1);
+            assert_eq!(a.create_on, Some(format!("dir-of-{}", a.owner)));
         }
         assert!(per_node.values().all(|&n| n == 2 || n == 3), "{per_node:?}");
         assert_eq!(placement, initial_placement("docs", 8, &nodes));

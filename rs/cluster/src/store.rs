@@ -8,6 +8,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use crate::copies::ShardRecord;
 use crate::error::{ClusterError, Result};
 use crate::map::{ClusterState, CollectionMap, NodeInfo, ShardAssignment};
 
@@ -15,6 +16,20 @@ use crate::map::{ClusterState, CollectionMap, NodeInfo, ShardAssignment};
 /// ends the membership (the lease is revoked, or simply lapses if the process dies).
 pub struct Registration {
     _keep_alive: Box<dyn Send + Sync>,
+    liveness: Option<Box<dyn Fn() -> Liveness + Send + Sync>>,
+}
+
+/// How surely a registration is alive, as its keep-alive task last learnt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Liveness {
+    /// The lease surely lives until then: the send time of the last keep-alive etcd answered
+    /// plus the TTL it granted. Past it, the store may have expired the registration, and
+    /// another node may have been given this node's shards (`forget`).
+    pub lease_alive_until: std::time::Instant,
+    /// The store revision at which the current registration was made (a new one after the
+    /// lease expired and the node registered again). A view older than it may miss what the
+    /// cluster did while the node was out.
+    pub registered_at: i64,
 }
 
 impl Registration {
@@ -22,8 +37,50 @@ impl Registration {
     pub fn new(guard: impl Send + Sync + 'static) -> Registration {
         Registration {
             _keep_alive: Box::new(guard),
+            liveness: None,
         }
     }
+
+    /// A membership whose lease can lapse, as `liveness` reports it.
+    pub fn with_liveness(
+        mut self,
+        liveness: impl Fn() -> Liveness + Send + Sync + 'static,
+    ) -> Registration {
+        self.liveness = Some(Box::new(liveness));
+        self
+    }
+
+    /// The lease's state; `None` when the store's memberships never lapse on their own
+    /// ([`MemoryStore`]).
+    pub fn liveness(&self) -> Option<Liveness> {
+        self.liveness.as_ref().map(|f| f())
+    }
+}
+
+/// A compare-and-swap of one shard's assignment ([`ClusterStore::compare_and_set_shard`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ShardSwap<'a> {
+    pub collection: &'a str,
+    /// The collection's incarnation: a swap planned on a dropped collection never lands on a
+    /// new one of the same name.
+    pub uid: u64,
+    pub shard: u32,
+    /// The epoch the swap was planned at.
+    pub expected_epoch: u64,
+    pub new: &'a ShardAssignment,
+    /// Only if this node is not registered (its lease has lapsed in the store itself, not only
+    /// in the caller's view): `forget`.
+    pub unless_registered: Option<&'a str>,
+}
+
+/// The cluster's identity as the store holds it ([`ClusterStore::identity`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreIdentity {
+    /// The cluster id, if one was created.
+    pub cluster_id: Option<String>,
+    /// Whether the store holds any other tarn key under the prefix (nodes, collections): a
+    /// cluster formed by a tarn that predates identities.
+    pub holds_state: bool,
 }
 
 impl std::fmt::Debug for Registration {
@@ -79,18 +136,26 @@ pub trait ClusterStore: Send + Sync + std::fmt::Debug + 'static {
     /// taken (then `false`, nothing written).
     async fn create_collection(&self, map: &CollectionMap) -> Result<bool>;
 
-    /// Deletes a collection's definition and shard map; `false` if there was none.
+    /// Deletes a collection's definition and shard map, leaving a tombstone of its uid (the
+    /// positive evidence that lets nodes delete its local shards, [`crate::fate_of_copy`]);
+    /// `false` if there was none.
     async fn drop_collection(&self, name: &str) -> Result<bool>;
 
-    /// Sets a shard's assignment if its epoch is still `expected_epoch` (compare-and-swap);
-    /// `false` if it changed meanwhile (or the collection is gone).
-    async fn compare_and_set_shard(
-        &self,
-        collection: &str,
-        shard: u32,
-        expected_epoch: u64,
-        new: &ShardAssignment,
-    ) -> Result<bool>;
+    /// Sets a shard's assignment if the collection still has `swap.uid` and the shard's epoch
+    /// is still `swap.expected_epoch` (and, with `unless_registered`, that node has no
+    /// registration), in one transaction; `false` if anything changed meanwhile.
+    async fn compare_and_set_shard(&self, swap: &ShardSwap<'_>) -> Result<bool>;
+
+    /// A shard's record read linearizably (at least as new as anything any node has seen):
+    /// its assignment, or that its collection was dropped, or that nothing is known of it.
+    /// [`ClusterError::BadValue`] if the record cannot be decoded.
+    async fn read_shard(&self, collection: &str, uid: u64, shard: u32) -> Result<ShardRecord>;
+
+    /// The cluster's identity in the store.
+    async fn identity(&self) -> Result<StoreIdentity>;
+
+    /// Creates the cluster's identity `cluster_id` unless one exists; returns the one stored.
+    async fn create_identity(&self, cluster_id: &str) -> Result<String>;
 
     /// Marks `node_id` for draining (`true`) or clears the mark.
     async fn set_draining(&self, node_id: &str, draining: bool) -> Result<()>;
@@ -117,6 +182,9 @@ pub struct MemoryStore {
     tx: Arc<watch::Sender<Arc<ClusterState>>>,
     /// One leader per store (elections are not told apart: tests use one).
     election: Arc<tokio::sync::Mutex<()>>,
+    /// Tombstones of dropped collections: (name, uid).
+    dropped: Arc<Mutex<std::collections::HashSet<(String, u64)>>>,
+    cluster_id: Arc<Mutex<Option<String>>>,
 }
 
 impl Default for MemoryStore {
@@ -128,6 +196,8 @@ impl Default for MemoryStore {
             next_holder: Arc::default(),
             tx: Arc::new(tx),
             election: Arc::default(),
+            dropped: Arc::default(),
+            cluster_id: Arc::default(),
         }
     }
 }
@@ -218,30 +288,66 @@ impl ClusterStore for MemoryStore {
     }
 
     async fn drop_collection(&self, name: &str) -> Result<bool> {
-        Ok(self.change(|s| s.collections.remove(name).is_some()))
+        Ok(self.change(|s| match s.collections.remove(name) {
+            Some(map) => {
+                self.dropped.lock().insert((name.to_owned(), map.def.uid));
+                true
+            }
+            None => false,
+        }))
     }
 
-    async fn compare_and_set_shard(
-        &self,
-        collection: &str,
-        shard: u32,
-        expected_epoch: u64,
-        new: &ShardAssignment,
-    ) -> Result<bool> {
+    async fn compare_and_set_shard(&self, swap: &ShardSwap<'_>) -> Result<bool> {
         Ok(self.change(|s| {
+            if swap
+                .unless_registered
+                .is_some_and(|n| s.nodes.contains_key(n))
+            {
+                return false;
+            }
             let Some(slot) = s
                 .collections
-                .get_mut(collection)
-                .and_then(|m| m.shards.get_mut(shard as usize))
+                .get_mut(swap.collection)
+                .filter(|m| m.def.uid == swap.uid)
+                .and_then(|m| m.shards.get_mut(swap.shard as usize))
             else {
                 return false;
             };
-            if slot.epoch != expected_epoch {
+            if slot.epoch != swap.expected_epoch {
                 return false;
             }
-            *slot = new.clone();
+            *slot = swap.new.clone();
             true
         }))
+    }
+
+    async fn read_shard(&self, collection: &str, uid: u64, shard: u32) -> Result<ShardRecord> {
+        if self.dropped.lock().contains(&(collection.to_owned(), uid)) {
+            return Ok(ShardRecord::Dropped);
+        }
+        let state = self.state.lock();
+        Ok(state
+            .collections
+            .get(collection)
+            .filter(|m| m.def.uid == uid)
+            .and_then(|m| m.shards.get(shard as usize))
+            .map_or(ShardRecord::Unknown, |a| ShardRecord::Assigned(a.clone())))
+    }
+
+    async fn identity(&self) -> Result<StoreIdentity> {
+        let state = self.state.lock();
+        Ok(StoreIdentity {
+            cluster_id: self.cluster_id.lock().clone(),
+            holds_state: !state.nodes.is_empty() || !state.collections.is_empty(),
+        })
+    }
+
+    async fn create_identity(&self, cluster_id: &str) -> Result<String> {
+        Ok(self
+            .cluster_id
+            .lock()
+            .get_or_insert_with(|| cluster_id.to_owned())
+            .clone())
     }
 
     async fn set_draining(&self, node_id: &str, draining: bool) -> Result<()> {

@@ -23,7 +23,7 @@ use tarn_cluster::etcd_api::etcdserverpb::RangeResponse;
 use tarn_cluster::etcd_api::{ConnectOptions, EtcdClient};
 use tarn_cluster::{
     ClusterError, ClusterState, ClusterStore, CollectionDef, CollectionMap, EtcdStore, MemoryStore,
-    NodeInfo, ShardAssignment, ShardKey,
+    NodeInfo, ShardAssignment, ShardKey, ShardRecord, ShardSwap,
 };
 use tokio::sync::watch;
 
@@ -297,6 +297,23 @@ fn assignment(owner: &str, epoch: u64) -> ShardAssignment {
     ShardAssignment::serving(owner, epoch)
 }
 
+fn swap<'a>(
+    collection: &'a str,
+    uid: u64,
+    shard: u32,
+    expected_epoch: u64,
+    new: &'a ShardAssignment,
+) -> ShardSwap<'a> {
+    ShardSwap {
+        collection,
+        uid,
+        shard,
+        expected_epoch,
+        new,
+        unless_registered: None,
+    }
+}
+
 /// Waits until the watched state satisfies `pred`, and returns it; panics with `what` and the
 /// last state after `within`.
 async fn wait_until(
@@ -420,26 +437,26 @@ async fn store_semantics(store: &impl ClusterStore) {
 
     // Shard moves: compare-and-set on the epoch.
     assert!(store
-        .compare_and_set_shard("docs2", 0, 1, &assignment("n1", 2))
+        .compare_and_set_shard(&swap("docs2", 3, 0, 1, &assignment("n1", 2)))
         .await
         .unwrap());
     assert!(
         !store
-            .compare_and_set_shard("docs2", 0, 1, &assignment("n3", 2))
+            .compare_and_set_shard(&swap("docs2", 3, 0, 1, &assignment("n3", 2)))
             .await
             .unwrap(),
         "a stale epoch must lose"
     );
     assert!(store
-        .compare_and_set_shard("docs2", 0, 2, &assignment("n2", 3))
+        .compare_and_set_shard(&swap("docs2", 3, 0, 2, &assignment("n2", 3)))
         .await
         .unwrap());
     assert!(!store
-        .compare_and_set_shard("docs2", 7, 1, &assignment("n1", 2))
+        .compare_and_set_shard(&swap("docs2", 3, 7, 1, &assignment("n1", 2)))
         .await
         .unwrap());
     assert!(!store
-        .compare_and_set_shard("docs", 0, 1, &assignment("n1", 2))
+        .compare_and_set_shard(&swap("docs", 1, 0, 1, &assignment("n1", 2)))
         .await
         .unwrap());
     let state = wait_until(&mut rx, WAIT, "docs2 shard 0 moved", |s| {
@@ -448,7 +465,26 @@ async fn store_semantics(store: &impl ClusterStore) {
     .await;
     assert_eq!(state.collections["docs2"].shards[1], assignment("n1", 1));
 
-    // A collection created again after a drop is the new one.
+    // Linearizable shard records: assigned, dropped (a tombstone), unknown.
+    assert_eq!(
+        store.read_shard("docs2", 3, 0).await.unwrap(),
+        ShardRecord::Assigned(assignment("n2", 3))
+    );
+    assert_eq!(
+        store.read_shard("docs", 1, 0).await.unwrap(),
+        ShardRecord::Dropped
+    );
+    assert_eq!(
+        store.read_shard("docs2", 99, 0).await.unwrap(),
+        ShardRecord::Unknown
+    );
+    assert_eq!(
+        store.read_shard("never-created", 5, 0).await.unwrap(),
+        ShardRecord::Unknown
+    );
+
+    // A collection created again after a drop is the new one; a swap planned on the old one
+    // (same name, same epoch) does not land on it.
     assert!(store.drop_collection("docs2").await.unwrap());
     let docs2_again = collection("docs2", 4, &["n1"]);
     assert!(store.create_collection(&docs2_again).await.unwrap());
@@ -456,6 +492,41 @@ async fn store_semantics(store: &impl ClusterStore) {
         s.collections.get("docs2") == Some(&docs2_again)
     })
     .await;
+    assert!(
+        !store
+            .compare_and_set_shard(&swap("docs2", 3, 0, 1, &assignment("n3", 2)))
+            .await
+            .unwrap(),
+        "a swap of the dropped incarnation landed on the new one"
+    );
+    assert_eq!(
+        store.read_shard("docs2", 3, 0).await.unwrap(),
+        ShardRecord::Dropped
+    );
+    assert_eq!(
+        store.read_shard("docs2", 4, 0).await.unwrap(),
+        ShardRecord::Assigned(assignment("n1", 1))
+    );
+    // Forget's swap: only while the node has no registration in etcd itself.
+    let registered = store
+        .register(&node("n7"), Duration::from_secs(10))
+        .await
+        .unwrap();
+    let given_up = assignment("n1", 2);
+    let forget = |epoch| ShardSwap {
+        unless_registered: Some("n7"),
+        ..swap("docs2", 4, 0, epoch, &given_up)
+    };
+    assert!(
+        !store.compare_and_set_shard(&forget(1)).await.unwrap(),
+        "forget landed while the node was registered"
+    );
+    drop(registered);
+    let deadline = std::time::Instant::now() + WAIT;
+    while !store.compare_and_set_shard(&forget(1)).await.unwrap() {
+        assert!(std::time::Instant::now() < deadline, "forget never landed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     drop(n1);
     wait_until(&mut rx, WAIT, "n1 gone", |s| s.nodes.is_empty()).await;
@@ -602,7 +673,7 @@ async fn etcd_collection_of_300_shards_spans_transactions() {
     .await;
     assert_eq!(state.collections["big"], big);
     assert!(store
-        .compare_and_set_shard("big", 299, 1, &assignment("n3", 2))
+        .compare_and_set_shard(&swap("big", 9, 299, 1, &assignment("n3", 2)))
         .await
         .unwrap());
     assert!(store.drop_collection("big").await.unwrap());
@@ -640,7 +711,7 @@ async fn etcd_unreadable_values_are_reported_not_fatal() {
     .await
     .unwrap();
     match store
-        .compare_and_set_shard("bad", 0, 1, &assignment("n2", 2))
+        .compare_and_set_shard(&swap("bad", 2, 0, 1, &assignment("n2", 2)))
         .await
     {
         Err(ClusterError::BadValue { key, .. }) => assert_eq!(key, bad_key),
@@ -651,7 +722,17 @@ async fn etcd_unreadable_values_are_reported_not_fatal() {
         s.collections.contains_key("good")
     })
     .await;
+    // Unreadable, not absent: nodes must not act on its shards as if it were gone.
     assert!(!state.collections.contains_key("bad"));
+    assert!(
+        state.unreadable["bad"].contains(&bad_key),
+        "{:?}",
+        state.unreadable
+    );
+    assert!(matches!(
+        store.read_shard("bad", 2, 0).await,
+        Err(ClusterError::BadValue { .. })
+    ));
     assert!(!state.is_alive("n9"));
     // Repaired, it shows.
     raw.put(
@@ -662,9 +743,46 @@ async fn etcd_unreadable_values_are_reported_not_fatal() {
     .await
     .unwrap();
     wait_until(&mut rx, WAIT, "bad repaired", |s| {
-        s.collections.contains_key("bad")
+        s.collections.contains_key("bad") && s.unreadable.is_empty()
     })
     .await;
+}
+
+/// The cluster's identity: created once (the first of racing creators wins, every one gets the
+/// winner's id), and whether the store already held a cluster without one.
+async fn identity_semantics(store: &impl ClusterStore) {
+    let fresh = store.identity().await.unwrap();
+    assert_eq!(fresh.cluster_id, None);
+    assert!(!fresh.holds_state);
+    let (a, b) = tokio::join!(store.create_identity("aaaa"), store.create_identity("bbbb"));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a, b, "two creators got different ids");
+    assert!(a == "aaaa" || a == "bbbb");
+    assert_eq!(store.create_identity("cccc").await.unwrap(), a);
+    let after = store.identity().await.unwrap();
+    assert_eq!(after.cluster_id.as_deref(), Some(a.as_str()));
+    assert!(
+        !after.holds_state,
+        "the identity alone is not cluster state"
+    );
+    assert!(store
+        .create_collection(&collection("c", 1, &["n1"]))
+        .await
+        .unwrap());
+    assert!(store.identity().await.unwrap().holds_state);
+}
+
+#[tokio::test]
+async fn memory_identity_semantics() {
+    identity_semantics(&MemoryStore::default()).await;
+}
+
+#[tokio::test]
+async fn etcd_identity_semantics() {
+    let Some(etcd) = shared_etcd("etcd_identity_semantics") else {
+        return;
+    };
+    identity_semantics(&connect(etcd, "identity").await).await;
 }
 
 /// etcd stops and comes back on the same ports and data: meanwhile the last state stays

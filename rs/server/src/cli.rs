@@ -104,6 +104,36 @@ pub enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Shard copies the node at --addr took out of service instead of deleting them (the map
+    /// had no record of their collection, or their data was given up by forget).
+    #[command(subcommand)]
+    SetAside(SetAsideCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SetAsideCommand {
+    /// List the node's set-aside copies, with why and their size.
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a set-aside copy for good.
+    Drop {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Its name, as listed.
+        name: String,
+    },
+    /// Insert every document of a set-aside copy into a cluster collection (the copy stays).
+    Import {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Its name, as listed.
+        name: String,
+        /// The cluster collection to insert into (default: the one the copy belonged to).
+        #[arg(long)]
+        into: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -331,6 +361,11 @@ pub struct ServeArgs {
     /// [default: 5].
     #[arg(long, env = "TARN_LEASE_SECONDS")]
     pub lease_seconds: Option<u64>,
+    /// Cluster mode: join an etcd that holds no cluster id although this data directory belongs
+    /// to a cluster (that cluster's etcd is lost for good). A new cluster is formed; local
+    /// shards its map does not know are set aside (`tarn cluster set-aside`), never deleted.
+    #[arg(long)]
+    pub force_new_cluster: bool,
 }
 
 #[derive(Debug, Args, Clone)]

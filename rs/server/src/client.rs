@@ -10,7 +10,9 @@ use tarn_client::{
     Client, CollectionInfo, CollectionSpec, Durability, Insert, Metric, Remove, Search,
 };
 
-use crate::cli::{ClientArgs, ClusterCommand, CollectionCommand, Command, InsertArgs, SearchArgs};
+use crate::cli::{
+    ClientArgs, ClusterCommand, CollectionCommand, Command, InsertArgs, SearchArgs, SetAsideCommand,
+};
 
 /// Connects to the server the command names (`--addr`, `--api-key`).
 pub(crate) async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
@@ -102,6 +104,9 @@ fn print_cluster_status(status: &tarn_client::ClusterStatus, json: bool) {
     if json {
         let value = serde_json::json!({
             "etcd_connected": status.etcd_connected,
+            "cluster_id": status.cluster_id,
+            "set_aside": status.set_aside,
+            "unreadable": status.unreadable,
             "nodes": status.nodes.iter().map(|n| serde_json::json!({
                 "node_id": n.node_id, "address": n.address, "alive": n.alive,
                 "draining": n.draining,
@@ -122,6 +127,16 @@ fn print_cluster_status(status: &tarn_client::ClusterStatus, json: bool) {
             "unreachable (serving with the last shard map)"
         }
     );
+    println!("cluster: {}", status.cluster_id);
+    if status.set_aside > 0 {
+        println!(
+            "this node set {} shard copies aside (not deleted): `tarn cluster set-aside list`",
+            status.set_aside
+        );
+    }
+    for name in &status.unreadable {
+        println!("collection {name}: its record in etcd cannot be read by this node");
+    }
     println!("{:<16} {:<24} alive", "node", "address");
     for node in &status.nodes {
         println!(
@@ -292,6 +307,37 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Cluster(ClusterCommand::Status { client, json }) => {
             let status = connect(&client).await?.cluster_status().await?;
             print_cluster_status(&status, json);
+        }
+        Command::Cluster(ClusterCommand::SetAside(SetAsideCommand::List { client })) => {
+            let shards = connect(&client).await?.list_set_aside().await?;
+            if shards.is_empty() {
+                println!("no set-aside shard copies on this node");
+            }
+            for shard in shards {
+                println!("{}\t{} bytes\t{}", shard.name, shard.bytes, shard.reason);
+            }
+        }
+        Command::Cluster(ClusterCommand::SetAside(SetAsideCommand::Drop { client, name })) => {
+            connect(&client).await?.drop_set_aside(&name).await?;
+            println!("dropped set-aside copy {name}");
+        }
+        Command::Cluster(ClusterCommand::SetAside(SetAsideCommand::Import {
+            client,
+            name,
+            into,
+        })) => {
+            let collection = match into {
+                Some(collection) => collection,
+                None => name
+                    .split_once('.')
+                    .map(|(collection, _)| collection.to_owned())
+                    .context("the copy's name does not say its collection: pass --into")?,
+            };
+            let n = connect(&client)
+                .await?
+                .import_set_aside(&name, &collection)
+                .await?;
+            println!("imported {n} documents from {name} into {collection} (the copy stays: drop it once checked)");
         }
         Command::Search(args) => search(args).await?,
         Command::Get {

@@ -39,6 +39,24 @@ pub struct ClusterConfig {
     /// A coordination store to use instead of connecting to `etcd` (in-process tests share a
     /// `tarn_cluster::MemoryStore` between servers).
     pub store: Option<Arc<dyn ClusterStore>>,
+    /// `--force-new-cluster`: join an etcd that holds no cluster id even though this data
+    /// directory belongs to a cluster (its etcd is lost for good). A new cluster id is created;
+    /// local shards the new map does not know are set aside, never deleted.
+    pub force_new_cluster: bool,
+}
+
+/// What a node joins the cluster with ([`ClusterNode::join`]).
+#[derive(Debug, Clone)]
+pub struct JoinOptions {
+    pub node_id: String,
+    /// The address other nodes and clients reach it at.
+    pub address: String,
+    pub lease_ttl: Duration,
+    /// The API key of this node's own calls to other nodes.
+    pub internal_key: Option<String>,
+    /// The data directory, locked by this process (its `INCARNATION` and `CLUSTER_ID` files).
+    pub data_dir: std::path::PathBuf,
+    pub force_new_cluster: bool,
 }
 
 /// How long a forwarded call may take when the client set no deadline.
@@ -67,7 +85,15 @@ pub struct ClusterNode {
     pub(crate) internal_key: Option<String>,
     /// Channels to other nodes for the node-to-node `Cluster` calls, by address.
     peers: DashMap<String, tonic::transport::Channel>,
-    _registration: Registration,
+    /// This data directory's token: the shards the map creates on it (`create_on`).
+    incarnation: String,
+    /// The cluster this data directory belongs to (its `CLUSTER_ID`, the same as etcd's).
+    pub cluster_id: String,
+    lease_ttl: Duration,
+    /// Per local shard: held by whatever may create, replace or remove the local copy (a pull,
+    /// reconciliation), so that one never removes what the other just made.
+    copy_locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    registration: Registration,
 }
 
 impl std::fmt::Debug for ClusterNode {
@@ -92,23 +118,38 @@ impl ClusterNode {
     /// registration carrying `incarnation`, this data directory's token, is this directory's
     /// previous process and is taken over at once) and starts
     /// watching the shard map; a task drops local shards of collections that no longer exist.
+    ///
+    /// First the cluster's identity is settled ([`settle_identity`]): a data directory that
+    /// belongs to a cluster joins only the etcd that holds that cluster's id.
     pub async fn join(
         store: Arc<dyn ClusterStore>,
-        node_id: String,
-        address: String,
-        lease_ttl: Duration,
+        options: JoinOptions,
         registry: Arc<Registry>,
-        internal_key: Option<String>,
-        incarnation: String,
     ) -> anyhow::Result<Arc<ClusterNode>> {
+        let incarnation = incarnation_token(&options.data_dir)?;
+        let holds_shards = !registry.shard_names().is_empty();
+        let cluster_id = settle_identity(
+            store.as_ref(),
+            &options.data_dir,
+            holds_shards,
+            options.force_new_cluster,
+        )
+        .await?;
+        let JoinOptions {
+            node_id,
+            address,
+            lease_ttl,
+            internal_key,
+            ..
+        } = options;
         let node = NodeInfo {
             node_id: node_id.clone(),
             address: address.clone(),
-            incarnation,
+            incarnation: incarnation.clone(),
         };
         let registration = store.register(&node, lease_ttl).await?;
         let state = store.watch().await?;
-        tracing::info!(%node_id, %address, "joined the cluster");
+        tracing::info!(%node_id, %address, %cluster_id, "joined the cluster");
         let node = Arc::new(ClusterNode {
             node_id,
             address,
@@ -121,7 +162,11 @@ impl ClusterNode {
             moves: crate::moves::MoveCounters::default(),
             internal_key,
             peers: DashMap::new(),
-            _registration: registration,
+            incarnation,
+            cluster_id,
+            lease_ttl,
+            copy_locks: DashMap::new(),
+            registration,
         });
         tokio::spawn(reconcile(Arc::downgrade(&node)));
         tokio::spawn(crate::moves::coordinate(Arc::downgrade(&node)));
@@ -177,6 +222,92 @@ impl ClusterNode {
         &self.store
     }
 
+    /// Whether this node may acknowledge a write to a shard it owns: only while its membership
+    /// lease is surely alive with a margin to spare, and its view of the map is at least as new
+    /// as its registration. A node cut off from etcd cannot know whether the cluster has given
+    /// its shards away (`forget` after its lease lapsed), so it stops acknowledging writes a
+    /// margin before its lease could lapse, and starts again once it has registered again and
+    /// read the map since. Searches go on meanwhile (from the last map it saw).
+    pub fn writable(&self) -> Result<(), ApiError> {
+        let Some(liveness) = self.registration.liveness() else {
+            return Ok(());
+        };
+        let margin = self.lease_ttl / 4;
+        let now = std::time::Instant::now();
+        if now + margin >= liveness.lease_alive_until {
+            return Err(ApiError::Unavailable(format!(
+                "node {} is cut off from etcd: its membership lease ({} s) was not renewed in                  time, so it acknowledges no write until it reaches etcd again (retry, or write                  through another node)",
+                self.node_id,
+                self.lease_ttl.as_secs()
+            )));
+        }
+        let seen = self.state.borrow().revision;
+        if seen < liveness.registered_at {
+            return Err(ApiError::Unavailable(format!(
+                "node {} is rejoining the cluster: its view of the shard map (revision {seen})                  predates its registration (revision {}); retry",
+                self.node_id, liveness.registered_at
+            )));
+        }
+        Ok(())
+    }
+
+    /// The lock over a local shard's copy (see `copy_locks`).
+    pub(crate) fn copy_lock(&self, local_name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        Arc::clone(
+            self.copy_locks
+                .entry(local_name.to_owned())
+                .or_default()
+                .value(),
+        )
+    }
+
+    /// Decides, from a linearizable read of the shard's record, what becomes of a local copy
+    /// the view does not give this node, and does it ([`tarn_cluster::fate_of_copy`]): drops
+    /// it, sets it aside, or keeps it. The caller holds the copy's lock. `Ok(false)` when the
+    /// record could not be read (nothing was done; try again later).
+    pub(crate) async fn retire_copy(&self, local: &str, shard: &ShardName) -> bool {
+        if self.incoming.contains_key(local) {
+            return true;
+        }
+        let record = match self
+            .store
+            .read_shard(&shard.collection, shard.uid, shard.shard)
+            .await
+        {
+            Ok(record) => record,
+            Err(error) => {
+                tracing::warn!(shard = %local, %error, "cannot read the shard's record; its local copy stays until it can be read");
+                return false;
+            }
+        };
+        match tarn_cluster::fate_of_copy(&self.node_id, shard, &record) {
+            tarn_cluster::CopyFate::Keep => true,
+            tarn_cluster::CopyFate::Drop(why) => {
+                tracing::info!(shard = %local, %why, "dropping a local shard");
+                if let Err(error) = self.registry.drop_shard(local).await {
+                    tracing::error!(shard = %local, %error, "could not drop a shard");
+                    return false;
+                }
+                self.gates.remove(local);
+                true
+            }
+            tarn_cluster::CopyFate::SetAside(why) => {
+                tracing::warn!(shard = %local, %why, "setting a local shard aside (not deleted: `tarn cluster set-aside list`)");
+                match self.registry.set_aside(local, &why).await {
+                    Ok(path) => {
+                        tracing::warn!(shard = %local, path = %path.display(), "local shard set aside");
+                        self.gates.remove(local);
+                        true
+                    }
+                    Err(error) => {
+                        tracing::error!(shard = %local, %error, "could not set a shard aside");
+                        false
+                    }
+                }
+            }
+        }
+    }
+
     /// The write gate of a local shard.
     pub(crate) fn gate(&self, local_name: &str) -> Arc<tokio::sync::RwLock<()>> {
         Arc::clone(self.gates.entry(local_name.to_owned()).or_default().value())
@@ -192,6 +323,7 @@ impl ClusterNode {
         shard: &ShardName,
         epoch: u64,
     ) -> Result<(Collection, tokio::sync::OwnedRwLockReadGuard<()>), ApiError> {
+        self.writable()?;
         let guard = self.gate(&shard.local_name()).read_owned().await;
         let collection = self.local_shard(&self.registry, shard, epoch).await?;
         let state = self.state();
@@ -271,7 +403,11 @@ impl ClusterNode {
 
     fn collection(&self, name: &str) -> Result<CollectionMap, ApiError> {
         crate::registry::validate_name(name)?;
-        self.state()
+        let state = self.state();
+        if let Some(why) = state.unreadable.get(name) {
+            return Err(unreadable(name, why));
+        }
+        state
             .collections
             .get(name)
             .cloned()
@@ -295,6 +431,9 @@ impl ClusterNode {
             self.wait_for_with(NOT_FOUND_GRACE, known).await;
         }
         let state = self.state();
+        if let Some(why) = state.unreadable.get(&shard.collection) {
+            return Err(unreadable(&shard.collection, why));
+        }
         let map = state
             .collections
             .get(&shard.collection)
@@ -312,14 +451,31 @@ impl ClusterNode {
                 shard.shard, shard.collection, assignment.owner, assignment.epoch, self.node_id
             )));
         }
+        let local = shard.local_name();
+        if let Ok(collection) = registry.get_shard(&local) {
+            return Ok(collection);
+        }
+        // Created only where the map says this data directory starts it empty: a lookup never
+        // invents a shard whose data is elsewhere (or lost).
+        if assignment.create_on.as_deref() != Some(self.incarnation.as_str()) {
+            return Err(ApiError::ShardUnavailable {
+                collection: shard.collection.clone(),
+                shard: shard.shard,
+                node: self.node_id.clone(),
+                why: "this node holds no copy of it (its data directory is not the one the \
+                      shard was created or copied on); bring that directory back, or give the \
+                      shard up with `tarn cluster forget`"
+                    .to_owned(),
+            });
+        }
         let def = &map.def;
-        registry
-            .shard(&shard.local_name(), || {
-                serde_json::from_value::<CollectionConfig>(def.config.clone()).map_err(|e| {
-                    ApiError::Internal(format!("collection '{}' has a bad config: {e}", def.name))
-                })
-            })
-            .await
+        let config =
+            serde_json::from_value::<CollectionConfig>(def.config.clone()).map_err(|e| {
+                ApiError::Internal(format!("collection '{}' has a bad config: {e}", def.name))
+            })?;
+        let lock = self.copy_lock(&local);
+        let _copy = lock.lock().await;
+        registry.create_shard(&local, config).await
     }
 
     /// Where a call for `shard` of `map` goes: here, or to its live owner.
@@ -393,7 +549,7 @@ impl ClusterNode {
                 ))
             }
         };
-        let nodes: Vec<String> = self.state().nodes.keys().cloned().collect();
+        let nodes: Vec<NodeInfo> = self.state().nodes.values().cloned().collect();
         let def = CollectionDef {
             name: request.name.clone(),
             uid: rand::random::<u64>() | 1,
@@ -484,29 +640,46 @@ impl ClusterNode {
                     .min_by_key(|(id, n)| (**n, (*id).clone()))
                     .ok_or_else(|| ApiError::Internal("no live node".into()))?;
                 *n += 1;
+                let incarnation = state
+                    .nodes
+                    .get(target)
+                    .map_or("", |n| n.incarnation.as_str());
                 plan.push((
                     name.clone(),
+                    map.def.uid,
                     shard as u32,
                     assignment.epoch,
-                    ShardAssignment::serving(target.clone(), assignment.epoch + 1),
+                    assignment.given_up_to(target, incarnation),
                 ));
             }
         }
         if confirm {
-            for (name, shard, epoch, new) in &plan {
+            for (name, uid, shard, epoch, new) in &plan {
+                // Only while the node has no registration in etcd itself: a node this one's
+                // view thinks dead may be alive (a lagging view, or a node cut off from etcd
+                // whose lease has not lapsed yet, which still acknowledges writes).
                 let swapped = self
                     .store
-                    .compare_and_set_shard(name, *shard, *epoch, new)
+                    .compare_and_set_shard(&tarn_cluster::ShardSwap {
+                        collection: name,
+                        uid: *uid,
+                        shard: *shard,
+                        expected_epoch: *epoch,
+                        new,
+                        unless_registered: Some(node_id),
+                    })
                     .await
                     .map_err(store_error)?;
                 if !swapped {
                     return Err(ApiError::StaleShardMap(format!(
-                        "shard {shard} of collection '{name}' changed meanwhile: run forget again"
+                        "shard {shard} of collection '{name}' changed meanwhile, or node \
+                         {node_id} is registered again: check `tarn cluster status` and run \
+                         forget again"
                     )));
                 }
                 tracing::warn!(collection = %name, shard, forgotten = %node_id, owner = %new.owner, "shard given up: its data is lost, it starts empty");
             }
-            let last = plan.last().map(|p| (p.0.clone(), p.1, p.3.epoch));
+            let last = plan.last().map(|p| (p.0.clone(), p.2, p.4.epoch));
             if let Some((name, shard, epoch)) = last {
                 self.wait_for(|s| {
                     s.collections
@@ -518,7 +691,7 @@ impl ClusterNode {
         }
         Ok(plan
             .into_iter()
-            .map(|(name, shard, _, new)| (name, shard, new))
+            .map(|(name, _, shard, _, new)| (name, shard, new))
             .collect())
     }
 
@@ -556,12 +729,23 @@ fn store_error(error: tarn_cluster::ClusterError) -> ApiError {
     ApiError::ClusterStore(error.to_string())
 }
 
-/// Drops the local shards of collections that are gone from the map (or were re-created
-/// under a new uid), and of shards the map gives to another node (moved away, or given up by
-/// `forget` while this node was down), except those being copied in by a move. A fence naming
-/// this node as the taker of a shard it is not copying (the move died with this process) is
-/// lifted: the old owner serves the shard again at the next epoch. Runs for the life of the
-/// node.
+/// The answer for a collection whose record in etcd this node cannot decode.
+fn unreadable(name: &str, why: &str) -> ApiError {
+    tracing::warn!(collection = %name, %why, "a call names a collection whose record cannot be read");
+    ApiError::Unsupported(format!(
+        "collection '{name}': its record in the cluster's store cannot be read by this node \
+         (written by a newer tarn, or damaged); upgrade the node or repair the record"
+    ))
+}
+
+/// Keeps the local shards in line with the map, for the life of the node. A local copy the
+/// view does not give this node (as owner, or as the taker of a move) is judged on a
+/// linearizable read of its record ([`ClusterNode::retire_copy`]): dropped only if its
+/// collection was dropped or another node holds its data; set aside if the store has no record
+/// of it or its data was given up; left alone if its collection's record is unreadable or etcd
+/// cannot be read (tried again a few seconds later). Copies being pulled in by a move are left
+/// alone. A fence naming this node as the taker of a shard it is not copying (the move died
+/// with this process) is lifted: the old owner serves the shard again at the next epoch.
 async fn reconcile(node: std::sync::Weak<ClusterNode>) {
     let Some(mut state) = node.upgrade().map(|n| n.state.clone()) else {
         return;
@@ -571,42 +755,85 @@ async fn reconcile(node: std::sync::Weak<ClusterNode>) {
         let Some(node) = node.upgrade() else {
             return;
         };
+        let mut undecided = false;
         for local in node.registry.shard_names() {
             let Some((shard, _)) = ShardName::parse(&local) else {
                 continue;
             };
-            let live = current
+            if current.revision == 0 || current.unreadable.contains_key(&shard.collection) {
+                continue;
+            }
+            let mine = current
                 .collections
                 .get(&shard.collection)
                 .filter(|m| m.def.uid == shard.uid)
                 .and_then(|m| m.shards.get(shard.shard as usize))
-                .is_some_and(|a| a.owner == node.node_id);
-            if !live && current.revision > 0 && !node.incoming.contains_key(&local) {
-                tracing::info!(shard = %local, "dropping a local shard this node does not own");
-                if let Err(error) = node.registry.drop_shard(&local).await {
-                    tracing::error!(shard = %local, %error, "could not drop a shard");
-                }
+                .is_some_and(|a| {
+                    a.owner == node.node_id || a.moving_to.as_deref() == Some(&node.node_id)
+                });
+            if mine || node.incoming.contains_key(&local) {
+                continue;
             }
+            // A pull holds the lock for its whole run: leave the copy to it.
+            let lock = node.copy_lock(&local);
+            let Ok(_copy) = lock.try_lock() else {
+                continue;
+            };
+            undecided |= !node.retire_copy(&local, &shard).await;
         }
         for map in current.collections.values() {
             for (shard, assignment) in map.shards.iter().enumerate() {
-                let local = ShardName {
+                let name = ShardName {
                     collection: map.def.name.clone(),
                     uid: map.def.uid,
                     shard: shard as u32,
-                }
-                .local_name();
+                };
                 if assignment.moving_to.as_deref() == Some(node.node_id.as_str())
-                    && !node.incoming.contains_key(&local)
+                    && !node.incoming.contains_key(&name.local_name())
                 {
-                    crate::moves::lift_fence(&node, &map.def.name, shard as u32, assignment).await;
+                    crate::moves::lift_fence(&node, &name, assignment).await;
                 }
             }
         }
+        node.forget_unused_handles(&current);
         drop(node);
-        if state.changed().await.is_err() {
+        let changed = state.changed();
+        if undecided {
+            if let Ok(Err(_)) = tokio::time::timeout(RECONCILE_RETRY, changed).await {
+                return;
+            }
+        } else if changed.await.is_err() {
             return;
         }
+    }
+}
+
+/// How soon reconciliation tries again a copy whose record it could not read.
+const RECONCILE_RETRY: Duration = Duration::from_secs(5);
+
+impl ClusterNode {
+    /// Forgets write gates, copy locks and client connections nothing uses any more: shards
+    /// neither local nor in the map, and nodes that left.
+    fn forget_unused_handles(&self, state: &ClusterState) {
+        let in_map = |local: &str| {
+            ShardName::parse(local).is_some_and(|(shard, _)| {
+                state
+                    .collections
+                    .get(&shard.collection)
+                    .is_some_and(|m| m.def.uid == shard.uid)
+            })
+        };
+        let used = |local: &str| self.registry.get_shard(local).is_ok() || in_map(local);
+        self.gates
+            .retain(|local, gate| used(local) || Arc::strong_count(gate) > 1);
+        self.copy_locks
+            .retain(|local, lock| used(local) || Arc::strong_count(lock) > 1);
+        let addresses: std::collections::HashSet<&str> =
+            state.nodes.values().map(|n| n.address.as_str()).collect();
+        self.clients
+            .retain(|(address, _), _| addresses.contains(address.as_str()));
+        self.peers
+            .retain(|address, _| addresses.contains(address.as_str()));
     }
 }
 
@@ -729,12 +956,11 @@ pub(crate) const INCARNATION_FILE: &str = "INCARNATION";
 /// with a warning: the only cost is one start that waits for the old lease to lapse.
 pub(crate) fn incarnation_token(data_dir: &std::path::Path) -> anyhow::Result<String> {
     use anyhow::Context;
-    use std::io::Write;
     let path = data_dir.join(INCARNATION_FILE);
     match std::fs::read_to_string(&path) {
         Ok(text) => {
             let token = text.trim();
-            if token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit()) {
+            if is_token(token) {
                 return Ok(token.to_owned());
             }
             tracing::warn!(path = %path.display(), "not a data directory token; writing a new one");
@@ -742,8 +968,27 @@ pub(crate) fn incarnation_token(data_dir: &std::path::Path) -> anyhow::Result<St
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     }
-    let token = format!("{:032x}", rand::random::<u128>());
-    let staging = data_dir.join(format!("{INCARNATION_FILE}.tmp"));
+    let token = new_token();
+    write_token_file(data_dir, INCARNATION_FILE, &token)?;
+    Ok(token)
+}
+
+/// 32 random hex digits.
+fn new_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// Whether `text` is a token [`new_token`] made.
+fn is_token(text: &str) -> bool {
+    text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Writes `data_dir/name` durably: a temporary file, synced, renamed, the directory synced.
+fn write_token_file(data_dir: &std::path::Path, name: &str, token: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::io::Write;
+    let path = data_dir.join(name);
+    let staging = data_dir.join(format!("{name}.tmp"));
     let mut file = std::fs::File::create(&staging)
         .with_context(|| format!("creating {}", staging.display()))?;
     file.write_all(format!("{token}\n").as_bytes())
@@ -753,7 +998,90 @@ pub(crate) fn incarnation_token(data_dir: &std::path::Path) -> anyhow::Result<St
     std::fs::File::open(data_dir)
         .and_then(|dir| dir.sync_all())
         .with_context(|| format!("syncing {}", data_dir.display()))?;
-    Ok(token)
+    Ok(())
+}
+
+/// The file in the data directory that names the cluster it belongs to.
+pub(crate) const CLUSTER_ID_FILE: &str = "CLUSTER_ID";
+
+/// Settles which cluster this data directory and the store belong to, before the node
+/// registers: a cluster id is created in the store when the cluster forms (by its first node)
+/// and recorded in every member's data directory (`CLUSTER_ID`). Then:
+/// - directory and store name the same cluster: join;
+/// - they name different clusters: refused (a wrong etcd, or a directory of another cluster);
+/// - the directory names a cluster, the store none (an empty etcd, another one, one restored
+///   from a backup older than the cluster): refused, unless `force_new_cluster` (the etcd is
+///   lost for good): then a new id is created and recorded, and local shards the new map does
+///   not know are set aside by reconciliation, never deleted;
+/// - the directory names none (new, or written by a tarn before identities): it takes the
+///   store's id, creating one if the store has none; but a directory that holds shards refuses
+///   a store that holds nothing at all (no id, no node, no collection) unless
+///   `force_new_cluster`.
+pub(crate) async fn settle_identity(
+    store: &dyn ClusterStore,
+    data_dir: &std::path::Path,
+    holds_shards: bool,
+    force_new_cluster: bool,
+) -> anyhow::Result<String> {
+    let path = data_dir.join(CLUSTER_ID_FILE);
+    let local = match std::fs::read_to_string(&path) {
+        Ok(text) if is_token(text.trim()) => Some(text.trim().to_owned()),
+        Ok(_) => anyhow::bail!(
+            "{} does not hold a cluster id; restore it from a backup, or delete it to join the \
+             cluster etcd names",
+            path.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(anyhow::Error::from(e).context(format!("reading {}", path.display()))),
+    };
+    let remote = store.identity().await?;
+    let cluster_id = match (local, remote.cluster_id) {
+        (Some(local), Some(remote)) if local == remote => return Ok(local),
+        (Some(local), Some(remote)) => anyhow::bail!(
+            "this data directory ({}) belongs to cluster {local}, but etcd holds cluster \
+             {remote}: --etcd points at another cluster's etcd, or the directory is another \
+             cluster's. Refusing to join: its shards would be judged against a map they are not \
+             in",
+            data_dir.display()
+        ),
+        (Some(local), None) if !force_new_cluster => anyhow::bail!(
+            "this data directory ({}) belongs to cluster {local}, but etcd holds no cluster id \
+             (an empty etcd, another one, or one restored from a backup older than the \
+             cluster). Refusing to join: its shards would be judged against a map they are not \
+             in. Point --etcd at the cluster's etcd; if that etcd is lost for good, start with \
+             --force-new-cluster (a new cluster is formed; shards the new map does not know are \
+             set aside, not deleted)",
+            data_dir.display()
+        ),
+        (Some(local), None) => {
+            let id = store.create_identity(&new_token()).await?;
+            tracing::warn!(old = %local, new = %id, "--force-new-cluster: this data directory joins a new cluster");
+            id
+        }
+        (None, Some(remote)) => {
+            if holds_shards {
+                tracing::warn!(cluster_id = %remote, "this data directory holds shards but no cluster id (written by an older tarn): it takes etcd's");
+            }
+            remote
+        }
+        (None, None) => {
+            if holds_shards && !remote.holds_state && !force_new_cluster {
+                anyhow::bail!(
+                    "this data directory ({}) holds shards of a cluster, but etcd holds no \
+                     cluster at all (no id, no node, no collection). Refusing to form a new \
+                     cluster over them; point --etcd at the cluster's etcd, or start with \
+                     --force-new-cluster (shards the new map does not know are set aside, not \
+                     deleted)",
+                    data_dir.display()
+                );
+            }
+            let id = store.create_identity(&new_token()).await?;
+            tracing::info!(cluster_id = %id, "cluster id settled");
+            id
+        }
+    };
+    write_token_file(data_dir, CLUSTER_ID_FILE, &cluster_id)?;
+    Ok(cluster_id)
 }
 
 #[cfg(test)]

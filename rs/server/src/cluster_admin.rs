@@ -15,6 +15,8 @@ use crate::status::ApiError;
 pub struct ClusterAdmin {
     pub cluster: Option<Arc<ClusterNode>>,
     pub keys: ApiKeys,
+    /// The data service (imports of set-aside copies go through its router).
+    pub tarn: Arc<crate::service::TarnService>,
 }
 
 impl ClusterAdmin {
@@ -166,6 +168,60 @@ impl Cluster for ClusterAdmin {
             nodes,
             shards,
             etcd_connected: cluster.store_connected(),
+            cluster_id: cluster.cluster_id.clone(),
+            set_aside: cluster.registry.set_aside_list()?.len() as u32,
+            unreadable: state.unreadable.keys().cloned().collect(),
         }))
+    }
+
+    async fn list_set_aside(
+        &self,
+        request: Request<pb::ListSetAsideRequest>,
+    ) -> Result<Response<pb::ListSetAsideResponse>, Status> {
+        self.keys.check(&request, Access::Read)?;
+        let cluster = self.node()?;
+        let shards = cluster
+            .registry
+            .set_aside_list()?
+            .into_iter()
+            .map(|(name, reason, bytes)| pb::SetAsideShard {
+                name,
+                reason,
+                bytes,
+            })
+            .collect();
+        Ok(Response::new(pb::ListSetAsideResponse { shards }))
+    }
+
+    async fn drop_set_aside(
+        &self,
+        request: Request<pb::DropSetAsideRequest>,
+    ) -> Result<Response<pb::DropSetAsideResponse>, Status> {
+        self.keys.check(&request, Access::Write)?;
+        let cluster = self.node()?;
+        let name = request.into_inner().name;
+        cluster.registry.drop_set_aside(&name).await?;
+        tracing::warn!(%name, "set-aside shard copy dropped");
+        Ok(Response::new(pb::DropSetAsideResponse {}))
+    }
+
+    async fn import_set_aside(
+        &self,
+        request: Request<pb::ImportSetAsideRequest>,
+    ) -> Result<Response<pb::ImportSetAsideResponse>, Status> {
+        self.keys.check(&request, Access::Write)?;
+        let api_key = crate::auth::api_key(&request);
+        let cluster = self.node()?;
+        let request = request.into_inner();
+        let n_documents = self
+            .tarn
+            .import_set_aside(
+                cluster,
+                &request.name,
+                &request.collection,
+                api_key.as_deref(),
+            )
+            .await?;
+        Ok(Response::new(pb::ImportSetAsideResponse { n_documents }))
     }
 }

@@ -123,6 +123,7 @@ impl ServeConfig {
                         .max(1),
                 ),
                 store: None,
+                force_new_cluster: args.force_new_cluster,
             })
         };
         Ok(ServeConfig {

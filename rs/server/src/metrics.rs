@@ -136,7 +136,13 @@ impl Metrics {
                  tarn_cluster_move_streams_out {}\n\
                  # HELP tarn_cluster_move_write_pause_seconds the last finished move's write pause (fence to flip)\n\
                  # TYPE tarn_cluster_move_write_pause_seconds gauge\n\
-                 tarn_cluster_move_write_pause_seconds {}",
+                 tarn_cluster_move_write_pause_seconds {}\n\
+                 # HELP tarn_cluster_set_aside_shards shard copies this node set aside instead of deleting them\n\
+                 # TYPE tarn_cluster_set_aside_shards gauge\n\
+                 tarn_cluster_set_aside_shards {}\n\
+                 # HELP tarn_cluster_writable 1 while this node may acknowledge writes (its etcd lease is surely alive)\n\
+                 # TYPE tarn_cluster_writable gauge\n\
+                 tarn_cluster_writable {}",
                 state.shards_owned_by(&cluster.node_id).count(),
                 state.nodes.len(),
                 u8::from(cluster.store_connected()),
@@ -146,6 +152,8 @@ impl Metrics {
                 moves.bytes.load(Relaxed),
                 moves.streams_out.load(Relaxed),
                 moves.last_write_pause_us.load(Relaxed) as f64 / 1e6,
+                collections.set_aside_list().map_or(0, |l| l.len()),
+                u8::from(cluster.writable().is_ok()),
             );
         }
         let all = collections.all();

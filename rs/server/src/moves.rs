@@ -344,8 +344,22 @@ pub(crate) async fn pull_shard(
         node,
         local: local.clone(),
     };
-    // A copy left by an earlier move that failed here.
-    node.registry.drop_shard(&local).await?;
+    // Nothing else creates, replaces or removes the local copy while the pull runs.
+    let lock = node.copy_lock(&local);
+    let _copy = lock.lock().await;
+    // A copy already here (left by an earlier move that failed here, or this node's copy from
+    // before its data was given up): judged like any copy that is not this node's.
+    if node.registry.get_shard(&local).is_ok() {
+        node.incoming.remove(&local);
+        let retired = node.retire_copy(&local, &shard).await;
+        node.incoming.insert(local.clone(), ());
+        if !retired || node.registry.get_shard(&local).is_ok() {
+            return Err(ApiError::Unavailable(format!(
+                "shard {} of collection '{}': this node holds a copy that cannot be retired yet",
+                request.shard, map.def.name
+            )));
+        }
+    }
 
     let mut fence: Option<ShardAssignment> = None;
     let outcome = copy_and_flip(node, &shard, &assignment, &mut fence).await;
@@ -366,20 +380,31 @@ pub(crate) async fn pull_shard(
             node.moves.failed.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(shard = %local, from = %assignment.owner, %error, "shard move failed");
             if let Some(fence) = &fence {
-                lift_fence(node, &shard.collection, shard.shard, fence).await;
+                lift_fence(node, &shard, fence).await;
             }
-            // Only once the map says the shard is not this node's: after a flip whose answer
-            // was lost, the copy is the shard.
-            let mine = node
-                .state()
-                .collections
-                .get(&shard.collection)
-                .filter(|m| m.def.uid == shard.uid)
-                .and_then(|m| m.shards.get(shard.shard as usize))
-                .is_some_and(|a| a.owner == node.node_id);
-            if !mine {
-                if let Err(drop_error) = node.registry.drop_shard(&local).await {
-                    tracing::error!(shard = %local, error = %drop_error, "could not drop a failed move's copy");
+            // This pull's copy goes only once a linearizable read shows the shard is not this
+            // node's: after a flip whose answer was lost, the copy IS the shard, whatever this
+            // node's (lagging) view says. Unread, the copy stays for reconciliation.
+            match node
+                .store()
+                .read_shard(&shard.collection, shard.uid, shard.shard)
+                .await
+            {
+                Ok(tarn_cluster::ShardRecord::Assigned(a)) if a.owner == node.node_id => {
+                    tracing::warn!(shard = %local, epoch = a.epoch, "the move failed after its flip landed: the copy is this node's shard");
+                }
+                Ok(tarn_cluster::ShardRecord::Assigned(a))
+                    if a.moving_to.as_deref() != Some(node.node_id.as_str()) =>
+                {
+                    if let Err(drop_error) = node.registry.drop_shard(&local).await {
+                        tracing::error!(shard = %local, error = %drop_error, "could not drop a failed move's copy");
+                    }
+                }
+                Ok(record) => {
+                    tracing::info!(shard = %local, ?record, "a failed move's copy is left for reconciliation")
+                }
+                Err(read_error) => {
+                    tracing::warn!(shard = %local, error = %read_error, "a failed move's copy stays until its record can be read")
                 }
             }
             Err(error)
@@ -503,7 +528,7 @@ async fn copy_and_flip(
             let fenced = from.fenced_for(&node.node_id);
             let swapped = node
                 .store()
-                .compare_and_set_shard(&shard.collection, shard.shard, from.epoch, &fenced)
+                .compare_and_set_shard(&swap(shard, from.epoch, &fenced))
                 .await
                 .map_err(|e| ApiError::ClusterStore(e.to_string()))?;
             if !swapped {
@@ -522,7 +547,7 @@ async fn copy_and_flip(
     let fenced = fence
         .clone()
         .ok_or_else(|| ApiError::Internal("handed over without a fence".to_owned()))?;
-    let owned = ShardAssignment::serving(node.node_id.clone(), fenced.epoch + 1);
+    let owned = fenced.handed_over();
     flip(node, shard, &fenced, &owned).await?;
     let write_pause = fenced_at.map_or(0.0, |at| at.elapsed().as_secs_f64());
     let name = shard.collection.clone();
@@ -557,36 +582,31 @@ async fn flip(
     let deadline = Instant::now() + FLIP_CONFIRM_LIMIT;
     loop {
         match store
-            .compare_and_set_shard(&shard.collection, shard.shard, fenced.epoch, owned)
+            .compare_and_set_shard(&swap(shard, fenced.epoch, owned))
             .await
         {
             Ok(true) => return Ok(()),
             Ok(false) => {
-                // Either an earlier attempt landed, or the fence was lifted.
-                let name = shard.collection.clone();
-                let (uid, number, epoch) = (shard.uid, shard.shard as usize, fenced.epoch);
-                node.wait_for_view(Duration::from_secs(5), move |s| {
-                    s.collections
-                        .get(&name)
-                        .filter(|m| m.def.uid == uid)
-                        .and_then(|m| m.shards.get(number))
-                        .is_none_or(|a| a.epoch > epoch)
-                })
-                .await;
-                let now = node
-                    .state()
-                    .collections
-                    .get(&shard.collection)
-                    .filter(|m| m.def.uid == shard.uid)
-                    .and_then(|m| m.shards.get(shard.shard as usize).cloned());
-                return match now {
-                    Some(a) if a == *owned => Ok(()),
-                    other => Err(ApiError::StaleShardMap(format!(
-                        "the fence of shard {} of collection '{}' was lifted before the flip \
-                         (now {other:?})",
-                        shard.shard, shard.collection
-                    ))),
-                };
+                // Either an earlier attempt landed (its answer lost), or the fence was lifted:
+                // etcd says which (a linearizable read, never this node's lagging view).
+                let record = store
+                    .read_shard(&shard.collection, shard.uid, shard.shard)
+                    .await;
+                match record {
+                    Ok(tarn_cluster::ShardRecord::Assigned(a)) if a == *owned => return Ok(()),
+                    Ok(other) => {
+                        return Err(ApiError::StaleShardMap(format!(
+                            "the fence of shard {} of collection '{}' was lifted before the \
+                             flip (now {other:?})",
+                            shard.shard, shard.collection
+                        )))
+                    }
+                    Err(error) if Instant::now() < deadline => {
+                        tracing::warn!(%error, "confirming a moved shard's flip: etcd did not answer; retrying");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(error) => return Err(ApiError::ClusterStore(error.to_string())),
+                }
             }
             Err(error) if Instant::now() < deadline => {
                 tracing::warn!(%error, "flipping a moved shard: etcd did not answer; retrying");
@@ -597,27 +617,39 @@ async fn flip(
     }
 }
 
+/// A swap of `shard` (of its collection's incarnation) planned at `epoch`.
+fn swap<'a>(
+    shard: &'a ShardName,
+    epoch: u64,
+    new: &'a ShardAssignment,
+) -> tarn_cluster::ShardSwap<'a> {
+    tarn_cluster::ShardSwap {
+        collection: &shard.collection,
+        uid: shard.uid,
+        shard: shard.shard,
+        expected_epoch: epoch,
+        new,
+        unless_registered: None,
+    }
+}
+
 /// Lifts a move's fence: the old owner serves the shard again at the next epoch. Logged, not
 /// returned: a fence that stays is lifted later by the coordinator or by its taker's
 /// reconciliation.
-pub(crate) async fn lift_fence(
-    node: &ClusterNode,
-    collection: &str,
-    shard: u32,
-    fence: &ShardAssignment,
-) {
-    let back = ShardAssignment::serving(fence.owner.clone(), fence.epoch + 1);
+pub(crate) async fn lift_fence(node: &ClusterNode, shard: &ShardName, fence: &ShardAssignment) {
+    let back = fence.fence_lifted();
+    let (collection, shard_no) = (&shard.collection, shard.shard);
     match node
         .store()
-        .compare_and_set_shard(collection, shard, fence.epoch, &back)
+        .compare_and_set_shard(&swap(shard, fence.epoch, &back))
         .await
     {
         Ok(true) => {
-            tracing::info!(collection, shard, owner = %fence.owner, epoch = back.epoch, "move abandoned; the fence is lifted")
+            tracing::info!(%collection, shard = shard_no, owner = %fence.owner, epoch = back.epoch, "move abandoned; the fence is lifted")
         }
         Ok(false) => {}
         Err(error) => {
-            tracing::warn!(collection, shard, %error, "could not lift a move's fence yet")
+            tracing::warn!(%collection, shard = shard_no, %error, "could not lift a move's fence yet")
         }
     }
 }
@@ -659,7 +691,12 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
                 for (shard, a) in map.shards.iter().enumerate() {
                     if let Some(taker) = &a.moving_to {
                         if !state.is_alive(taker) {
-                            lift_fence(&node, &map.def.name, shard as u32, a).await;
+                            let name = ShardName {
+                                collection: map.def.name.clone(),
+                                uid: map.def.uid,
+                                shard: shard as u32,
+                            };
+                            lift_fence(&node, &name, a).await;
                         }
                     }
                 }

@@ -77,6 +77,14 @@ impl Registry {
             tracing::info!(%name, "opened collection");
             collections.insert(name, collection);
         }
+        // A set-aside copy's drop interrupted after its rename.
+        if let Ok(entries) = std::fs::read_dir(data_dir.join("set-aside")) {
+            for entry in entries.flatten() {
+                if entry.file_name().to_string_lossy().starts_with(".drop-") {
+                    std::fs::remove_dir_all(entry.path())?;
+                }
+            }
+        }
         Ok(Registry {
             root,
             collections,
@@ -92,17 +100,22 @@ impl Registry {
             .ok_or_else(|| ApiError::NotFound(name.to_owned()))
     }
 
-    /// The local collection of a cluster shard (`<collection>.<uid>.<shard>`), created with
-    /// `config` if this node has none yet (the shard was just assigned to it).
-    pub async fn shard(
+    /// The local collection of a cluster shard (`<collection>.<uid>.<shard>`), if this node
+    /// holds one.
+    pub fn get_shard(&self, local_name: &str) -> Result<Collection, ApiError> {
+        self.collections
+            .get(local_name)
+            .map(|c| c.clone())
+            .ok_or_else(|| ApiError::NotFound(local_name.to_owned()))
+    }
+
+    /// Creates the local collection of a cluster shard, empty, with `config` (the map says this
+    /// data directory starts it); the existing one if it is already there.
+    pub async fn create_shard(
         &self,
         local_name: &str,
-        config: impl FnOnce() -> Result<CollectionConfig, ApiError>,
+        config: CollectionConfig,
     ) -> Result<Collection, ApiError> {
-        if let Some(collection) = self.collections.get(local_name) {
-            return Ok(collection.clone());
-        }
-        let config = config()?;
         let _admin = self.admin.lock().await;
         if let Some(collection) = self.collections.get(local_name) {
             return Ok(collection.clone());
@@ -117,7 +130,8 @@ impl Registry {
         Ok(collection)
     }
 
-    /// Drops a local shard collection (its collection was dropped from the cluster).
+    /// Drops a local shard collection (its collection was dropped from the cluster, or another
+    /// node holds its data).
     pub async fn drop_shard(&self, local_name: &str) -> Result<(), ApiError> {
         let _admin = self.admin.lock().await;
         let Some((_, collection)) = self.collections.remove(local_name) else {
@@ -131,6 +145,111 @@ impl Registry {
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))?
         .map_err(|e| ApiError::Internal(format!("dropping shard {local_name}: {e}")))
+    }
+
+    /// The directory of set-aside shard copies: `<data_dir>/set-aside/`.
+    pub fn set_aside_dir(&self) -> PathBuf {
+        self.root
+            .parent()
+            .map_or_else(|| self.root.join("..set-aside"), |d| d.join("set-aside"))
+    }
+
+    /// Takes a local shard out of service without deleting it: closed, and moved (one rename,
+    /// then both directories synced) to `set-aside/<local name>-<unix seconds>`, with the
+    /// reason beside it in `<that>.why`. Returns the new path.
+    pub async fn set_aside(&self, local_name: &str, why: &str) -> Result<PathBuf, ApiError> {
+        let _admin = self.admin.lock().await;
+        let Some((_, collection)) = self.collections.remove(local_name) else {
+            return Err(ApiError::NotFound(local_name.to_owned()));
+        };
+        let (root, aside_root) = (self.root.clone(), self.set_aside_dir());
+        let name = local_name.to_owned();
+        let why = why.to_owned();
+        tokio::task::spawn_blocking(move || -> std::io::Result<PathBuf> {
+            collection.close();
+            std::fs::create_dir_all(&aside_root)?;
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let mut target = aside_root.join(format!("{name}-{secs}"));
+            let mut n = 1;
+            while target.exists() {
+                target = aside_root.join(format!("{name}-{secs}-{n}"));
+                n += 1;
+            }
+            let reason = why_path(&target);
+            std::fs::write(&reason, format!("{why}\n"))?;
+            std::fs::File::open(&reason)?.sync_all()?;
+            std::fs::rename(root.join(&name), &target)?;
+            std::fs::File::open(&aside_root)?.sync_all()?;
+            std::fs::File::open(&root)?.sync_all()?;
+            Ok(target)
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .map_err(|e| ApiError::Internal(format!("setting shard {local_name} aside: {e}")))
+    }
+
+    /// The set-aside copies: (entry name, the reason, bytes on disk), by name.
+    pub fn set_aside_list(&self) -> Result<Vec<(String, String, u64)>, ApiError> {
+        let dir = self.set_aside_dir();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(ApiError::Internal(format!("listing set-aside shards: {e}"))),
+        };
+        let mut list = Vec::new();
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let why = std::fs::read_to_string(why_path(&entry.path()))
+                .unwrap_or_default()
+                .trim()
+                .to_owned();
+            list.push((name, why, dir_bytes(&entry.path())));
+        }
+        list.sort();
+        Ok(list)
+    }
+
+    /// The path of the set-aside copy `name` (as listed); NOT_FOUND if there is none.
+    pub fn set_aside_path(&self, name: &str) -> Result<PathBuf, ApiError> {
+        let valid = !name.is_empty()
+            && !name.starts_with('.')
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+        if !valid {
+            return Err(ApiError::invalid(
+                "name",
+                format!("{name:?} is not a set-aside shard's name"),
+            ));
+        }
+        let path = self.set_aside_dir().join(name);
+        if !path.is_dir() {
+            return Err(ApiError::NotFound(format!("set-aside shard {name}")));
+        }
+        Ok(path)
+    }
+
+    /// Deletes the set-aside copy `name` for good.
+    pub async fn drop_set_aside(&self, name: &str) -> Result<(), ApiError> {
+        let path = self.set_aside_path(name)?;
+        let _admin = self.admin.lock().await;
+        let dir = self.set_aside_dir();
+        let name = name.to_owned();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            remove_aside(&dir, &name)?;
+            match std::fs::remove_file(why_path(&path)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .map_err(|e| ApiError::Internal(format!("dropping a set-aside shard: {e}")))
     }
 
     /// The local cluster shards (`<collection>.<uid>.<shard>`).
@@ -273,6 +392,28 @@ impl Registry {
             tracing::info!(%name, "closed collection");
         }
     }
+}
+
+/// Where the reason of the set-aside copy at `path` is written: `<path>.why`.
+fn why_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".why");
+    PathBuf::from(name)
+}
+
+/// The bytes of the files under `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(_) => e.metadata().map_or(0, |m| m.len()),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 /// Deletes `root/name` after renaming it aside (`.drop-<name>-<nanos>`, finished at the next

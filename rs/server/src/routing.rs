@@ -653,6 +653,42 @@ impl TarnService {
         Ok((self.routed_info(cluster, &map, api_key).await?, info.seq_no))
     }
 
+    /// `Cluster/ImportSetAside`: every live document of the set-aside copy `name` inserted
+    /// into the existing cluster collection `collection` through the router (a shard's data
+    /// goes back wherever its shard is now). The copy is opened in place and stays until dropped.
+    pub(crate) async fn import_set_aside(
+        &self,
+        cluster: &ClusterNode,
+        name: &str,
+        collection: &str,
+        api_key: Option<&str>,
+    ) -> Result<u64, ApiError> {
+        let map = cluster.map(collection).await?;
+        let path = self.registry.set_aside_path(name)?;
+        let copy = tokio::task::spawn_blocking(move || tarn_collection::Collection::open(&path))
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))??;
+        let config: tarn_collection::CollectionConfig =
+            serde_json::from_value(map.def.config.clone())
+                .map_err(|e| ApiError::Internal(format!("bad collection config: {e}")))?;
+        if copy.config().dimension != config.dimension {
+            copy.close();
+            return Err(ApiError::invalid(
+                "collection",
+                format!(
+                    "'{collection}' holds {}-d vectors but the set-aside copy {}-d",
+                    config.dimension,
+                    copy.config().dimension
+                ),
+            ));
+        }
+        let copied = self.copy_into(cluster, collection, &copy, api_key).await;
+        copy.close();
+        let n = copied?;
+        tracing::info!(set_aside = %name, %collection, n, "set-aside shard copy imported");
+        Ok(n)
+    }
+
     /// Inserts every live document of `copy` into the cluster collection `name`; returns how
     /// many. A blocking thread reads the copy; batches go through a small bounded channel.
     async fn copy_into(

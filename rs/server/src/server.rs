@@ -127,17 +127,17 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
                         .context("connecting to etcd")?,
                 ),
             };
-            let node = crate::cluster::ClusterNode::join(
-                store,
-                cluster.node_id.clone(),
-                cluster.advertise.clone(),
-                cluster.lease_ttl,
-                Arc::clone(&registry),
-                keys.internal_key(),
-                crate::cluster::incarnation_token(&config.data_dir)?,
-            )
-            .await
-            .context("joining the cluster")?;
+            let options = crate::cluster::JoinOptions {
+                node_id: cluster.node_id.clone(),
+                address: cluster.advertise.clone(),
+                lease_ttl: cluster.lease_ttl,
+                internal_key: keys.internal_key(),
+                data_dir: config.data_dir.clone(),
+                force_new_cluster: cluster.force_new_cluster,
+            };
+            let node = crate::cluster::ClusterNode::join(store, options, Arc::clone(&registry))
+                .await
+                .context("joining the cluster")?;
             Some(node)
         }
         None => None,
@@ -177,7 +177,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         .register_encoded_file_descriptor_set(tarn_proto::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let service = TarnService {
+    let service = Arc::new(TarnService {
         registry: Arc::clone(&registry),
         keys,
         metrics,
@@ -186,13 +186,14 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         snapshot_slots: Arc::new(Semaphore::new(crate::snapshots::MAX_CONCURRENT_SNAPSHOTS)),
         restore_slots: Arc::new(Semaphore::new(crate::snapshots::MAX_CONCURRENT_SNAPSHOTS)),
         cluster: cluster.clone(),
-    };
+    });
     let cluster_admin =
         tarn_proto::v1::cluster_server::ClusterServer::new(crate::cluster_admin::ClusterAdmin {
             cluster: cluster.clone(),
             keys: ApiKeys::new(&config.api_keys, &config.read_only_keys),
+            tarn: Arc::clone(&service),
         });
-    let tarn = TarnServer::new(service)
+    let tarn = TarnServer::from_arc(service)
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Zstd)
         .send_compressed(CompressionEncoding::Gzip)

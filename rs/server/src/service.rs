@@ -69,11 +69,17 @@ impl TarnService {
         F: FnOnce(tarn_collection::Collection, Option<tarn_wal::Durability>) -> Fut,
         Fut: std::future::Future<Output = tarn_collection::Result<u64>>,
     {
-        let (collection, _gate) = self.resolve_for_write(collection).await?;
+        let (collection, gate) = self.resolve_for_write(collection).await?;
         let durability = convert::durability(durability)?;
         let _permit = self.write_permit()?;
         let append_started = Instant::now();
         let seq_no = write(collection, durability).await?;
+        if let (Some(cluster), Some(_)) = (&self.cluster, &gate) {
+            // A shard's write is acknowledged only while this node surely still owns it: a
+            // node cut off from etcd meanwhile answers UNAVAILABLE (the write is durable here
+            // but not acknowledged: like any failed write, it may or may not be applied).
+            cluster.writable()?;
+        }
         self.metrics
             .append_ack
             .observe(append_started.elapsed().as_secs_f64());

@@ -451,6 +451,7 @@ async fn memory_node_with(
         advertise: listen,
         lease_ttl: Duration::from_secs(2),
         store: Some(store.clone()),
+        force_new_cluster: false,
     });
     configure(&mut config);
     tarn_server::start(config).await.unwrap()
