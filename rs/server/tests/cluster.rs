@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{runtime, Server};
+use common::{run_cli, runtime, Server};
 use rand::{Rng, SeedableRng};
 use tarn_client::{
     Client, Code, CollectionSpec, Durability, Insert, Metric, Remove, Search, ShardKey,
@@ -140,24 +140,35 @@ impl Node {
 
     /// Starts the node with extra environment (fail points: `FAILPOINTS`).
     fn start_with_env(&mut self, etcd: &str, env: &[(&str, &str)]) {
+        if let Err(log) = self.try_start(etcd, &[], env) {
+            panic!("node {} did not start: {log}", self.id);
+        }
+    }
+
+    /// Starts the node with extra arguments and environment; its log if it exits instead.
+    fn try_start(
+        &mut self,
+        etcd: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<(), String> {
         let listen = format!("127.0.0.1:{}", self.port);
         let lease = self.lease_seconds.to_string();
-        self.server = Some(Server::start_with_env(
-            &self.dir,
-            &[
-                "--listen",
-                &listen,
-                "--etcd",
-                etcd,
-                "--node-id",
-                &self.id,
-                "--advertise",
-                &listen,
-                "--lease-seconds",
-                &lease,
-            ],
-            env,
-        ));
+        let mut args = vec![
+            "--listen",
+            &listen,
+            "--etcd",
+            etcd,
+            "--node-id",
+            &self.id,
+            "--advertise",
+            &listen,
+            "--lease-seconds",
+            &lease,
+        ];
+        args.extend_from_slice(extra);
+        self.server = Some(Server::try_start(&self.dir, &args, env)?);
+        Ok(())
     }
 
     fn signal(&self, signal: rustix::process::Signal) {
@@ -731,6 +742,191 @@ async fn check_acked(client: &Client, acked: &Acked) {
     );
 }
 
+/// A node's view of the in-memory store in which its first flip of a moved shard lands but the
+/// answer is lost ("etcd did not answer"), and its watch then lags by `lag` (changes held back).
+#[derive(Debug)]
+struct LosingFlipStore {
+    inner: std::sync::Arc<tarn_cluster::MemoryStore>,
+    node_id: String,
+    armed: std::sync::atomic::AtomicBool,
+    lag: Duration,
+    frozen_until: std::sync::Arc<std::sync::Mutex<Option<Instant>>>,
+    tx: std::sync::Arc<tokio::sync::watch::Sender<std::sync::Arc<tarn_cluster::ClusterState>>>,
+    forwarding: std::sync::atomic::AtomicBool,
+}
+
+impl LosingFlipStore {
+    fn new(inner: std::sync::Arc<tarn_cluster::MemoryStore>, node_id: &str, lag: Duration) -> Self {
+        let (tx, _) = tokio::sync::watch::channel(std::sync::Arc::default());
+        LosingFlipStore {
+            inner,
+            node_id: node_id.to_owned(),
+            armed: std::sync::atomic::AtomicBool::new(true),
+            lag,
+            frozen_until: std::sync::Arc::default(),
+            tx: std::sync::Arc::new(tx),
+            forwarding: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn fired(&self) -> bool {
+        !self.armed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[async_trait::async_trait]
+impl tarn_cluster::ClusterStore for LosingFlipStore {
+    async fn register(
+        &self,
+        node: &tarn_cluster::NodeInfo,
+        ttl: Duration,
+    ) -> tarn_cluster::Result<tarn_cluster::Registration> {
+        self.inner.register(node, ttl).await
+    }
+
+    async fn watch(
+        &self,
+    ) -> tarn_cluster::Result<
+        tokio::sync::watch::Receiver<std::sync::Arc<tarn_cluster::ClusterState>>,
+    > {
+        let mut source = self.inner.watch().await?;
+        self.tx.send_replace(source.borrow_and_update().clone());
+        if !self
+            .forwarding
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            let tx = self.tx.clone();
+            let frozen = self.frozen_until.clone();
+            tokio::spawn(async move {
+                while source.changed().await.is_ok() {
+                    loop {
+                        let until = *frozen.lock().unwrap();
+                        match until {
+                            Some(t) if Instant::now() < t => {
+                                tokio::time::sleep(Duration::from_millis(50)).await
+                            }
+                            _ => break,
+                        }
+                    }
+                    tx.send_replace(source.borrow_and_update().clone());
+                }
+            });
+        }
+        Ok(self.tx.subscribe())
+    }
+
+    async fn create_collection(
+        &self,
+        map: &tarn_cluster::CollectionMap,
+    ) -> tarn_cluster::Result<bool> {
+        self.inner.create_collection(map).await
+    }
+
+    async fn drop_collection(&self, name: &str) -> tarn_cluster::Result<bool> {
+        self.inner.drop_collection(name).await
+    }
+
+    async fn compare_and_set_shard(
+        &self,
+        swap: &tarn_cluster::ShardSwap<'_>,
+    ) -> tarn_cluster::Result<bool> {
+        let flip = swap.new.owner == self.node_id
+            && swap.new.takes_writes()
+            && swap.new.moving_to.is_none();
+        if flip && self.armed.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            let landed = self.inner.compare_and_set_shard(swap).await?;
+            assert!(landed, "the flip under test did not land");
+            *self.frozen_until.lock().unwrap() = Some(Instant::now() + self.lag);
+            return Err(tarn_cluster::ClusterError::StoreUnavailable(
+                "test: the flip landed but its answer was lost".to_owned(),
+            ));
+        }
+        self.inner.compare_and_set_shard(swap).await
+    }
+
+    async fn read_shard(
+        &self,
+        collection: &str,
+        uid: u64,
+        shard: u32,
+    ) -> tarn_cluster::Result<tarn_cluster::ShardRecord> {
+        self.inner.read_shard(collection, uid, shard).await
+    }
+
+    async fn identity(&self) -> tarn_cluster::Result<tarn_cluster::StoreIdentity> {
+        self.inner.identity().await
+    }
+
+    async fn create_identity(&self, cluster_id: &str) -> tarn_cluster::Result<String> {
+        self.inner.create_identity(cluster_id).await
+    }
+
+    async fn set_draining(&self, node_id: &str, draining: bool) -> tarn_cluster::Result<()> {
+        self.inner.set_draining(node_id, draining).await
+    }
+
+    async fn campaign(
+        &self,
+        election: &str,
+        node_id: &str,
+    ) -> tarn_cluster::Result<tarn_cluster::Leader> {
+        self.inner.campaign(election, node_id).await
+    }
+}
+
+/// A move whose flip lands while the taker is told etcd did not answer, and whose taker's view
+/// then lags 8 s behind (longer than any wait on it): the taker must settle the flip from etcd
+/// itself (a linearizable read), not from its view, and keep its copy; the old owner drops its
+/// own on seeing the flip. Every acknowledged document is there afterwards. (Deciding from the
+/// lagging view, the taker dropped its copy too, and then served an empty shard.)
+#[test]
+fn a_move_whose_flip_answer_is_lost_keeps_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    const DIM: usize = 8;
+    runtime().block_on(async {
+        let store = std::sync::Arc::new(tarn_cluster::MemoryStore::default());
+        let n1 = memory_node(dir.path(), 1, &store).await;
+        let c1 = Client::connect(n1.grpc_addr()).await.unwrap();
+        c1.create_collection(
+            CollectionSpec::new("flip", DIM as u32)
+                .metric(Metric::L2)
+                .shards(2, ShardKey::Doc),
+        )
+        .await
+        .unwrap();
+        let docs = insert_docs(&c1, "flip", 1, 300, DIM).await;
+        let faulty = std::sync::Arc::new(LosingFlipStore::new(
+            store.clone(),
+            "n2",
+            Duration::from_secs(8),
+        ));
+        let n2 = memory_node_with(dir.path(), 2, &store, |config| {
+            config.cluster.as_mut().unwrap().store = Some(faulty.clone());
+        })
+        .await;
+        wait_for_status(&c1, Duration::from_secs(30), "a shard moved to n2", |s| {
+            s.shards
+                .iter()
+                .filter(|s| s.node_id == "n2" && s.state == "serving")
+                .count()
+                == 1
+        })
+        .await;
+        assert!(faulty.fired(), "the flip's answer was never lost");
+        // Past the lag: both views agree, and nothing was lost.
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        let c2 = Client::connect(n2.grpc_addr()).await.unwrap();
+        assert_all_there(&c1, "flip", &docs).await;
+        assert_all_there(&c2, "flip", &docs).await;
+        assert_eq!(
+            c1.collection_info("flip").await.unwrap().n_documents,
+            docs.len() as u64
+        );
+        n2.shutdown().await.unwrap();
+        n1.shutdown().await.unwrap();
+    });
+}
+
 /// Moves over the in-memory map: a node that joins takes its share of a collection while
 /// writers and searchers run through every node, then gives it back when drained; nothing
 /// acknowledged is lost or duplicated, no write or search fails, read tokens from before the
@@ -1234,6 +1430,436 @@ fn processes_a_second_node_with_a_live_id_is_refused() {
     assert!(log.contains("already registered"), "{log}");
     assert!(log.contains("another data directory"), "{log}");
     assert!(log.contains("waiting for its lease to lapse"), "{log}");
+}
+
+/// A raw etcd client, for tests that change etcd behind tarn's back.
+fn raw_etcd(endpoint: &str) -> tarn_cluster::etcd_api::EtcdClient {
+    tarn_cluster::etcd_api::EtcdClient::connect(
+        &[endpoint.to_owned()],
+        &tarn_cluster::etcd_api::ConnectOptions::default(),
+    )
+    .unwrap()
+}
+
+/// How many local shard directories of `collection` a node's data directory holds.
+fn shard_dirs(node: &Node, collection: &str) -> usize {
+    std::fs::read_dir(node.dir.join("collections"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!("{collection}."))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Inserts `n` documents from `first` (tenant 0, FSYNC, batches of 25) into `collection`;
+/// returns them.
+async fn insert_docs(
+    client: &Client,
+    collection: &str,
+    first: u128,
+    n: usize,
+    dim: usize,
+) -> BTreeMap<u128, Vec<f32>> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(first as u64);
+    let mut docs = BTreeMap::new();
+    for start in (0..n).step_by(25) {
+        let ids: Vec<u128> = (start..n.min(start + 25))
+            .map(|i| first + i as u128)
+            .collect();
+        let v = vectors(&mut rng, ids.len(), dim);
+        client
+            .insert(Insert::new(collection, ids.clone(), v.clone()).durability(Durability::Fsync))
+            .await
+            .unwrap();
+        for (i, id) in ids.iter().enumerate() {
+            docs.insert(*id, v[i * dim..(i + 1) * dim].to_vec());
+        }
+    }
+    docs
+}
+
+/// Every document of `docs` is in `collection` (tenant 0) with its vector.
+async fn assert_all_there(client: &Client, collection: &str, docs: &BTreeMap<u128, Vec<f32>>) {
+    for (doc, v) in docs {
+        let got = client.get(collection, 0, &[*doc]).await.unwrap();
+        assert_eq!(got.len(), 1, "acknowledged document {doc} is missing");
+        assert_eq!(&got[0].vector, v, "document {doc} has another vector");
+    }
+}
+
+/// Waits (at most 20 s) until the node at `addr` has set `n` shard copies aside; returns them.
+async fn wait_for_set_aside(addr: &str, n: usize) -> Vec<tarn_client::SetAsideShard> {
+    let client = Client::connect(addr.to_owned()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = client.list_set_aside().await.unwrap_or_default();
+        if list.len() >= n {
+            return list;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr} set aside {list:?}, not {n} copies"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Cluster identity and the set-aside rule, with real processes and real etcds: nodes holding
+/// data refuse an empty etcd and another cluster's etcd (nothing deleted); back on their own
+/// etcd rolled back behind their back (the collection's keys gone, as after a restore from an
+/// older backup), they set their shards aside instead of deleting them, and every acknowledged
+/// document comes back by import; a dropped collection's shards are deleted (its tombstone);
+/// `--force-new-cluster` forms a new cluster over a node's data, which it sets aside.
+#[test]
+fn processes_shards_are_set_aside_never_deleted_by_an_empty_foreign_or_rolled_back_etcd() {
+    let Some((dir, etcd, mut nodes)) = real_cluster(2, 2) else {
+        return;
+    };
+    let rt = runtime();
+    const DIM: usize = 8;
+    let spec = || {
+        CollectionSpec::new("keep", DIM as u32)
+            .metric(Metric::L2)
+            .shards(4, ShardKey::Doc)
+    };
+    let docs = rt.block_on(async {
+        let client = Client::connect(nodes[0].addr()).await.unwrap();
+        client.create_collection(spec()).await.unwrap();
+        insert_docs(&client, "keep", 1, 200, DIM).await
+    });
+    let before: Vec<usize> = nodes.iter().map(|n| shard_dirs(n, "keep")).collect();
+    assert_eq!(before, vec![2, 2], "4 shards over 2 nodes, each written");
+
+    // An empty etcd, then another cluster's: refused, naming why; nothing deleted.
+    for node in &mut nodes {
+        node.kill();
+    }
+    let binary = etcd_binary().unwrap();
+    let other = Etcd::start(binary.clone(), &dir.path().join("etcd-other"));
+    let log = nodes[0]
+        .try_start(&other.endpoint(), &[], &[])
+        .expect_err("a node with data joined an empty etcd");
+    assert!(log.contains("etcd holds no cluster id"), "{log}");
+    let mut stranger = Node {
+        id: "s1".into(),
+        dir: dir.path().join("stranger"),
+        port: free_port(),
+        lease_seconds: 2,
+        server: None,
+    };
+    stranger.start(&other.endpoint());
+    let log = nodes[0]
+        .try_start(&other.endpoint(), &[], &[])
+        .expect_err("a node with data joined another cluster's etcd");
+    assert!(log.contains("but etcd holds cluster"), "{log}");
+    stranger.kill();
+    let after: Vec<usize> = nodes.iter().map(|n| shard_dirs(n, "keep")).collect();
+    assert_eq!(after, before, "a refused node deleted shards");
+
+    // Its own etcd, rolled back behind the nodes' back: set aside, then imported whole.
+    for node in &mut nodes {
+        node.start(&etcd.endpoint());
+    }
+    rt.block_on(async {
+        let client = Client::connect(nodes[0].addr()).await.unwrap();
+        assert_all_there(&client, "keep", &docs).await;
+        let raw = raw_etcd(&etcd.endpoint());
+        raw.delete(b"/tarn/collections/keep", false).await.unwrap();
+        raw.delete(b"/tarn/shards/keep/", true).await.unwrap();
+        let mut imported = 0;
+        let mut copies = Vec::new();
+        for (node, n) in nodes.iter().zip(&before) {
+            let list = wait_for_set_aside(&node.addr(), *n).await;
+            assert_eq!(list.len(), *n, "{list:?}");
+            for copy in &list {
+                assert!(copy.reason.contains("no record"), "{copy:?}");
+                assert!(copy.bytes > 0, "{copy:?}");
+            }
+            copies.push((node.addr(), list));
+        }
+        assert!(nodes.iter().all(|n| shard_dirs(n, "keep") == 0));
+        let status = client.cluster_status().await.unwrap();
+        assert!(!status.cluster_id.is_empty());
+        assert_eq!(status.set_aside, before[0] as u32);
+        client.create_collection(spec()).await.unwrap();
+        for (addr, list) in &copies {
+            let node_client = Client::connect(addr.clone()).await.unwrap();
+            for copy in list {
+                imported += node_client
+                    .import_set_aside(&copy.name, "keep")
+                    .await
+                    .unwrap();
+            }
+        }
+        assert_eq!(imported, docs.len() as u64);
+        assert_all_there(&client, "keep", &docs).await;
+        // The CLI drops them for good.
+        for (addr, list) in &copies {
+            let out = run_cli(addr, &["cluster", "set-aside", "list"]);
+            for copy in list {
+                assert!(out.contains(&copy.name), "{out}");
+                run_cli(addr, &["cluster", "set-aside", "drop", &copy.name]);
+            }
+            let node_client = Client::connect(addr.clone()).await.unwrap();
+            assert!(node_client.list_set_aside().await.unwrap().is_empty());
+        }
+        // A dropped collection (its tombstone) is deleted everywhere.
+        client.drop_collection("keep").await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while nodes.iter().any(|n| shard_dirs(n, "keep") > 0) {
+            assert!(
+                Instant::now() < deadline,
+                "a dropped collection's shards stayed"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        client.create_collection(spec()).await.unwrap();
+        insert_docs(&client, "keep", 1_000, 100, DIM).await;
+    });
+
+    // The cluster's etcd lost for good: --force-new-cluster forms a new one over n1's data,
+    // which it sets aside (the new map has no record of it).
+    let n1_shards = shard_dirs(&nodes[0], "keep");
+    assert!(n1_shards > 0);
+    for node in &mut nodes {
+        node.kill();
+    }
+    drop(etcd);
+    let fresh = Etcd::start(binary, &dir.path().join("etcd-fresh"));
+    let log = nodes[0]
+        .try_start(&fresh.endpoint(), &[], &[])
+        .expect_err("a node with data joined an empty etcd");
+    assert!(log.contains("--force-new-cluster"), "{log}");
+    nodes[0]
+        .try_start(&fresh.endpoint(), &["--force-new-cluster"], &[])
+        .unwrap();
+    rt.block_on(async {
+        let list = wait_for_set_aside(&nodes[0].addr(), n1_shards).await;
+        assert_eq!(list.len(), n1_shards);
+    });
+}
+
+/// A TCP proxy to etcd that a test cuts silently (bytes swallowed both ways, new connections
+/// accepted and left hanging: a partition, not a refusal) and restores (the cut connections
+/// closed, so clients reconnect).
+struct CuttableProxy {
+    port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl CuttableProxy {
+    fn start(target_port: u16) -> CuttableProxy {
+        use std::sync::atomic::Ordering::Relaxed;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (cut2, open2) = (cut.clone(), open.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                open2.lock().unwrap().push(client.try_clone().unwrap());
+                if cut2.load(Relaxed) {
+                    continue; // accepted, never answered
+                }
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", target_port)) else {
+                    continue;
+                };
+                open2.lock().unwrap().push(server.try_clone().unwrap());
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let cut = cut2.clone();
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 16 << 10];
+                        loop {
+                            let n = match std::io::Read::read(&mut from, &mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if cut.load(Relaxed) {
+                                continue; // swallowed
+                            }
+                            if std::io::Write::write_all(&mut to, &buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        CuttableProxy { port, cut, open }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn restore(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::Relaxed);
+        for stream in self.open.lock().unwrap().drain(..) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// A node cut off from etcd (a silent partition, by a proxy) stops acknowledging writes to its
+/// shards before its lease can lapse (UNAVAILABLE "cut off from etcd"); once its lease has
+/// lapsed, `forget` through another node gives its shards up; when the partition heals the node
+/// registers again, sets its copies aside instead of dropping them, and writes through it work
+/// again. Every acknowledged write is then there (the given-up ones by importing the set-aside
+/// copies).
+#[test]
+fn processes_a_node_cut_off_from_etcd_stops_acknowledging_and_keeps_its_data() {
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    const LEASE: u64 = 3;
+    const DIM: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let proxy = CuttableProxy::start(etcd.client_port);
+    let mut nodes = nodes_with_lease(dir.path(), 1, &etcd.endpoint(), LEASE);
+    let mut n2 = Node {
+        id: "n2".into(),
+        dir: dir.path().join("n2"),
+        port: free_port(),
+        lease_seconds: LEASE,
+        server: None,
+    };
+    n2.start(&proxy.endpoint());
+    nodes.push(n2);
+    let rt = runtime();
+    rt.block_on(async {
+        let c1 = Client::connect(nodes[0].addr()).await.unwrap();
+        let c2 = Client::connect(nodes[1].addr()).await.unwrap();
+        c1.create_collection(
+            CollectionSpec::new("cut", DIM as u32)
+                .metric(Metric::L2)
+                .shards(4, ShardKey::Doc),
+        )
+        .await
+        .unwrap();
+        let status = c1.cluster_status().await.unwrap();
+        let n2_shards: Vec<u32> = status
+            .shards
+            .iter()
+            .filter(|s| s.node_id == "n2")
+            .map(|s| s.shard)
+            .collect();
+        assert!(!n2_shards.is_empty());
+        // A writer through n2, one document per request.
+        let acked = std::sync::Arc::new(acked::Acked::default());
+        let late = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cut_at = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
+        let writer = {
+            let (acked, late, stop, cut_at) =
+                (acked.clone(), late.clone(), stop.clone(), cut_at.clone());
+            let (c2, n2_shards) = (c2.clone(), n2_shards.clone());
+            tokio::spawn(async move {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+                let mut failures = Vec::new();
+                let mut doc = 0u128;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    doc += 1;
+                    let v = vectors(&mut rng, 1, DIM);
+                    let result = c2
+                        .insert(
+                            Insert::new("cut", [doc], v.clone())
+                                .durability(Durability::Fsync)
+                                .timeout(Duration::from_secs(2)),
+                        )
+                        .await;
+                    match result {
+                        Ok(_) => {
+                            let on_n2 = n2_shards.contains(&tarn_cluster::shard_for(doc, 4));
+                            let cut = *cut_at.lock().unwrap();
+                            if on_n2
+                                && cut.is_some_and(|t| t.elapsed() > Duration::from_secs(LEASE))
+                            {
+                                late.lock().unwrap().push(doc);
+                            }
+                            acked.push(doc, v);
+                        }
+                        Err(error) => {
+                            failures.push((error.code(), error.message().to_owned()));
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                }
+                failures
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        *cut_at.lock().unwrap() = Some(Instant::now());
+        proxy.cut();
+        // Past n2's lease: n1 sees it dead, and gives its shards up.
+        wait_for_status(&c1, Duration::from_secs(20), "n2 dead to n1", |s| {
+            s.nodes.iter().any(|n| n.node_id == "n2" && !n.alive)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let given_up = c1.forget_node("n2", true).await.unwrap();
+        assert_eq!(given_up.len(), n2_shards.len());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let failures = writer.await.unwrap();
+        let late = late.lock().unwrap().clone();
+        assert!(
+            late.is_empty(),
+            "n2 acknowledged writes to its shards more than a lease after it was cut off: {late:?}"
+        );
+        assert!(
+            failures
+                .iter()
+                .any(|(code, m)| *code == Code::Unavailable && m.contains("cut off from etcd")),
+            "{failures:?}"
+        );
+        // The partition heals: n2 registers again, sets its copies aside, takes writes.
+        proxy.restore();
+        let copies = wait_for_set_aside(&nodes[1].addr(), n2_shards.len()).await;
+        for copy in &copies {
+            assert!(copy.reason.contains("given up"), "{copy:?}");
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let v = vec![0.25; DIM];
+            match c2
+                .insert(Insert::new("cut", [1_000_000u128], v.clone()))
+                .await
+            {
+                Ok(_) => {
+                    acked.push(1_000_000, v);
+                    break;
+                }
+                Err(error) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "n2 takes no writes after rejoining: {error}"
+                    )
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Nothing acknowledged is lost: the given-up shards' documents come back by import.
+        for copy in &copies {
+            c2.import_set_aside(&copy.name, "cut").await.unwrap();
+        }
+        assert_all_there(&c1, "cut", &acked.all()).await;
+    });
 }
 
 /// CPU seconds (user + system) a process has used so far, from /proc.
