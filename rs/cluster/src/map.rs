@@ -81,6 +81,15 @@ pub struct ShardAssignment {
     /// replaced by a confirmed move, and drops it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub given_up: Vec<String>,
+    /// The epoch at which the shard's current data (its log) began: its creation's, or the one
+    /// `forget` gave it up at; moves carry it. A read token from an earlier epoch names
+    /// positions in a log that is gone. 0: unknown (written before tokens carried epochs).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub data_since: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A shard's state in the map.
@@ -111,6 +120,7 @@ impl ShardAssignment {
             moving_to: None,
             create_on: None,
             given_up: Vec::new(),
+            data_since: 0,
         }
     }
 
@@ -119,6 +129,7 @@ impl ShardAssignment {
     pub fn created(owner: impl Into<String>, epoch: u64, incarnation: &str) -> ShardAssignment {
         ShardAssignment {
             create_on: Some(incarnation.to_owned()),
+            data_since: epoch,
             ..ShardAssignment::serving(owner, epoch)
         }
     }
@@ -132,6 +143,7 @@ impl ShardAssignment {
             moving_to: Some(to.to_owned()),
             create_on: None,
             given_up: self.given_up.clone(),
+            data_since: self.data_since,
         }
     }
 
@@ -145,6 +157,7 @@ impl ShardAssignment {
                 .filter(|n| **n != taker)
                 .cloned()
                 .collect(),
+            data_since: self.data_since,
             ..ShardAssignment::serving(taker, self.epoch + 1)
         }
     }
@@ -153,6 +166,7 @@ impl ShardAssignment {
     pub fn fence_lifted(&self) -> ShardAssignment {
         ShardAssignment {
             given_up: self.given_up.clone(),
+            data_since: self.data_since,
             ..ShardAssignment::serving(self.owner.clone(), self.epoch + 1)
         }
     }
@@ -460,77 +474,124 @@ mod tests {
     }
 }
 
-/// A write's read token: the position each shard it touched reached, and the collection
-/// incarnation it belongs to. Opaque to users (bytes in the API).
+/// A write's read token: the position each shard it touched reached, at which epoch, and the
+/// collection incarnation it belongs to. Opaque to users (bytes in the API).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReadPositions {
     /// The collection incarnation ([`CollectionDef::uid`]; 0 on a single node).
     pub uid: u64,
-    /// (shard, sequence number in that shard), one per shard, ascending by shard.
-    pub positions: Vec<(u32, u64)>,
+    /// One per shard, ascending by shard.
+    pub positions: Vec<TokenPosition>,
 }
 
-const TOKEN_MAGIC: &[u8; 4] = b"TRT1";
+/// A shard's position in a read token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenPosition {
+    pub shard: u32,
+    /// The shard's epoch when the write was acknowledged (0: unknown, a token of an older tarn
+    /// or a single node). A shard whose data began later ([`ShardAssignment::data_since`]) was
+    /// given up since: the position names a log that is gone.
+    pub epoch: u64,
+    /// The sequence number in the shard's log.
+    pub seq: u64,
+}
+
+/// Tokens before epochs: (shard, seq) entries.
+const TOKEN_MAGIC_V1: &[u8; 4] = b"TRT1";
+/// (shard, epoch, seq) entries.
+const TOKEN_MAGIC: &[u8; 4] = b"TRT2";
 
 impl ReadPositions {
-    /// Merges another write's positions in (the later position per shard).
+    /// Merges another write's positions in: per shard, the later (epoch, seq).
     pub fn merge(&mut self, other: &ReadPositions) {
-        for &(shard, seq) in &other.positions {
-            match self.positions.binary_search_by_key(&shard, |p| p.0) {
-                Ok(i) => self.positions[i].1 = self.positions[i].1.max(seq),
-                Err(i) => self.positions.insert(i, (shard, seq)),
+        for p in &other.positions {
+            match self.positions.binary_search_by_key(&p.shard, |q| q.shard) {
+                Ok(i) => {
+                    let q = &mut self.positions[i];
+                    if (p.epoch, p.seq) > (q.epoch, q.seq) {
+                        *q = *p;
+                    }
+                }
+                Err(i) => self.positions.insert(i, *p),
             }
         }
     }
 
-    /// `TRT1`, uid (u64 LE), count (u32 LE), then (shard u32 LE, seq u64 LE) per shard.
+    /// `TRT2`, uid (u64 LE), count (u32 LE), then (shard u32 LE, epoch u64 LE, seq u64 LE) per
+    /// shard.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16 + 12 * self.positions.len());
+        let mut out = Vec::with_capacity(16 + 20 * self.positions.len());
         out.extend_from_slice(TOKEN_MAGIC);
         out.extend_from_slice(&self.uid.to_le_bytes());
         out.extend_from_slice(&(self.positions.len() as u32).to_le_bytes());
-        for (shard, seq) in &self.positions {
-            out.extend_from_slice(&shard.to_le_bytes());
-            out.extend_from_slice(&seq.to_le_bytes());
+        for p in &self.positions {
+            out.extend_from_slice(&p.shard.to_le_bytes());
+            out.extend_from_slice(&p.epoch.to_le_bytes());
+            out.extend_from_slice(&p.seq.to_le_bytes());
         }
         out
     }
 
-    /// Decodes a token; the error says what is wrong with it.
+    /// Decodes a token (either version); the error says what is wrong with it.
     pub fn decode(bytes: &[u8]) -> Result<ReadPositions, String> {
-        let rest = bytes
-            .strip_prefix(TOKEN_MAGIC)
-            .ok_or("not a tarn read token")?;
+        let (rest, entry_len) = if let Some(rest) = bytes.strip_prefix(TOKEN_MAGIC) {
+            (rest, 20)
+        } else if let Some(rest) = bytes.strip_prefix(TOKEN_MAGIC_V1) {
+            (rest, 12)
+        } else {
+            return Err("not a tarn read token".into());
+        };
         if rest.len() < 12 {
             return Err("read token cut short".into());
         }
-        let uid = u64::from_le_bytes(rest[..8].try_into().map_err(|_| "read token cut short")?);
-        let n = u32::from_le_bytes(rest[8..12].try_into().map_err(|_| "read token cut short")?)
-            as usize;
+        let u64_at = |b: &[u8], at: usize| {
+            b.get(at..at + 8)
+                .and_then(|s| s.try_into().ok())
+                .map(u64::from_le_bytes)
+                .ok_or("read token cut short")
+        };
+        let u32_at = |b: &[u8], at: usize| {
+            b.get(at..at + 4)
+                .and_then(|s| s.try_into().ok())
+                .map(u32::from_le_bytes)
+                .ok_or("read token cut short")
+        };
+        let uid = u64_at(rest, 0)?;
+        let n = u32_at(rest, 8)? as usize;
         let body = &rest[12..];
-        if n > MAX_SHARDS as usize || body.len() != n * 12 {
+        if n > MAX_SHARDS as usize || body.len() != n * entry_len {
             return Err(format!(
                 "read token of {} bytes does not hold {n} positions",
                 bytes.len()
             ));
         }
-        let mut positions = Vec::with_capacity(n);
-        for entry in body.chunks_exact(12) {
-            let shard = u32::from_le_bytes(entry[..4].try_into().map_err(|_| "bad entry")?);
-            let seq = u64::from_le_bytes(entry[4..].try_into().map_err(|_| "bad entry")?);
-            if positions.last().is_some_and(|&(s, _)| s >= shard) {
+        let mut positions: Vec<TokenPosition> = Vec::with_capacity(n);
+        for entry in body.chunks_exact(entry_len) {
+            let shard = u32_at(entry, 0)?;
+            let (epoch, seq) = if entry_len == 20 {
+                (u64_at(entry, 4)?, u64_at(entry, 12)?)
+            } else {
+                (0, u64_at(entry, 4)?)
+            };
+            if positions.last().is_some_and(|p| p.shard >= shard) {
                 return Err("read token positions out of order".into());
             }
-            positions.push((shard, seq));
+            positions.push(TokenPosition { shard, epoch, seq });
         }
         Ok(ReadPositions { uid, positions })
     }
 
-    /// The position the token asks of `shard` (0: none).
-    pub fn position(&self, shard: u32) -> u64 {
+    /// The position the token asks of `shard`, if any.
+    pub fn get(&self, shard: u32) -> Option<TokenPosition> {
         self.positions
-            .binary_search_by_key(&shard, |p| p.0)
-            .map_or(0, |i| self.positions[i].1)
+            .binary_search_by_key(&shard, |p| p.shard)
+            .ok()
+            .map(|i| self.positions[i])
+    }
+
+    /// The sequence number the token asks of `shard` (0: none).
+    pub fn position(&self, shard: u32) -> u64 {
+        self.get(shard).map_or(0, |p| p.seq)
     }
 }
 
@@ -538,26 +599,48 @@ impl ReadPositions {
 mod token_tests {
     use super::*;
 
+    fn at(shard: u32, epoch: u64, seq: u64) -> TokenPosition {
+        TokenPosition { shard, epoch, seq }
+    }
+
     #[test]
     fn tokens_round_trip_merge_and_refuse_garbage() {
         let mut a = ReadPositions {
             uid: 9,
-            positions: vec![(1, 10), (5, 3)],
+            positions: vec![at(1, 2, 10), at(5, 2, 3), at(7, 4, 50)],
         };
         let b = ReadPositions {
             uid: 9,
-            positions: vec![(0, 4), (5, 8)],
+            positions: vec![at(0, 1, 4), at(5, 2, 8), at(7, 6, 2)],
         };
         a.merge(&b);
-        assert_eq!(a.positions, vec![(0, 4), (1, 10), (5, 8)]);
+        // Per shard the later (epoch, seq): after a forget the new log's position wins.
+        assert_eq!(
+            a.positions,
+            vec![at(0, 1, 4), at(1, 2, 10), at(5, 2, 8), at(7, 6, 2)]
+        );
         assert_eq!(ReadPositions::decode(&a.encode()), Ok(a.clone()));
         assert_eq!(a.position(5), 8);
+        assert_eq!(a.get(7), Some(at(7, 6, 2)));
         assert_eq!(a.position(2), 0);
         let bytes = a.encode();
         for cut in 0..bytes.len() {
             assert!(ReadPositions::decode(&bytes[..cut]).is_err(), "{cut}");
         }
         assert!(ReadPositions::decode(b"garbage-garbage-garbage").is_err());
+        // A token of an older tarn (no epochs) still reads.
+        let mut v1 = b"TRT1".to_vec();
+        v1.extend_from_slice(&9u64.to_le_bytes());
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        v1.extend_from_slice(&3u32.to_le_bytes());
+        v1.extend_from_slice(&77u64.to_le_bytes());
+        assert_eq!(
+            ReadPositions::decode(&v1),
+            Ok(ReadPositions {
+                uid: 9,
+                positions: vec![at(3, 0, 77)]
+            })
+        );
     }
 
     fn state_with(nodes: &[&str], owners: &[&str]) -> ClusterState {

@@ -934,6 +934,7 @@ pub fn merge(def: &CollectionDef, results: Vec<Vec<ShardHit>>, top_k: usize) -> 
 }
 
 /// A read token for positions in `map`'s shards.
+/// Each position carries the shard's epoch in `map` (the one the write was acknowledged at).
 pub fn read_token(map: &CollectionMap, positions: Vec<(u32, u64)>) -> Vec<u8> {
     let mut token = ReadPositions {
         uid: map.def.uid,
@@ -941,7 +942,14 @@ pub fn read_token(map: &CollectionMap, positions: Vec<(u32, u64)>) -> Vec<u8> {
     };
     token.merge(&ReadPositions {
         uid: map.def.uid,
-        positions,
+        positions: positions
+            .into_iter()
+            .map(|(shard, seq)| tarn_cluster::TokenPosition {
+                shard,
+                epoch: map.shards.get(shard as usize).map_or(0, |a| a.epoch),
+                seq,
+            })
+            .collect(),
     });
     token.encode()
 }

@@ -314,6 +314,23 @@ impl TarnService {
         let timeout = cluster::forward_deadline(deadline);
         let top_k = request.top_k;
         let shards = cluster::search_shards(&map.def, &user_ids);
+        // A position from before the shard's data began (it was given up since) names a log
+        // that is gone: no later write may be taken to satisfy it.
+        for &shard in &shards {
+            let (Some(position), Some(assignment)) =
+                (token.get(shard), map.shards.get(shard as usize))
+            else {
+                continue;
+            };
+            if position.seq > 0 && position.epoch > 0 && position.epoch < assignment.data_since {
+                return Err(ApiError::Unsupported(format!(
+                    "read_token: shard {shard} of collection '{}' was given up (tarn cluster \
+                     forget) at epoch {} after the token's write (epoch {}): that write is lost \
+                     and the token can never be satisfied; search without it",
+                    map.def.name, assignment.data_since, position.epoch
+                )));
+            }
+        }
         let parts = shards.into_iter().map(|shard| (shard, ())).collect();
         let answers = self
             .fan_out("Search", parts, |shard, ()| {

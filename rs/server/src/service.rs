@@ -483,7 +483,11 @@ impl Tarn for TarnService {
 fn single_node_token(seq_no: u64) -> Vec<u8> {
     tarn_cluster::ReadPositions {
         uid: 0,
-        positions: vec![(0, seq_no)],
+        positions: vec![tarn_cluster::TokenPosition {
+            shard: 0,
+            epoch: 0,
+            seq: seq_no,
+        }],
     }
     .encode()
 }

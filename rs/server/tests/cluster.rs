@@ -927,6 +927,74 @@ fn a_move_whose_flip_answer_is_lost_keeps_the_data() {
     });
 }
 
+/// A read token names each shard's epoch: once a shard was given up (`forget`), a token for a
+/// write on it answers FAILED_PRECONDITION at once (it named a log that is gone: later writes
+/// to the new, empty shard must not satisfy it), while a token for a write after the forget
+/// reads as usual.
+#[test]
+fn a_read_token_of_a_given_up_shard_fails_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    const DIM: usize = 4;
+    runtime().block_on(async {
+        let (mut servers, _store) = memory_cluster(dir.path(), 2).await;
+        let c1 = Client::connect(servers[0].grpc_addr()).await.unwrap();
+        c1.create_collection(
+            CollectionSpec::new("tok", DIM as u32)
+                .metric(Metric::L2)
+                .shards(2, ShardKey::Doc),
+        )
+        .await
+        .unwrap();
+        let status = c1.cluster_status().await.unwrap();
+        let n2_shard = status
+            .shards
+            .iter()
+            .find(|s| s.node_id == "n2")
+            .unwrap()
+            .shard;
+        let on_n2: Vec<u128> = (0u128..)
+            .filter(|d| tarn_cluster::shard_for(*d, 2) == n2_shard)
+            .take(21)
+            .collect();
+        let doc = on_n2[20];
+        let mut ack = None;
+        for d in &on_n2[..20] {
+            // Several writes, so the token's position is past what an empty shard reaches soon.
+            ack = Some(
+                c1.insert(Insert::new("tok", [*d], vec![0.5; DIM]))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let token = ack.unwrap().read_token();
+        let search = |token| Search::new("tok", vec![0.5; DIM]).top_k(3).after(token);
+        c1.search(search(token.clone())).await.unwrap();
+        // n2 dies; its shard is given up to n1, empty.
+        servers.pop().unwrap().shutdown().await.unwrap();
+        wait_for_status(&c1, Duration::from_secs(10), "n2 dead", |s| {
+            s.nodes.iter().any(|n| n.node_id == "n2" && !n.alive)
+        })
+        .await;
+        c1.forget_node("n2", true).await.unwrap();
+        let started = Instant::now();
+        let error = c1.search(search(token)).await.unwrap_err();
+        assert_eq!(error.code(), Code::FailedPrecondition, "{error}");
+        assert!(error.message().contains("given up"), "{error}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        let after = c1
+            .insert(Insert::new("tok", [doc], vec![0.25; DIM]))
+            .await
+            .unwrap();
+        let hits = c1.search(search(after.read_token())).await.unwrap();
+        assert_eq!(hits.len(), 1);
+        servers.pop().unwrap().shutdown().await.unwrap();
+    });
+}
+
 /// Moves over the in-memory map: a node that joins takes its share of a collection while
 /// writers and searchers run through every node, then gives it back when drained; nothing
 /// acknowledged is lost or duplicated, no write or search fails, read tokens from before the
