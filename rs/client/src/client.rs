@@ -22,9 +22,13 @@ use crate::types::{
 /// Largest message the client sends or accepts (a large batch of vectors, a large `get`).
 const MAX_MESSAGE_BYTES: usize = 256 << 20;
 
-/// Adds `authorization: Bearer <key>` to every call when a key is set.
+/// Adds `authorization: Bearer <key>` to every call when a key is set, and the builder's
+/// extra metadata.
 #[derive(Clone)]
-struct Auth(Option<MetadataValue<Ascii>>);
+struct Auth(
+    Option<MetadataValue<Ascii>>,
+    Arc<[(tonic::metadata::MetadataKey<Ascii>, MetadataValue<Ascii>)]>,
+);
 
 impl tonic::service::Interceptor for Auth {
     fn call(
@@ -35,6 +39,9 @@ impl tonic::service::Interceptor for Auth {
             request
                 .metadata_mut()
                 .insert("authorization", value.clone());
+        }
+        for (key, value) in self.1.iter() {
+            request.metadata_mut().insert(key.clone(), value.clone());
         }
         Ok(request)
     }
@@ -63,9 +70,16 @@ pub struct ClientBuilder {
     tls: TlsOptions,
     timeout: Option<Duration>,
     connect_timeout: Option<Duration>,
+    metadata: Vec<(String, String)>,
 }
 
 impl ClientBuilder {
+    /// Sends this metadata (a gRPC header: lowercase ASCII name, ASCII value) with every call.
+    pub fn metadata(mut self, name: impl Into<String>, value: impl Into<String>) -> ClientBuilder {
+        self.metadata.push((name.into(), value.into()));
+        self
+    }
+
     /// Sends `authorization: Bearer <key>` with every call (servers started with `--api-key`).
     pub fn api_key(mut self, key: impl Into<String>) -> ClientBuilder {
         self.api_key = Some(key.into());
@@ -110,14 +124,25 @@ impl ClientBuilder {
             ),
             None => None,
         };
+        let mut metadata = Vec::with_capacity(self.metadata.len());
+        for (name, value) in &self.metadata {
+            let key = tonic::metadata::MetadataKey::<Ascii>::from_bytes(name.as_bytes()).map_err(
+                |_| Error::invalid("metadata", format!("{name:?} is not a header name")),
+            )?;
+            let value = value.parse().map_err(|_| {
+                Error::invalid("metadata", format!("{name}: not valid header text"))
+            })?;
+            metadata.push((key, value));
+        }
+        let auth = Auth(auth, metadata.into());
         let channel = open_channel(&address, self.connect_timeout, &self.tls).await?;
-        let stub = TarnClient::with_interceptor(channel.clone(), Auth(auth.clone()))
+        let stub = TarnClient::with_interceptor(channel.clone(), auth.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         Ok(Client {
             stub,
             channel,
-            auth: Auth(auth),
+            auth,
             timeout: self.timeout,
             address: Arc::from(self.address.as_str()),
         })
@@ -175,6 +200,7 @@ impl Client {
             tls: TlsOptions::default(),
             timeout: None,
             connect_timeout: None,
+            metadata: Vec::new(),
         }
     }
 

@@ -63,7 +63,9 @@ use tokio::task::JoinHandle;
 use crate::copies::ShardRecord;
 use crate::error::{ClusterError, Result};
 use crate::map::{ClusterState, CollectionDef, CollectionMap, NodeInfo, ShardAssignment};
-use crate::store::{ClusterStore, Liveness, Registration, ShardSwap, StoreIdentity};
+use crate::store::{
+    ClusterIdentity, ClusterStore, Liveness, Registration, ShardSwap, StoreIdentity,
+};
 
 /// The key of the cluster's identity, under the prefix.
 const IDENTITY_KEY: &str = "cluster";
@@ -72,6 +74,7 @@ const IDENTITY_KEY: &str = "cluster";
 #[derive(serde::Serialize, serde::Deserialize)]
 struct IdentityRecord {
     cluster_id: String,
+    node_secret: String,
 }
 
 /// The key prefix of a cluster when none is given.
@@ -525,8 +528,14 @@ impl ClusterStore for EtcdStore {
                 inner.client.get(key.as_bytes(), false),
             )
             .await?;
-        let cluster_id = match response.kvs.first() {
-            Some(kv) => Some(decode::<IdentityRecord>(&key, &kv.value)?.cluster_id),
+        let identity = match response.kvs.first() {
+            Some(kv) => {
+                let record = decode::<IdentityRecord>(&key, &kv.value)?;
+                Some(ClusterIdentity {
+                    cluster_id: record.cluster_id,
+                    node_secret: record.node_secret,
+                })
+            }
             None => None,
         };
         let n_keys = inner
@@ -536,18 +545,19 @@ impl ClusterStore for EtcdStore {
             )
             .await?;
         Ok(StoreIdentity {
-            holds_state: n_keys > i64::from(cluster_id.is_some()),
-            cluster_id,
+            holds_state: n_keys > i64::from(identity.is_some()),
+            identity,
         })
     }
 
-    async fn create_identity(&self, cluster_id: &str) -> Result<String> {
+    async fn create_identity(&self, proposed: &ClusterIdentity) -> Result<ClusterIdentity> {
         let inner = &self.inner;
         let key = inner.key(IDENTITY_KEY);
         let value = encode(
             &key,
             &IdentityRecord {
-                cluster_id: cluster_id.to_owned(),
+                cluster_id: proposed.cluster_id.clone(),
+                node_secret: proposed.node_secret.clone(),
             },
         )?;
         let txn = when(vec![created_at(&key, 0)], vec![put_op(&key, value, 0)]);
@@ -556,7 +566,7 @@ impl ClusterStore for EtcdStore {
             .await?;
         self.identity()
             .await?
-            .cluster_id
+            .identity
             .ok_or_else(|| ClusterError::StoreUnavailable("the cluster id vanished".to_owned()))
     }
 

@@ -22,5 +22,6 @@ pub use map::{
 };
 pub use merge::{merge_top_k, ShardHit};
 pub use store::{
-    ClusterStore, Leader, Liveness, MemoryStore, Registration, ShardSwap, StoreIdentity,
+    ClusterIdentity, ClusterStore, Leader, Liveness, MemoryStore, Registration, ShardSwap,
+    StoreIdentity,
 };

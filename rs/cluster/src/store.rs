@@ -73,11 +73,32 @@ pub struct ShardSwap<'a> {
     pub unless_registered: Option<&'a str>,
 }
 
+/// A cluster's identity, created once when the cluster forms.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterIdentity {
+    /// Recorded in every member's data directory: a directory joins only the store that holds
+    /// its cluster's id.
+    pub cluster_id: String,
+    /// The secret nodes prove themselves to each other with on node-to-node calls (never a
+    /// client's API key, so rotating client keys never breaks node-to-node traffic). Whoever
+    /// can read the store can act as a node, as whoever can write it can rewrite the map.
+    pub node_secret: String,
+}
+
+impl std::fmt::Debug for ClusterIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterIdentity")
+            .field("cluster_id", &self.cluster_id)
+            .field("node_secret", &"<secret>")
+            .finish()
+    }
+}
+
 /// The cluster's identity as the store holds it ([`ClusterStore::identity`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreIdentity {
-    /// The cluster id, if one was created.
-    pub cluster_id: Option<String>,
+    /// The identity, if one was created.
+    pub identity: Option<ClusterIdentity>,
     /// Whether the store holds any other tarn key under the prefix (nodes, collections): a
     /// cluster formed by a tarn that predates identities.
     pub holds_state: bool,
@@ -154,8 +175,8 @@ pub trait ClusterStore: Send + Sync + std::fmt::Debug + 'static {
     /// The cluster's identity in the store.
     async fn identity(&self) -> Result<StoreIdentity>;
 
-    /// Creates the cluster's identity `cluster_id` unless one exists; returns the one stored.
-    async fn create_identity(&self, cluster_id: &str) -> Result<String>;
+    /// Creates the cluster's identity unless one exists; returns the one stored.
+    async fn create_identity(&self, proposed: &ClusterIdentity) -> Result<ClusterIdentity>;
 
     /// Marks `node_id` for draining (`true`) or clears the mark.
     async fn set_draining(&self, node_id: &str, draining: bool) -> Result<()>;
@@ -184,7 +205,7 @@ pub struct MemoryStore {
     election: Arc<tokio::sync::Mutex<()>>,
     /// Tombstones of dropped collections: (name, uid).
     dropped: Arc<Mutex<std::collections::HashSet<(String, u64)>>>,
-    cluster_id: Arc<Mutex<Option<String>>>,
+    cluster_id: Arc<Mutex<Option<ClusterIdentity>>>,
 }
 
 impl Default for MemoryStore {
@@ -337,16 +358,16 @@ impl ClusterStore for MemoryStore {
     async fn identity(&self) -> Result<StoreIdentity> {
         let state = self.state.lock();
         Ok(StoreIdentity {
-            cluster_id: self.cluster_id.lock().clone(),
+            identity: self.cluster_id.lock().clone(),
             holds_state: !state.nodes.is_empty() || !state.collections.is_empty(),
         })
     }
 
-    async fn create_identity(&self, cluster_id: &str) -> Result<String> {
+    async fn create_identity(&self, proposed: &ClusterIdentity) -> Result<ClusterIdentity> {
         Ok(self
             .cluster_id
             .lock()
-            .get_or_insert_with(|| cluster_id.to_owned())
+            .get_or_insert_with(|| proposed.clone())
             .clone())
     }
 

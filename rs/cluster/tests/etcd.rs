@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use tarn_cluster::etcd_api::etcdserverpb::RangeResponse;
 use tarn_cluster::etcd_api::{ConnectOptions, EtcdClient};
 use tarn_cluster::{
-    ClusterError, ClusterState, ClusterStore, CollectionDef, CollectionMap, EtcdStore, MemoryStore,
-    NodeInfo, ShardAssignment, ShardKey, ShardRecord, ShardSwap,
+    ClusterError, ClusterIdentity, ClusterState, ClusterStore, CollectionDef, CollectionMap,
+    EtcdStore, MemoryStore, NodeInfo, ShardAssignment, ShardKey, ShardRecord, ShardSwap,
 };
 use tokio::sync::watch;
 
@@ -751,16 +751,24 @@ async fn etcd_unreadable_values_are_reported_not_fatal() {
 /// The cluster's identity: created once (the first of racing creators wins, every one gets the
 /// winner's id), and whether the store already held a cluster without one.
 async fn identity_semantics(store: &impl ClusterStore) {
+    let id = |s: &str| ClusterIdentity {
+        cluster_id: s.to_owned(),
+        node_secret: format!("secret-of-{s}"),
+    };
     let fresh = store.identity().await.unwrap();
-    assert_eq!(fresh.cluster_id, None);
+    assert_eq!(fresh.identity, None);
     assert!(!fresh.holds_state);
-    let (a, b) = tokio::join!(store.create_identity("aaaa"), store.create_identity("bbbb"));
+    let (first, second) = (id("aaaa"), id("bbbb"));
+    let (a, b) = tokio::join!(
+        store.create_identity(&first),
+        store.create_identity(&second)
+    );
     let (a, b) = (a.unwrap(), b.unwrap());
     assert_eq!(a, b, "two creators got different ids");
-    assert!(a == "aaaa" || a == "bbbb");
-    assert_eq!(store.create_identity("cccc").await.unwrap(), a);
+    assert!(a == id("aaaa") || a == id("bbbb"));
+    assert_eq!(store.create_identity(&id("cccc")).await.unwrap(), a);
     let after = store.identity().await.unwrap();
-    assert_eq!(after.cluster_id.as_deref(), Some(a.as_str()));
+    assert_eq!(after.identity, Some(a));
     assert!(
         !after.holds_state,
         "the identity alone is not cluster state"

@@ -46,12 +46,6 @@ impl ApiKeys {
         }
     }
 
-    /// The key this node uses for its own calls to other nodes (shard moves): one of its
-    /// read-write keys (every node of a cluster accepts the same keys), or none when auth is off.
-    pub fn internal_key(&self) -> Option<String> {
-        self.read_write.iter().min().cloned()
-    }
-
     pub fn enabled(&self) -> bool {
         !self.read_write.is_empty() || !self.read_only.is_empty()
     }

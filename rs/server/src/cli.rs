@@ -366,6 +366,10 @@ pub struct ServeArgs {
     /// shards its map does not know are set aside (`tarn cluster set-aside`), never deleted.
     #[arg(long)]
     pub force_new_cluster: bool,
+    /// Cluster mode: the certificate authority (PEM) that signs the nodes' TLS certificates
+    /// (nodes advertising https:// addresses); without it, nodes trust the Mozilla roots.
+    #[arg(long, env = "TARN_CLUSTER_CA")]
+    pub cluster_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Args, Clone)]

@@ -43,6 +43,8 @@ pub struct ClusterConfig {
     /// directory belongs to a cluster (its etcd is lost for good). A new cluster id is created;
     /// local shards the new map does not know are set aside, never deleted.
     pub force_new_cluster: bool,
+    /// `--cluster-ca`: the CA (PEM file) that signs the nodes' TLS certificates.
+    pub peer_ca: Option<std::path::PathBuf>,
 }
 
 /// What a node joins the cluster with ([`ClusterNode::join`]).
@@ -52,11 +54,20 @@ pub struct JoinOptions {
     /// The address other nodes and clients reach it at.
     pub address: String,
     pub lease_ttl: Duration,
-    /// The API key of this node's own calls to other nodes.
-    pub internal_key: Option<String>,
+    /// The certificate authority (PEM) that signs the other nodes' TLS certificates, for
+    /// `https://` advertise addresses; without it, the Mozilla roots.
+    pub peer_ca: Option<Vec<u8>>,
     /// The data directory, locked by this process (its `INCARNATION` and `CLUSTER_ID` files).
     pub data_dir: std::path::PathBuf,
     pub force_new_cluster: bool,
+}
+
+/// The metadata that carries the cluster's node credential on node-to-node calls.
+pub const NODE_SECRET_HEADER: &str = "x-tarn-node-secret";
+
+/// Byte equality in time that does not depend on where the first difference is.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// How long a forwarded call may take when the client set no deadline.
@@ -81,14 +92,16 @@ pub struct ClusterNode {
     /// Local shards being copied in by a move: not this node's yet, and not to be dropped.
     pub(crate) incoming: Arc<DashMap<String, ()>>,
     pub(crate) moves: crate::moves::MoveCounters,
-    /// The API key of this node's own calls to other nodes (shard moves).
-    pub(crate) internal_key: Option<String>,
+    /// The CA that signs the other nodes' TLS certificates (`--cluster-ca`).
+    peer_ca: Option<Vec<u8>>,
     /// Channels to other nodes for the node-to-node `Cluster` calls, by address.
     peers: DashMap<String, tonic::transport::Channel>,
     /// This data directory's token: the shards the map creates on it (`create_on`).
     incarnation: String,
     /// The cluster this data directory belongs to (its `CLUSTER_ID`, the same as etcd's).
     pub cluster_id: String,
+    /// What nodes prove themselves to each other with ([`NODE_SECRET_HEADER`]).
+    node_secret: String,
     lease_ttl: Duration,
     /// Per local shard: held by whatever may create, replace or remove the local copy (a pull,
     /// reconciliation), so that one never removes what the other just made.
@@ -128,7 +141,7 @@ impl ClusterNode {
     ) -> anyhow::Result<Arc<ClusterNode>> {
         let incarnation = incarnation_token(&options.data_dir)?;
         let holds_shards = !registry.shard_names().is_empty();
-        let cluster_id = settle_identity(
+        let identity = settle_identity(
             store.as_ref(),
             &options.data_dir,
             holds_shards,
@@ -139,7 +152,7 @@ impl ClusterNode {
             node_id,
             address,
             lease_ttl,
-            internal_key,
+            peer_ca,
             ..
         } = options;
         let node = NodeInfo {
@@ -149,7 +162,7 @@ impl ClusterNode {
         };
         let registration = store.register(&node, lease_ttl).await?;
         let state = store.watch().await?;
-        tracing::info!(%node_id, %address, %cluster_id, "joined the cluster");
+        tracing::info!(%node_id, %address, cluster_id = %identity.cluster_id, "joined the cluster");
         let node = Arc::new(ClusterNode {
             node_id,
             address,
@@ -160,10 +173,11 @@ impl ClusterNode {
             gates: DashMap::new(),
             incoming: Arc::new(DashMap::new()),
             moves: crate::moves::MoveCounters::default(),
-            internal_key,
+            peer_ca,
             peers: DashMap::new(),
             incarnation,
-            cluster_id,
+            cluster_id: identity.cluster_id,
+            node_secret: identity.node_secret,
             lease_ttl,
             copy_locks: DashMap::new(),
             registration,
@@ -195,8 +209,13 @@ impl ClusterNode {
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true);
         if uri.starts_with("https://") {
+            let tls = match &self.peer_ca {
+                Some(pem) => tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(pem)),
+                None => tonic::transport::ClientTlsConfig::new().with_webpki_roots(),
+            };
             endpoint = endpoint
-                .tls_config(tonic::transport::ClientTlsConfig::new().with_webpki_roots())
+                .tls_config(tls)
                 .map_err(|e| ApiError::Internal(format!("TLS to node {node_id}: {e}")))?;
         }
         let channel = endpoint.connect().await.map_err(|e| {
@@ -206,16 +225,32 @@ impl ClusterNode {
         Ok(channel)
     }
 
-    /// A request to another node, carrying this node's internal API key.
+    /// A request to another node, carrying the cluster's node credential.
     pub(crate) fn internal_request<T>(&self, message: T, timeout: Duration) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         request.set_timeout(timeout);
-        if let Some(key) = &self.internal_key {
-            if let Ok(value) = format!("Bearer {key}").parse() {
-                request.metadata_mut().insert("authorization", value);
-            }
+        if let Ok(value) = self.node_secret.parse() {
+            request.metadata_mut().insert(NODE_SECRET_HEADER, value);
         }
         request
+    }
+
+    /// Whether a request comes from a node of this cluster (it carries the node credential).
+    pub fn is_node_call(&self, metadata: &tonic::metadata::MetadataMap) -> bool {
+        metadata
+            .get(NODE_SECRET_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| constant_time_eq(v.as_bytes(), self.node_secret.as_bytes()))
+    }
+
+    /// Refuses a request that does not come from a node of this cluster: node-to-node calls
+    /// are not for clients, whatever their API key.
+    pub fn check_node<T>(&self, request: &tonic::Request<T>) -> Result<(), ApiError> {
+        if self.is_node_call(request.metadata()) {
+            Ok(())
+        } else {
+            Err(ApiError::NotANode)
+        }
     }
 
     pub(crate) fn store(&self) -> &Arc<dyn ClusterStore> {
@@ -509,9 +544,14 @@ impl ClusterNode {
         if let Some(client) = self.clients.get(&key) {
             return Ok(Target::Remote(Box::new(client.clone()), name));
         }
-        let mut builder = Client::builder(owner.address.as_str()).connect_timeout(CONNECT_TIMEOUT);
+        let mut builder = Client::builder(owner.address.as_str())
+            .connect_timeout(CONNECT_TIMEOUT)
+            .metadata(NODE_SECRET_HEADER, self.node_secret.as_str());
         if let Some(api_key) = api_key {
             builder = builder.api_key(api_key);
+        }
+        if let Some(pem) = &self.peer_ca {
+            builder = builder.tls_ca_certificate(pem.clone());
         }
         let client = builder
             .connect()
@@ -1030,7 +1070,7 @@ pub(crate) async fn settle_identity(
     data_dir: &std::path::Path,
     holds_shards: bool,
     force_new_cluster: bool,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<tarn_cluster::ClusterIdentity> {
     let path = data_dir.join(CLUSTER_ID_FILE);
     let local = match std::fs::read_to_string(&path) {
         Ok(text) if is_token(text.trim()) => Some(text.trim().to_owned()),
@@ -1043,14 +1083,19 @@ pub(crate) async fn settle_identity(
         Err(e) => return Err(anyhow::Error::from(e).context(format!("reading {}", path.display()))),
     };
     let remote = store.identity().await?;
-    let cluster_id = match (local, remote.cluster_id) {
-        (Some(local), Some(remote)) if local == remote => return Ok(local),
+    let proposed = || tarn_cluster::ClusterIdentity {
+        cluster_id: new_token(),
+        node_secret: format!("{}{}", new_token(), new_token()),
+    };
+    let identity = match (local, remote.identity) {
+        (Some(local), Some(remote)) if local == remote.cluster_id => return Ok(remote),
         (Some(local), Some(remote)) => anyhow::bail!(
             "this data directory ({}) belongs to cluster {local}, but etcd holds cluster \
-             {remote}: --etcd points at another cluster's etcd, or the directory is another \
+             {}: --etcd points at another cluster's etcd, or the directory is another \
              cluster's. Refusing to join: its shards would be judged against a map they are not \
              in",
-            data_dir.display()
+            data_dir.display(),
+            remote.cluster_id
         ),
         (Some(local), None) if !force_new_cluster => anyhow::bail!(
             "this data directory ({}) belongs to cluster {local}, but etcd holds no cluster id \
@@ -1062,13 +1107,13 @@ pub(crate) async fn settle_identity(
             data_dir.display()
         ),
         (Some(local), None) => {
-            let id = store.create_identity(&new_token()).await?;
-            tracing::warn!(old = %local, new = %id, "--force-new-cluster: this data directory joins a new cluster");
+            let id = store.create_identity(&proposed()).await?;
+            tracing::warn!(old = %local, new = %id.cluster_id, "--force-new-cluster: this data directory joins a new cluster");
             id
         }
         (None, Some(remote)) => {
             if holds_shards {
-                tracing::warn!(cluster_id = %remote, "this data directory holds shards but no cluster id (written by an older tarn): it takes etcd's");
+                tracing::warn!(cluster_id = %remote.cluster_id, "this data directory holds shards but no cluster id (written by an older tarn): it takes etcd's");
             }
             remote
         }
@@ -1083,13 +1128,13 @@ pub(crate) async fn settle_identity(
                     data_dir.display()
                 );
             }
-            let id = store.create_identity(&new_token()).await?;
-            tracing::info!(cluster_id = %id, "cluster id settled");
+            let id = store.create_identity(&proposed()).await?;
+            tracing::info!(cluster_id = %id.cluster_id, "cluster id settled");
             id
         }
     };
-    write_token_file(data_dir, CLUSTER_ID_FILE, &cluster_id)?;
-    Ok(cluster_id)
+    write_token_file(data_dir, CLUSTER_ID_FILE, &identity.cluster_id)?;
+    Ok(identity)
 }
 
 #[cfg(test)]

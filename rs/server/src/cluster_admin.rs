@@ -70,8 +70,8 @@ impl Cluster for ClusterAdmin {
         &self,
         request: Request<pb::PullShardRequest>,
     ) -> Result<Response<pb::PullShardResponse>, Status> {
-        self.keys.check(&request, Access::Write)?;
         let cluster = self.node()?;
+        cluster.check_node(&request)?;
         let response = crate::moves::pull_shard(cluster, request.into_inner()).await?;
         Ok(Response::new(response))
     }
@@ -80,8 +80,8 @@ impl Cluster for ClusterAdmin {
         &self,
         request: Request<pb::ShardStreamRequest>,
     ) -> Result<Response<Self::ShardStreamStream>, Status> {
-        self.keys.check(&request, Access::Write)?;
         let cluster = self.node()?;
+        cluster.check_node(&request)?;
         let stream = crate::moves::shard_stream(Arc::clone(cluster), request.into_inner()).await?;
         Ok(Response::new(stream))
     }

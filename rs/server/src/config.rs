@@ -43,6 +43,7 @@ struct FileConfig {
     node_id: Option<String>,
     advertise: Option<String>,
     lease_seconds: Option<u64>,
+    cluster_ca: Option<PathBuf>,
 }
 
 impl ServeConfig {
@@ -124,6 +125,7 @@ impl ServeConfig {
                 ),
                 store: None,
                 force_new_cluster: args.force_new_cluster,
+                peer_ca: args.cluster_ca.clone().or(file.cluster_ca),
             })
         };
         Ok(ServeConfig {

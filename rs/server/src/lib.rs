@@ -24,6 +24,6 @@ mod snapshots;
 mod status;
 
 pub use client::run as run_client_command;
-pub use cluster::ClusterConfig;
+pub use cluster::{ClusterConfig, NODE_SECRET_HEADER};
 pub use config::ServeConfig;
 pub use server::{serve, start, RunningServer};

@@ -55,6 +55,10 @@ const CATCH_UP_LIMIT: Duration = Duration::from_secs(60);
 const HANDOVER_LIMIT: Duration = Duration::from_secs(15);
 /// A stream that says nothing for this long is broken.
 const STREAM_SILENCE_LIMIT: Duration = Duration::from_secs(30);
+/// An owner's stream whose taker reads nothing for this long ends (releasing its WAL pin).
+const STREAM_IDLE_LIMIT: Duration = Duration::from_secs(30);
+/// Most shard streams a node sends at once (each is a thread and a WAL pin).
+const MAX_STREAMS_OUT: u64 = 4;
 /// How long the coordinator waits for one move.
 const MOVE_LIMIT: Duration = Duration::from_secs(3600);
 /// How long a taker keeps trying to learn whether its flip landed when etcd does not say.
@@ -137,14 +141,26 @@ pub(crate) async fn shard_stream(
             "the node taking the shard must be another node",
         ));
     }
+    if !node.state().is_alive(&request.to_node) {
+        return Err(ApiError::invalid(
+            "to_node",
+            format!("node {} is not a live node of the cluster", request.to_node),
+        ));
+    }
     let (collection, _gate) = node.local_shard_for_write(&shard, epoch).await?;
     drop(_gate);
+    if node.moves.streams_out.fetch_add(1, Ordering::Relaxed) >= MAX_STREAMS_OUT {
+        node.moves.streams_out.fetch_sub(1, Ordering::Relaxed);
+        return Err(ApiError::Unavailable(format!(
+            "node {} is sending {MAX_STREAMS_OUT} shards already; retry later",
+            node.node_id
+        )));
+    }
     let (tx, rx) = mpsc::channel::<StreamItem>(4);
     let name = shard.local_name();
     std::thread::Builder::new()
         .name(format!("tarn-move-out-{}", shard.shard))
         .spawn(move || {
-            node.moves.streams_out.fetch_add(1, Ordering::Relaxed);
             let outcome = send_shard(&node, &collection, &shard, epoch, &request.to_node, &tx);
             node.moves.streams_out.fetch_sub(1, Ordering::Relaxed);
             match outcome {
@@ -156,7 +172,7 @@ pub(crate) async fn shard_stream(
                 }
                 Err(error) => {
                     tracing::warn!(shard = %name, to = %request.to_node, %error, "shard stream failed");
-                    let _ = tx.blocking_send(Err(Status::from(error)));
+                    let _ = tx.try_send(Err(Status::from(error)));
                 }
             }
         })
@@ -173,7 +189,7 @@ fn send_shard(
     to: &str,
     tx: &mpsc::Sender<StreamItem>,
 ) -> Result<Option<u64>, ApiError> {
-    let send = |message: pb::ShardStreamMessage| tx.blocking_send(Ok(message)).is_ok();
+    let send = |message: pb::ShardStreamMessage| send_within(tx, message, STREAM_IDLE_LIMIT);
     let mut snapshot = collection.snapshot()?;
     let mut buf = vec![0u8; SNAPSHOT_CHUNK_BYTES];
     loop {
@@ -266,6 +282,35 @@ fn send_shard(
         return Ok(None);
     }
     Ok(Some(last))
+}
+
+/// Sends one message, waiting at most `limit` for the taker to make room; `false` if the
+/// taker went away or read nothing for that long (the stream then ends, and its snapshot's WAL
+/// pin goes with it).
+fn send_within(
+    tx: &mpsc::Sender<StreamItem>,
+    message: pb::ShardStreamMessage,
+    limit: Duration,
+) -> bool {
+    let deadline = Instant::now() + limit;
+    let mut item = Ok(message);
+    loop {
+        match tx.try_send(item) {
+            Ok(()) => return true,
+            Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            Err(mpsc::error::TrySendError::Full(back)) => {
+                if Instant::now() >= deadline {
+                    tracing::warn!(
+                        limit_s = limit.as_secs(),
+                        "a shard stream's taker read nothing; ending the stream"
+                    );
+                    return false;
+                }
+                item = back;
+                std::thread::sleep(TAIL_POLL);
+            }
+        }
+    }
 }
 
 /// Test builds: a pause at a named point of a move, set by a fail point `<name>=return(<ms>)`

@@ -131,7 +131,13 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
                 node_id: cluster.node_id.clone(),
                 address: cluster.advertise.clone(),
                 lease_ttl: cluster.lease_ttl,
-                internal_key: keys.internal_key(),
+                peer_ca: match &cluster.peer_ca {
+                    Some(path) => Some(
+                        std::fs::read(path)
+                            .with_context(|| format!("reading --cluster-ca {}", path.display()))?,
+                    ),
+                    None => None,
+                },
                 data_dir: config.data_dir.clone(),
                 force_new_cluster: cluster.force_new_cluster,
             };

@@ -86,6 +86,25 @@ impl TarnService {
         Ok(seq_no)
     }
 
+    /// A shard address (`<collection>.<uid>.<shard>@<epoch>`) is for the cluster's own
+    /// node-to-node calls: a request naming one must carry the node credential, whatever its
+    /// API key (a client writing to a shard address would put a document where routed Get and
+    /// Remove never look).
+    fn check_shard_address<T>(&self, request: &Request<T>, name: &str) -> Result<(), ApiError> {
+        if tarn_cluster::ShardName::parse(name).is_none() {
+            return Ok(());
+        }
+        match &self.cluster {
+            Some(cluster) if cluster.is_node_call(request.metadata()) => Ok(()),
+            _ => Err(ApiError::invalid(
+                "collection",
+                format!(
+                    "{name:?} is an internal shard name: address the collection by its own name"
+                ),
+            )),
+        }
+    }
+
     /// The cluster router for a call naming `collection`, unless this node serves the call
     /// itself: single-node mode, or a shard address sent by a router.
     pub(crate) fn router(&self, collection: &str) -> Option<&Arc<ClusterNode>> {
@@ -163,6 +182,7 @@ impl Tarn for TarnService {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Read)?;
+            self.check_shard_address(&request, &request.get_ref().collection)?;
             let name = request.into_inner().collection;
             if self.router(&name).is_some() {
                 return Err(ApiError::Unsupported(format!(
@@ -258,6 +278,7 @@ impl Tarn for TarnService {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Write)?;
+            self.check_shard_address(&request, &request.get_ref().name)?;
             let name = &request.get_ref().name;
             match &self.cluster {
                 Some(cluster) => cluster.drop_collection(name).await?,
@@ -291,6 +312,7 @@ impl Tarn for TarnService {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Read)?;
+            self.check_shard_address(&request, &request.get_ref().name)?;
             let api_key = crate::auth::api_key(&request);
             let name = &request.get_ref().name;
             if let Some(cluster) = self.router(name) {
@@ -312,6 +334,7 @@ impl Tarn for TarnService {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Write)?;
+            self.check_shard_address(&request, &request.get_ref().collection)?;
             let deadline = client_deadline(&request);
             let api_key = crate::auth::api_key(&request);
             let request = request.into_inner();
@@ -345,6 +368,7 @@ impl Tarn for TarnService {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Write)?;
+            self.check_shard_address(&request, &request.get_ref().collection)?;
             let deadline = client_deadline(&request);
             let api_key = crate::auth::api_key(&request);
             let request = request.into_inner();
@@ -371,6 +395,7 @@ impl Tarn for TarnService {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Read)?;
+            self.check_shard_address(&request, &request.get_ref().collection)?;
             let deadline = client_deadline(&request);
             let api_key = crate::auth::api_key(&request);
             let request = request.into_inner();
@@ -416,6 +441,7 @@ impl Tarn for TarnService {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Read)?;
+            self.check_shard_address(&request, &request.get_ref().collection)?;
             let deadline = client_deadline(&request);
             let api_key = crate::auth::api_key(&request);
             let request = request.into_inner();
@@ -466,6 +492,7 @@ impl Tarn for TarnService {
         let started = Instant::now();
         let result = async {
             self.keys.check(&request, Access::Write)?;
+            self.check_shard_address(&request, &request.get_ref().collection)?;
             let api_key = crate::auth::api_key(&request);
             let name = &request.get_ref().collection;
             let flushed_seq_no = match self.router(name) {

@@ -19,6 +19,10 @@ pub enum ApiError {
     Unauthenticated,
     #[error("this API key is read-only")]
     PermissionDenied,
+    /// Cluster mode: a node-to-node call (or a shard address) from a caller without the
+    /// cluster's node credential.
+    #[error("node-to-node calls are for the cluster's nodes only (they carry the cluster's node credential); client API keys cannot make them")]
+    NotANode,
     #[error("{0}")]
     Aborted(String),
     #[error("too many snapshots or restores running ({0}); retry later")]
@@ -90,7 +94,7 @@ impl From<ApiError> for Status {
                 with_retry_after(Status::resource_exhausted(message), WRITE_RETRY_AFTER_MS)
             }
             ApiError::Unauthenticated => Status::unauthenticated(message),
-            ApiError::PermissionDenied => Status::permission_denied(message),
+            ApiError::PermissionDenied | ApiError::NotANode => Status::permission_denied(message),
             ApiError::Aborted(_) => Status::aborted(message),
             ApiError::TooManySnapshots(_) => {
                 with_retry_after(Status::resource_exhausted(message), SNAPSHOT_RETRY_AFTER_MS)

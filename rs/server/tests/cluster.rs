@@ -463,18 +463,22 @@ async fn memory_node_with(
         lease_ttl: Duration::from_secs(2),
         store: Some(store.clone()),
         force_new_cluster: false,
+        peer_ca: None,
     });
     configure(&mut config);
     tarn_server::start(config).await.unwrap()
 }
 
 /// The node-to-node RPCs (`Cluster/PullShard`, `Cluster/ShardStream`) and the administrative
-/// ones (`ForgetNode`, `Drain`) share the client port: a caller with no key, an unknown key or
-/// a read-only key gets UNAUTHENTICATED or PERMISSION_DENIED from each, and nothing happens (no
-/// drain mark, no shard given up or moved, not one byte of a shard streamed). The same calls
-/// with a read-write key do act (so the refusals are the keys', not the requests').
+/// ones (`ForgetNode`, `Drain`) share the client port. The administrative ones need a
+/// read-write key: no key, an unknown key or a read-only key gets UNAUTHENTICATED or
+/// PERMISSION_DENIED. The node-to-node ones need the cluster's node credential: every client
+/// key, read-write included, gets PERMISSION_DENIED; so does a data call naming an internal
+/// shard address (INVALID_ARGUMENT). Nothing happens meanwhile (no drain mark, no shard given
+/// up or moved, not one byte of a shard streamed). The same calls with the right credential
+/// do act (so the refusals are the credentials', not the requests').
 #[test]
-fn node_to_node_and_admin_rpcs_need_a_read_write_key() {
+fn node_to_node_rpcs_need_the_node_credential_and_admin_rpcs_a_read_write_key() {
     use tarn_proto::v1 as pb;
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
@@ -541,8 +545,22 @@ fn node_to_node_and_admin_rpcs_need_a_read_write_key() {
             (None, tonic::Code::Unauthenticated),
             (Some("wrong-key"), tonic::Code::Unauthenticated),
             (Some("ro-key"), tonic::Code::PermissionDenied),
+            (Some("rw-key"), tonic::Code::Ok),
         ];
-        for (key, expected) in callers {
+        // A client writing to a shard's address (the name routers use between nodes).
+        let shard_address = name(on_n1).address(map.shards[on_n1 as usize].epoch);
+        let sneaky = admin
+            .insert(Insert::new(shard_address.clone(), [9u128], vec![0.5f32; 4]))
+            .await
+            .unwrap_err();
+        assert_eq!(sneaky.code(), Code::InvalidArgument, "{sneaky}");
+        assert!(sneaky.message().contains("internal shard name"), "{sneaky}");
+        let sneaky = admin
+            .search(Search::new(shard_address, vec![0.5f32; 4]).top_k(3))
+            .await
+            .unwrap_err();
+        assert_eq!(sneaky.code(), Code::InvalidArgument, "{sneaky}");
+        for (key, admin_code) in callers {
             let mut cluster = pb::cluster_client::ClusterClient::new(channel.clone());
             let who = key.unwrap_or("no key");
             let drain = pb::DrainRequest {
@@ -553,12 +571,20 @@ fn node_to_node_and_admin_rpcs_need_a_read_write_key() {
                 node_id: "n2".into(),
                 confirm: true,
             };
+            if admin_code != tonic::Code::Ok {
+                let outcomes = [
+                    ("Drain", cluster.drain(with_key(key, drain)).await.err()),
+                    (
+                        "ForgetNode",
+                        cluster.forget_node(with_key(key, forget)).await.err(),
+                    ),
+                ];
+                for (rpc, error) in outcomes {
+                    let code = error.map(|e| e.code());
+                    assert_eq!(code, Some(admin_code), "{rpc} with {who}");
+                }
+            }
             let outcomes = [
-                ("Drain", cluster.drain(with_key(key, drain)).await.err()),
-                (
-                    "ForgetNode",
-                    cluster.forget_node(with_key(key, forget)).await.err(),
-                ),
                 (
                     "PullShard",
                     cluster
@@ -576,7 +602,11 @@ fn node_to_node_and_admin_rpcs_need_a_read_write_key() {
             ];
             for (rpc, error) in outcomes {
                 let code = error.map(|e| e.code());
-                assert_eq!(code, Some(expected), "{rpc} with {who}");
+                assert_eq!(
+                    code,
+                    Some(tonic::Code::PermissionDenied),
+                    "{rpc} with {who}"
+                );
             }
         }
         // Nothing happened: no drain mark, the map as it was, the data all there.
@@ -591,18 +621,51 @@ fn node_to_node_and_admin_rpcs_need_a_read_write_key() {
             4
         );
 
-        // With the read-write key the same calls act: ShardStream streams the shard's snapshot
-        // (then waits for a fence that never comes), ForgetNode of a live node is refused for
-        // that reason, Drain marks the node.
+        // With the right credentials the same calls act: ShardStream (the node credential,
+        // which lives in the store beside the cluster id) streams the shard's snapshot (then
+        // waits for a fence that never comes), ForgetNode of a live node is refused for that
+        // reason, Drain marks the node.
+        let node_secret = {
+            use tarn_cluster::ClusterStore;
+            store
+                .identity()
+                .await
+                .unwrap()
+                .identity
+                .unwrap()
+                .node_secret
+        };
+        let mut as_node = tonic::Request::new(stream_request.clone());
+        as_node.metadata_mut().insert(
+            tarn_server::NODE_SECRET_HEADER,
+            node_secret.parse().unwrap(),
+        );
         let mut cluster = pb::cluster_client::ClusterClient::new(channel.clone());
-        let mut stream = cluster
-            .shard_stream(with_key(Some("rw-key"), stream_request.clone()))
-            .await
-            .unwrap()
-            .into_inner();
+        let mut stream = cluster.shard_stream(as_node).await.unwrap().into_inner();
         let first = stream.message().await.unwrap().unwrap();
         assert!(!first.snapshot.is_empty(), "no snapshot bytes streamed");
         drop(stream);
+        // At most 4 streams out at once (each is a thread and a WAL pin); a stream whose taker
+        // went away ends and makes room.
+        let open_stream = || {
+            let mut request = tonic::Request::new(stream_request.clone());
+            request.metadata_mut().insert(
+                tarn_server::NODE_SECRET_HEADER,
+                node_secret.parse().unwrap(),
+            );
+            let mut cluster = pb::cluster_client::ClusterClient::new(channel.clone());
+            async move { cluster.shard_stream(request).await }
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(open_stream().await.unwrap().into_inner());
+        }
+        let refused = open_stream().await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused}");
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        open_stream().await.unwrap();
         let forget = pb::ForgetNodeRequest {
             node_id: "n2".into(),
             confirm: false,
@@ -857,8 +920,11 @@ impl tarn_cluster::ClusterStore for LosingFlipStore {
         self.inner.identity().await
     }
 
-    async fn create_identity(&self, cluster_id: &str) -> tarn_cluster::Result<String> {
-        self.inner.create_identity(cluster_id).await
+    async fn create_identity(
+        &self,
+        proposed: &tarn_cluster::ClusterIdentity,
+    ) -> tarn_cluster::Result<tarn_cluster::ClusterIdentity> {
+        self.inner.create_identity(proposed).await
     }
 
     async fn set_draining(&self, node_id: &str, draining: bool) -> tarn_cluster::Result<()> {
