@@ -751,6 +751,8 @@ pub struct ShardStatus {
     pub state: String,
     /// While fenced: the node taking it (empty otherwise).
     pub moving_to: String,
+    /// The shard's last failed move, until one succeeds (empty when none failed).
+    pub move_problem: String,
 }
 
 impl ClusterStatus {
@@ -776,6 +778,7 @@ impl ClusterStatus {
                     epoch: s.epoch,
                     state: s.state,
                     moving_to: s.moving_to,
+                    move_problem: s.move_problem,
                 })
                 .collect(),
             etcd_connected: reply.etcd_connected,

@@ -14,6 +14,7 @@
 //! <prefix>collections/<name>                CollectionDef JSON
 //! <prefix>shards/<name>/<shard, 5 digits>   ShardAssignment JSON ("00000" to "01023")
 //! <prefix>draining/<node_id>                "{}": the node is being drained (until cancelled)
+//! <prefix>moves/<name>/<shard, 5 digits>    MoveFailure JSON: the shard's last failed move
 //! <prefix>dropped/<name>/<uid, 16 hex>      "{}": a dropped collection's tombstone (kept)
 //! <prefix>cluster                           {"cluster_id": ...}: the cluster's identity
 //! <prefix>elections/<election>/...          etcd's election keys (EtcdStore::campaign)
@@ -62,7 +63,9 @@ use tokio::task::JoinHandle;
 
 use crate::copies::ShardRecord;
 use crate::error::{ClusterError, Result};
-use crate::map::{ClusterState, CollectionDef, CollectionMap, NodeInfo, ShardAssignment};
+use crate::map::{
+    ClusterState, CollectionDef, CollectionMap, MoveFailure, NodeInfo, ShardAssignment,
+};
 use crate::store::{
     ClusterIdentity, ClusterStore, Liveness, Registration, ShardSwap, StoreIdentity,
 };
@@ -570,6 +573,36 @@ impl ClusterStore for EtcdStore {
             .ok_or_else(|| ClusterError::StoreUnavailable("the cluster id vanished".to_owned()))
     }
 
+    async fn record_move_failure(
+        &self,
+        collection: &str,
+        shard: u32,
+        failure: Option<&MoveFailure>,
+    ) -> Result<()> {
+        let inner = &self.inner;
+        let key = inner.key(&format!("moves/{collection}/{shard:05}"));
+        match failure {
+            Some(failure) => {
+                let value = encode(&key, failure)?;
+                inner
+                    .call(
+                        "record a failed move",
+                        inner.client.put(key.as_bytes(), &value, 0),
+                    )
+                    .await?;
+            }
+            None => {
+                inner
+                    .call(
+                        "clear a failed move",
+                        inner.client.delete(key.as_bytes(), false),
+                    )
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
     async fn set_draining(&self, node_id: &str, draining: bool) -> Result<()> {
         let inner = &self.inner;
         let key = inner.key(&format!("draining/{node_id}"));
@@ -683,6 +716,7 @@ impl Inner {
         vec![
             delete_op(&self.key(&format!("collections/{name}")), false),
             delete_op(&self.key(&format!("shards/{name}/")), true),
+            delete_op(&self.key(&format!("moves/{name}/")), true),
         ]
     }
 
@@ -1133,6 +1167,7 @@ struct View {
     defs: BTreeMap<String, CollectionDef>,
     shards: BTreeMap<String, BTreeMap<u32, ShardAssignment>>,
     draining: std::collections::BTreeSet<String>,
+    move_failures: BTreeMap<(String, u32), MoveFailure>,
     /// Collection records that did not decode, by key: the collection's name and why.
     unreadable: BTreeMap<String, (String, String)>,
 }
@@ -1143,6 +1178,7 @@ enum KeyKind<'a> {
     Collection(&'a str),
     Shard(&'a str, u32),
     Draining(&'a str),
+    MoveFailure(&'a str, u32),
     /// Election keys, and anything a newer tarn may add.
     Other,
 }
@@ -1162,6 +1198,14 @@ fn key_kind<'a>(prefix: &str, key: &'a [u8]) -> KeyKind<'a> {
     }
     if let Some(id) = relative.strip_prefix("draining/") {
         return KeyKind::Draining(id);
+    }
+    if let Some((name, shard)) = relative
+        .strip_prefix("moves/")
+        .and_then(|rest| rest.rsplit_once('/'))
+    {
+        if let Ok(shard) = shard.parse() {
+            return KeyKind::MoveFailure(name, shard);
+        }
     }
     if let Some((name, shard)) = relative
         .strip_prefix("shards/")
@@ -1205,6 +1249,11 @@ impl View {
                 self.draining.insert(id.to_owned());
                 Ok(())
             }
+            KeyKind::MoveFailure(name, shard) => {
+                decode::<MoveFailure>(&key_text, value).map(|failure| {
+                    self.move_failures.insert((name.to_owned(), shard), failure);
+                })
+            }
             KeyKind::Other => Ok(()),
         };
         if let Err(e) = outcome {
@@ -1243,6 +1292,9 @@ impl View {
             KeyKind::Draining(id) => {
                 self.draining.remove(id);
             }
+            KeyKind::MoveFailure(name, shard) => {
+                self.move_failures.remove(&(name.to_owned(), shard));
+            }
             KeyKind::Other => {}
         }
     }
@@ -1280,6 +1332,7 @@ impl View {
             collections,
             draining: self.draining.clone(),
             unreadable,
+            move_failures: self.move_failures.clone(),
         }
     }
 }

@@ -16,9 +16,9 @@ pub use copies::{fate_of_copy, CopyFate, ShardRecord};
 pub use error::{ClusterError, Result};
 pub use etcd::{EtcdStore, Leadership, DEFAULT_PREFIX, ELECTION_TTL, REQUEST_TIMEOUT};
 pub use map::{
-    initial_placement, plan_move, shard_for, ClusterState, CollectionDef, CollectionMap, NodeInfo,
-    PlannedMove, ReadPositions, ShardAssignment, ShardKey, ShardName, ShardState, TokenPosition,
-    DEFAULT_SHARDS, MAX_SHARDS,
+    initial_placement, plan_move, shard_for, ClusterState, CollectionDef, CollectionMap,
+    MoveFailure, NodeInfo, PlannedMove, ReadPositions, ShardAssignment, ShardKey, ShardName,
+    ShardState, TokenPosition, DEFAULT_SHARDS, MAX_SHARDS,
 };
 pub use merge::{merge_top_k, ShardHit};
 pub use store::{

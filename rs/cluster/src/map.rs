@@ -213,6 +213,36 @@ pub struct ClusterState {
     /// newer version, or damaged), by name, with why. They are not in `collections`, and they
     /// are not absent either: calls naming them fail, and their local shards are left alone.
     pub unreadable: BTreeMap<String, String>,
+    /// The last failed moves of shards, by (collection, shard), until one succeeds: the
+    /// coordinator backs off by them, and status shows them.
+    pub move_failures: BTreeMap<(String, u32), MoveFailure>,
+}
+
+/// A shard's failed moves ([`ClusterState::move_failures`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveFailure {
+    /// The node that was to take the shard.
+    pub to: String,
+    /// Why the last attempt failed.
+    pub error: String,
+    /// Failed attempts in a row.
+    pub failures: u32,
+    /// When the last attempt failed (Unix milliseconds).
+    pub at_unix_ms: u64,
+}
+
+impl MoveFailure {
+    /// How long after the last failure the next attempt waits: 2 s doubling per failure in a
+    /// row, at most 5 minutes.
+    pub fn backoff(&self) -> std::time::Duration {
+        let shift = self.failures.saturating_sub(1).min(8);
+        std::time::Duration::from_secs((2u64 << shift).min(300))
+    }
+
+    /// Whether the next attempt may start at `now_unix_ms`.
+    pub fn may_retry_at(&self, now_unix_ms: u64) -> bool {
+        now_unix_ms >= self.at_unix_ms + self.backoff().as_millis() as u64
+    }
 }
 
 impl ClusterState {
@@ -601,6 +631,20 @@ mod token_tests {
 
     fn at(shard: u32, epoch: u64, seq: u64) -> TokenPosition {
         TokenPosition { shard, epoch, seq }
+    }
+
+    #[test]
+    fn failed_moves_back_off_doubling_to_five_minutes() {
+        let failure = |failures| MoveFailure {
+            to: "n2".into(),
+            error: "x".into(),
+            failures,
+            at_unix_ms: 1_000_000,
+        };
+        let waits: Vec<u64> = (1..=10).map(|n| failure(n).backoff().as_secs()).collect();
+        assert_eq!(waits, vec![2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        assert!(!failure(1).may_retry_at(1_001_999));
+        assert!(failure(1).may_retry_at(1_002_000));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use crate::copies::ShardRecord;
 use crate::error::{ClusterError, Result};
-use crate::map::{ClusterState, CollectionMap, NodeInfo, ShardAssignment};
+use crate::map::{ClusterState, CollectionMap, MoveFailure, NodeInfo, ShardAssignment};
 
 /// A node's membership: alive while this handle lives and the store can reach it. Dropping it
 /// ends the membership (the lease is revoked, or simply lapses if the process dies).
@@ -178,6 +178,15 @@ pub trait ClusterStore: Send + Sync + std::fmt::Debug + 'static {
     /// Creates the cluster's identity unless one exists; returns the one stored.
     async fn create_identity(&self, proposed: &ClusterIdentity) -> Result<ClusterIdentity>;
 
+    /// Records a shard's failed move (`Some`), or clears the record (`None`, after a move of it
+    /// succeeded). Shown in [`ClusterState::move_failures`].
+    async fn record_move_failure(
+        &self,
+        collection: &str,
+        shard: u32,
+        failure: Option<&MoveFailure>,
+    ) -> Result<()>;
+
     /// Marks `node_id` for draining (`true`) or clears the mark.
     async fn set_draining(&self, node_id: &str, draining: bool) -> Result<()>;
 
@@ -311,6 +320,7 @@ impl ClusterStore for MemoryStore {
     async fn drop_collection(&self, name: &str) -> Result<bool> {
         Ok(self.change(|s| match s.collections.remove(name) {
             Some(map) => {
+                s.move_failures.retain(|(c, _), _| c != name);
                 self.dropped.lock().insert((name.to_owned(), map.def.uid));
                 true
             }
@@ -369,6 +379,20 @@ impl ClusterStore for MemoryStore {
             .lock()
             .get_or_insert_with(|| proposed.clone())
             .clone())
+    }
+
+    async fn record_move_failure(
+        &self,
+        collection: &str,
+        shard: u32,
+        failure: Option<&MoveFailure>,
+    ) -> Result<()> {
+        let key = (collection.to_owned(), shard);
+        self.change(|s| match failure {
+            Some(f) => s.move_failures.insert(key, f.clone()).as_ref() != Some(f),
+            None => s.move_failures.remove(&key).is_some(),
+        });
+        Ok(())
     }
 
     async fn set_draining(&self, node_id: &str, draining: bool) -> Result<()> {

@@ -465,6 +465,31 @@ async fn store_semantics(store: &impl ClusterStore) {
     .await;
     assert_eq!(state.collections["docs2"].shards[1], assignment("n1", 1));
 
+    // A shard's failed moves: recorded, shown, cleared; gone with the collection.
+    let failure = tarn_cluster::MoveFailure {
+        to: "n3".into(),
+        error: "cannot catch up".into(),
+        failures: 2,
+        at_unix_ms: 7,
+    };
+    store
+        .record_move_failure("docs2", 1, Some(&failure))
+        .await
+        .unwrap();
+    wait_until(&mut rx, WAIT, "a failed move shown", |s| {
+        s.move_failures.get(&("docs2".to_owned(), 1)) == Some(&failure)
+    })
+    .await;
+    store.record_move_failure("docs2", 1, None).await.unwrap();
+    wait_until(&mut rx, WAIT, "a failed move cleared", |s| {
+        s.move_failures.is_empty()
+    })
+    .await;
+    store
+        .record_move_failure("docs2", 0, Some(&failure))
+        .await
+        .unwrap();
+
     // Linearizable shard records: assigned, dropped (a tombstone), unknown.
     assert_eq!(
         store.read_shard("docs2", 3, 0).await.unwrap(),
@@ -486,6 +511,13 @@ async fn store_semantics(store: &impl ClusterStore) {
     // A collection created again after a drop is the new one; a swap planned on the old one
     // (same name, same epoch) does not land on it.
     assert!(store.drop_collection("docs2").await.unwrap());
+    wait_until(
+        &mut rx,
+        WAIT,
+        "a dropped collection's failed moves gone",
+        |s| s.move_failures.is_empty(),
+    )
+    .await;
     let docs2_again = collection("docs2", 4, &["n1"]);
     assert!(store.create_collection(&docs2_again).await.unwrap());
     wait_until(&mut rx, WAIT, "docs2 created again", |s| {

@@ -114,6 +114,7 @@ fn print_cluster_status(status: &tarn_client::ClusterStatus, json: bool) {
             "shards": status.shards.iter().map(|s| serde_json::json!({
                 "collection": s.collection, "shard": s.shard, "node_id": s.node_id,
                 "epoch": s.epoch, "state": s.state, "moving_to": s.moving_to,
+                "move_problem": s.move_problem,
             })).collect::<Vec<_>>(),
         });
         println!("{value}");
@@ -164,6 +165,9 @@ fn print_cluster_status(status: &tarn_client::ClusterStatus, json: bool) {
                 format!("{} (moving to {})", shard.state, shard.moving_to)
             }
         );
+        if !shard.move_problem.is_empty() {
+            println!("{:>27} {}", "", shard.move_problem);
+        }
     }
 }
 

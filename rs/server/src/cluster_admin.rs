@@ -112,6 +112,7 @@ impl Cluster for ClusterAdmin {
                     }
                     .to_owned(),
                     moving_to: String::new(),
+                    move_problem: String::new(),
                 })
                 .collect(),
             applied: request.confirm,
@@ -160,6 +161,16 @@ impl Cluster for ClusterAdmin {
                     }
                     .to_owned(),
                     moving_to: assignment.moving_to.clone().unwrap_or_default(),
+                    move_problem: state
+                        .move_failures
+                        .get(&(map.def.name.clone(), shard as u32))
+                        .map(|f| {
+                            format!(
+                                "moving to {} failed {} times in a row, the last: {}",
+                                f.to, f.failures, f.error
+                            )
+                        })
+                        .unwrap_or_default(),
                 });
             }
         }

@@ -47,10 +47,12 @@ const ENTRIES_BATCH_BYTES: usize = 1 << 20;
 const TAIL_POLL: Duration = Duration::from_millis(2);
 /// How often an idle stream tells the taker where the owner's log is.
 const HEARTBEAT: Duration = Duration::from_millis(50);
-/// The taker fences the shard once it is at most this many entries behind...
+/// The taker fences the shard only once it is at most this many entries behind, so that the
+/// write pause (fence to flip) covers a short backlog.
 const FENCE_LAG_ENTRIES: u64 = 128;
-/// ...or once it has been catching up this long (the write pause then covers the rest).
-const CATCH_UP_LIMIT: Duration = Duration::from_secs(60);
+/// A taker that has not come that close after this long gives up (no fence was set: writes
+/// never paused); the coordinator backs off before it tries the shard again.
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(120);
 /// From the fence to the owner's last entry: past this the move is abandoned, the fence lifted.
 const HANDOVER_LIMIT: Duration = Duration::from_secs(15);
 /// A stream that says nothing for this long is broken.
@@ -325,6 +327,17 @@ async fn pause_point(name: &str) {
     let _ = name;
 }
 
+/// Test builds: a failure at a named point of a move, set by a fail point `<name>=return`.
+fn fail_point(name: &str) -> Result<(), ApiError> {
+    #[cfg(feature = "failpoints")]
+    if fail::eval(name, |_| ()).is_some() {
+        return Err(ApiError::Unavailable(format!("fail point {name}")));
+    }
+    #[cfg(not(feature = "failpoints"))]
+    let _ = name;
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // The taker's side: `Cluster/PullShard`.
 
@@ -492,6 +505,7 @@ async fn copy_and_flip(
     fence: &mut Option<ShardAssignment>,
 ) -> Result<pb::PullShardResponse, ApiError> {
     let started = Instant::now();
+    fail_point("moves::fail_pull")?;
     let channel = node.peer(&from.owner).await?;
     let mut client = pb::cluster_client::ClusterClient::new(channel)
         .max_decoding_message_size(64 << 20)
@@ -567,8 +581,19 @@ async fn copy_and_flip(
             }
             break message.last_seq_no;
         }
-        let close = message.head_seq_no.saturating_sub(applied) <= FENCE_LAG_ENTRIES;
-        if fenced_at.is_none() && (close || catch_up_started.elapsed() > CATCH_UP_LIMIT) {
+        let behind = message.head_seq_no.saturating_sub(applied);
+        if fenced_at.is_none() && behind > FENCE_LAG_ENTRIES {
+            if catch_up_started.elapsed() > CATCH_UP_LIMIT {
+                return Err(ApiError::Aborted(format!(
+                    "cannot catch up: still {behind} entries behind the owner after {} s of \
+                     copying (the shard takes writes faster than they can be copied); writes \
+                     were never paused",
+                    CATCH_UP_LIMIT.as_secs()
+                )));
+            }
+            continue;
+        }
+        if fenced_at.is_none() {
             pause_point("moves::before_fence").await;
             let fenced = from.fenced_for(&node.node_id);
             let swapped = node
@@ -746,12 +771,43 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
                     }
                 }
             }
-            match plan_move(&state) {
+            let planned = plan_move(&state);
+            let key = planned.as_ref().map(|p| (p.collection.clone(), p.shard));
+            let failed_before = key.as_ref().and_then(|k| state.move_failures.get(k));
+            match planned {
+                // Backing off a shard whose moves failed: wait for the time, or a change.
+                Some(_) if failed_before.is_some_and(|f| !f.may_retry_at(unix_ms())) => {
+                    drop(node);
+                    let _ = tokio::time::timeout(Duration::from_secs(1), watch.changed()).await;
+                }
                 Some(planned) => {
-                    if let Err(error) = request_move(&node, &planned).await {
-                        tracing::warn!(collection = %planned.collection, shard = planned.shard,
-                            from = %planned.from, to = %planned.to, %error, "planned move failed");
-                        tokio::time::sleep(Duration::from_secs(2)).await;
+                    let outcome = request_move(&node, &planned).await;
+                    let failure = match &outcome {
+                        Ok(()) => None,
+                        Err(error) => {
+                            tracing::warn!(collection = %planned.collection, shard = planned.shard,
+                                from = %planned.from, to = %planned.to, %error, "planned move failed");
+                            Some(tarn_cluster::MoveFailure {
+                                to: planned.to.clone(),
+                                error: error.to_string(),
+                                failures: failed_before.map_or(0, |f| f.failures) + 1,
+                                at_unix_ms: unix_ms(),
+                            })
+                        }
+                    };
+                    if failure.is_some() || failed_before.is_some() {
+                        if let Err(error) = node
+                            .store()
+                            .record_move_failure(
+                                &planned.collection,
+                                planned.shard,
+                                failure.as_ref(),
+                            )
+                            .await
+                        {
+                            tracing::warn!(%error, "could not record a move's outcome");
+                            tokio::time::sleep(Duration::from_secs(2)).await;
+                        }
                     }
                 }
                 None => {
@@ -762,6 +818,13 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
         }
         tracing::warn!(%node_id, "no longer the placement coordinator");
     }
+}
+
+/// Milliseconds since the Unix epoch (move failure records are read by every node).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Asks the taker of a planned move to pull its shard (in-process when it is this node).

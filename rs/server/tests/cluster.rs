@@ -927,6 +927,17 @@ impl tarn_cluster::ClusterStore for LosingFlipStore {
         self.inner.create_identity(proposed).await
     }
 
+    async fn record_move_failure(
+        &self,
+        collection: &str,
+        shard: u32,
+        failure: Option<&tarn_cluster::MoveFailure>,
+    ) -> tarn_cluster::Result<()> {
+        self.inner
+            .record_move_failure(collection, shard, failure)
+            .await
+    }
+
     async fn set_draining(&self, node_id: &str, draining: bool) -> tarn_cluster::Result<()> {
         self.inner.set_draining(node_id, draining).await
     }
@@ -1994,6 +2005,80 @@ fn processes_a_node_cut_off_from_etcd_stops_acknowledging_and_keeps_its_data() {
         }
         assert_all_there(&c1, "cut", &acked.all()).await;
     });
+}
+
+/// A move that keeps failing is shown in status (to whom, how many times, why) and retried
+/// with a doubling backoff, not every 2 s; once the taker can pull, the move goes through and
+/// the record is cleared.
+#[test]
+fn processes_failed_moves_back_off_and_show_in_status() {
+    let Some((dir, etcd, mut nodes)) = real_cluster(1, 2) else {
+        return;
+    };
+    let rt = runtime();
+    let c1 = rt.block_on(async {
+        let c1 = Client::connect(nodes[0].addr()).await.unwrap();
+        c1.create_collection(
+            CollectionSpec::new("stuck", 4)
+                .metric(Metric::L2)
+                .shards(2, ShardKey::Doc),
+        )
+        .await
+        .unwrap();
+        insert_docs(&c1, "stuck", 1, 50, 4).await;
+        c1
+    });
+    let mut n2 = Node {
+        id: "n2".into(),
+        dir: dir.path().join("n2"),
+        port: free_port(),
+        lease_seconds: 2,
+        server: None,
+    };
+    n2.start_with_env(
+        &etcd.endpoint(),
+        &[("FAILPOINTS", "moves::fail_pull=return")],
+    );
+    let problem = |s: &tarn_client::ClusterStatus| {
+        s.shards
+            .iter()
+            .find(|s| !s.move_problem.is_empty())
+            .map(|s| s.move_problem.clone())
+    };
+    rt.block_on(async {
+        let status = wait_for_status(&c1, Duration::from_secs(20), "a failed move shown", |s| {
+            problem(s).is_some()
+        })
+        .await;
+        let shown = problem(&status).unwrap();
+        assert!(shown.contains("moving to n2 failed 1 times"), "{shown}");
+        assert!(shown.contains("fail point"), "{shown}");
+        // 2 s, 4 s, 8 s between attempts: at most 4 in 12 s (every 2 s would be 7).
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        let status = c1.cluster_status().await.unwrap();
+        let shown = problem(&status).unwrap();
+        let n: u32 = shown
+            .split("failed ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        assert!((2..=4).contains(&n), "{n} attempts: {shown}");
+        assert!(status.shards.iter().all(|s| s.node_id == "n1"));
+    });
+    // The taker can pull again: the move goes through, the record goes.
+    n2.kill();
+    n2.start(&etcd.endpoint());
+    rt.block_on(async {
+        wait_for_status(
+            &c1,
+            Duration::from_secs(60),
+            "the move done, its record cleared",
+            |s| problem(s).is_none() && s.shards.iter().any(|s| s.node_id == "n2"),
+        )
+        .await;
+    });
+    nodes.push(n2);
 }
 
 /// CPU seconds (user + system) a process has used so far, from /proc.
