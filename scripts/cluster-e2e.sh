@@ -10,7 +10,16 @@
 #   - a second node with a live id refused;
 #   - shard moves under writes through every node: a joining node killed while catching up,
 #     the old owner killed between fence and flip, the placement settling with the new node,
-#     a SIGSTOPped node routing with a stale map while a node is drained.
+#     a SIGSTOPped node routing with a stale map while a node is drained;
+#   - cluster identity: nodes with data refuse an empty etcd and another cluster's, set their
+#     shards aside (never delete them) against an etcd rolled back behind their back, and
+#     --force-new-cluster; set-aside copies listed, imported whole, dropped;
+#   - a node cut off from etcd by a silent proxy partition stops acknowledging writes before
+#     its lease can lapse; forget, then the healed node sets its copies aside;
+#   - failed moves shown in status and retried with a doubling backoff;
+#   - the seeded nemesis: writers and searchers through three nodes while kill -9 and restart,
+#     SIGSTOP, etcd connections cut, graceful restarts, drains and cancels follow one another
+#     (TARN_NEMESIS_SEED, TARN_NEMESIS_SECONDS, default 90 s; the seed is printed).
 # Every scenario checks each acknowledged write (present once, with its vector) and fails the
 # script (non-zero exit) on any lost or duplicated one. Run by scripts/check.sh.
 #   scripts/cluster-e2e.sh [a test name filter; default: processes_, all of them]
