@@ -168,6 +168,10 @@ impl From<tonic::Status> for Error {
         // A connection that broke mid-call comes back from tonic as UNKNOWN or CANCELLED with
         // the transport error as its source: for the caller, the server became unreachable.
         let code = match status.code() {
+            // The call's own deadline (`grpc-timeout`, enforced here too) ran out.
+            tonic::Code::Cancelled if status.message() == "Timeout expired" => {
+                Code::DeadlineExceeded
+            }
             tonic::Code::Unknown | tonic::Code::Cancelled
                 if std::error::Error::source(&status).is_some() =>
             {

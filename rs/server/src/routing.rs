@@ -108,7 +108,19 @@ impl TarnService {
                     Some(m) => Arc::clone(m),
                     None => Arc::new(map.clone()),
                 };
-                call(target, shared).await
+                // Every shard call ends by the caller's deadline, whatever the owner does (a
+                // stopped process keeps its connections open and never answers).
+                let left = until.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(left, call(target, shared)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(ApiError::DeadlineExceeded(format!(
+                        "shard {shard} of collection '{}' on node {} did not answer within \
+                         the deadline ({:.1} s)",
+                        map.def.name,
+                        assignment.owner,
+                        deadline.as_secs_f64()
+                    ))),
+                }
             };
             match result {
                 Err(error) if is_stale_map(&error) && Instant::now() < until => {
@@ -449,13 +461,16 @@ impl TarnService {
         Ok(docs)
     }
 
-    /// `GetCollection` of a sharded collection: every shard's counters, summed.
+    /// `GetCollection` of a sharded collection: every shard's counters, summed. Within the
+    /// client's deadline (or [`INFO_DEADLINE`]).
     pub(crate) async fn routed_info(
         &self,
         cluster: &ClusterNode,
         map: &CollectionMap,
         api_key: Option<&str>,
+        deadline: Option<Duration>,
     ) -> Result<pb::CollectionInfo, ApiError> {
+        let deadline = deadline.unwrap_or(INFO_DEADLINE);
         let parts = (0..map.def.n_shards).map(|shard| (shard, ())).collect();
         let answers = self
             .fan_out("GetCollection", parts, |shard, ()| {
@@ -487,15 +502,7 @@ impl TarnService {
                         }
                     }
                 };
-                self.on_shard(
-                    cluster,
-                    map,
-                    shard,
-                    Access::Read,
-                    INFO_DEADLINE,
-                    api_key,
-                    call,
-                )
+                self.on_shard(cluster, map, shard, Access::Read, deadline, api_key, call)
             })
             .await;
         let config: tarn_collection::CollectionConfig =
@@ -528,13 +535,15 @@ impl TarnService {
     }
 
     /// `Flush` of a sharded collection: every shard checkpoints; the answer is the sum of their
-    /// checkpointed sequence numbers.
+    /// checkpointed sequence numbers. Within the client's deadline (or [`FLUSH_DEADLINE`]).
     pub(crate) async fn routed_flush(
         &self,
         cluster: &ClusterNode,
         collection: &str,
         api_key: Option<&str>,
+        deadline: Option<Duration>,
     ) -> Result<u64, ApiError> {
+        let deadline = deadline.unwrap_or(FLUSH_DEADLINE);
         let map = cluster.map(collection).await?;
         let parts = (0..map.def.n_shards).map(|shard| (shard, ())).collect();
         let answers = self
@@ -552,15 +561,7 @@ impl TarnService {
                         }
                     }
                 };
-                self.on_shard(
-                    cluster,
-                    map,
-                    shard,
-                    Access::Read,
-                    FLUSH_DEADLINE,
-                    api_key,
-                    call,
-                )
+                self.on_shard(cluster, map, shard, Access::Read, deadline, api_key, call)
             })
             .await;
         let mut total = 0;
@@ -578,7 +579,7 @@ enum Access {
     Write,
 }
 
-/// How long `GetCollection` and `Flush` keep retrying a shard that moves under them.
+/// How long `GetCollection` and `Flush` may take when the client sets no deadline.
 const INFO_DEADLINE: Duration = Duration::from_secs(10);
 const FLUSH_DEADLINE: Duration = Duration::from_secs(60);
 
@@ -667,7 +668,10 @@ impl TarnService {
             }
         };
         tracing::info!(collection = %name, n_copied, seq_no = info.seq_no, "snapshot imported into the cluster");
-        Ok((self.routed_info(cluster, &map, api_key).await?, info.seq_no))
+        Ok((
+            self.routed_info(cluster, &map, api_key, None).await?,
+            info.seq_no,
+        ))
     }
 
     /// `Cluster/ImportSetAside`: every live document of the set-aside copy `name` inserted

@@ -243,11 +243,14 @@ impl Tarn for TarnService {
         let result = async {
             self.keys.check(&request, Access::Write)?;
             let api_key = crate::auth::api_key(&request);
+            let deadline = client_deadline(&request);
             let request = request.into_inner();
             let config = convert::collection_config(&request)?;
             if let Some(cluster) = &self.cluster {
                 let map = cluster.create_collection(&request, config).await?;
-                let info = self.routed_info(cluster, &map, api_key.as_deref()).await?;
+                let info = self
+                    .routed_info(cluster, &map, api_key.as_deref(), deadline)
+                    .await?;
                 return Ok(pb::CreateCollectionResponse {
                     collection: Some(info),
                 });
@@ -314,10 +317,13 @@ impl Tarn for TarnService {
             self.keys.check(&request, Access::Read)?;
             self.check_shard_address(&request, &request.get_ref().name)?;
             let api_key = crate::auth::api_key(&request);
+            let deadline = client_deadline(&request);
             let name = &request.get_ref().name;
             if let Some(cluster) = self.router(name) {
                 let map = cluster.map(name).await?;
-                let info = self.routed_info(cluster, &map, api_key.as_deref()).await?;
+                let info = self
+                    .routed_info(cluster, &map, api_key.as_deref(), deadline)
+                    .await?;
                 return Ok(pb::GetCollectionResponse {
                     collection: Some(info),
                 });
@@ -494,9 +500,13 @@ impl Tarn for TarnService {
             self.keys.check(&request, Access::Write)?;
             self.check_shard_address(&request, &request.get_ref().collection)?;
             let api_key = crate::auth::api_key(&request);
+            let deadline = client_deadline(&request);
             let name = &request.get_ref().collection;
             let flushed_seq_no = match self.router(name) {
-                Some(cluster) => self.routed_flush(cluster, name, api_key.as_deref()).await?,
+                Some(cluster) => {
+                    self.routed_flush(cluster, name, api_key.as_deref(), deadline)
+                        .await?
+                }
                 None => self.local_flush(name).await?,
             };
             Ok(pb::FlushResponse { flushed_seq_no })

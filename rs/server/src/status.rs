@@ -50,6 +50,9 @@ pub enum ApiError {
     /// Cluster mode: etcd cannot be reached (placement waits until it is back).
     #[error("cluster coordination unavailable: {0}")]
     ClusterStore(String),
+    /// A call that did not finish within the client's deadline (or the default one).
+    #[error("{0}")]
+    DeadlineExceeded(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -105,6 +108,7 @@ impl From<ApiError> for Status {
             | ApiError::ClusterStore(_)
             | ApiError::Unavailable(_) => Status::unavailable(message),
             ApiError::Forwarded(error) => Status::new(forwarded_code(error.code()), message),
+            ApiError::DeadlineExceeded(_) => Status::deadline_exceeded(message),
             ApiError::Internal(_) => Status::internal(message),
         }
     }

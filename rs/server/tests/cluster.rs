@@ -2272,6 +2272,66 @@ fn processes_nemesis_seeded_faults_lose_no_acknowledged_write() {
     });
 }
 
+/// GetCollection and Flush fan out to every shard: with a shard's owner stopped (SIGSTOP: its
+/// connections stay open and never answer) they end by the client's deadline with
+/// DEADLINE_EXCEEDED naming the shard and node, or by the default deadline when the client sets
+/// none; nothing hangs.
+#[test]
+fn processes_forwarded_admin_calls_keep_the_caller_s_deadline() {
+    use rustix::process::Signal;
+    // A lease that outlasts the test's stop: the stopped node stays a live owner.
+    let Some((_dir, _etcd, nodes)) = real_cluster(2, 30) else {
+        return;
+    };
+    let rt = runtime();
+    rt.block_on(async {
+        let c1 = Client::connect(nodes[0].addr()).await.unwrap();
+        c1.create_collection(
+            CollectionSpec::new("slow", 4)
+                .metric(Metric::L2)
+                .shards(4, ShardKey::Doc),
+        )
+        .await
+        .unwrap();
+        insert_docs(&c1, "slow", 1, 50, 4).await;
+    });
+    nodes[1].signal(Signal::STOP);
+    rt.block_on(async {
+        let hurried = Client::builder(nodes[0].addr())
+            .timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .unwrap();
+        for call in ["GetCollection", "Flush"] {
+            let started = Instant::now();
+            let error = match call {
+                "GetCollection" => hurried.collection_info("slow").await.map(|_| ()),
+                _ => hurried.flush("slow").await.map(|_| ()),
+            }
+            .unwrap_err();
+            let took = started.elapsed();
+            assert_eq!(error.code(), Code::DeadlineExceeded, "{call}: {error}");
+            assert!(took < Duration::from_secs(4), "{call} took {took:?}");
+        }
+        // No client deadline: the server's default one (10 s for GetCollection).
+        let patient = Client::connect(nodes[0].addr()).await.unwrap();
+        let started = Instant::now();
+        let error = patient.collection_info("slow").await.unwrap_err();
+        assert_eq!(error.code(), Code::DeadlineExceeded, "{error}");
+        assert!(error.message().contains("n2"), "{error}");
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{:?}",
+            started.elapsed()
+        );
+    });
+    nodes[1].signal(Signal::CONT);
+    rt.block_on(async {
+        let c1 = Client::connect(nodes[0].addr()).await.unwrap();
+        assert_eq!(c1.collection_info("slow").await.unwrap().n_documents, 50);
+    });
+}
+
 /// CPU seconds (user + system) a process has used so far, from /proc.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
