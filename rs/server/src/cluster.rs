@@ -603,7 +603,9 @@ impl ClusterNode {
             def,
         };
         if map.shards.is_empty() {
-            return Err(ApiError::Internal("no live node to place shards on".into()));
+            return Err(ApiError::Unavailable(
+                "no live node to place shards on (etcd shows none registered)".into(),
+            ));
         }
         if !self
             .store

@@ -528,7 +528,13 @@ impl TarnService {
             total.bytes_on_disk += info.bytes_on_disk;
             total.n_sealed_segments += info.n_sealed_segments;
             total.n_removed_not_compacted += info.n_removed_not_compacted;
-            total.n_tenants += info.n_tenants;
+            // USER sharding: a tenant lives on one shard, so the sum is exact. DOC sharding: a
+            // tenant's documents spread over shards, so a sum counts it once per shard; the
+            // largest shard's count is a lower bound that never overcounts.
+            total.n_tenants = match map.def.shard_key {
+                tarn_cluster::ShardKey::User => total.n_tenants + info.n_tenants,
+                tarn_cluster::ShardKey::Doc => total.n_tenants.max(info.n_tenants),
+            };
             total.n_unindexed += info.n_unindexed;
         }
         Ok(total)

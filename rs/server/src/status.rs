@@ -104,9 +104,17 @@ impl From<ApiError> for Status {
             }
             ApiError::StaleShardMap(_) => Status::aborted(message),
             ApiError::Unsupported(_) => Status::failed_precondition(message),
-            ApiError::ShardUnavailable { .. }
-            | ApiError::ClusterStore(_)
-            | ApiError::Unavailable(_) => Status::unavailable(message),
+            ApiError::ClusterStore(detail) => {
+                // The detail names etcd's endpoints: for the log, not for clients.
+                tracing::warn!(error = %detail, "cluster coordination store unavailable");
+                Status::unavailable(
+                    "cluster coordination unavailable: this node cannot reach the cluster's \
+                     coordination store (etcd) now; retry",
+                )
+            }
+            ApiError::ShardUnavailable { .. } | ApiError::Unavailable(_) => {
+                Status::unavailable(message)
+            }
             ApiError::Forwarded(error) => Status::new(forwarded_code(error.code()), message),
             ApiError::DeadlineExceeded(_) => Status::deadline_exceeded(message),
             ApiError::Internal(_) => Status::internal(message),
@@ -149,5 +157,25 @@ fn forwarded_code(code: tarn_client::Code) -> tonic::Code {
         C::DataLoss => tonic::Code::DataLoss,
         C::Unauthenticated => tonic::Code::Unauthenticated,
         _ => tonic::Code::Unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clients_never_see_the_coordination_store_s_endpoints() {
+        let error = ApiError::ClusterStore(
+            "coordination store unavailable: etcd at http://10.0.0.5:2379: no answer in 5s".into(),
+        );
+        let status = Status::from(error);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(
+            !status.message().contains("10.0.0.5"),
+            "{}",
+            status.message()
+        );
+        assert!(status.message().contains("etcd"), "{}", status.message());
     }
 }

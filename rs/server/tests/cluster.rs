@@ -1072,6 +1072,42 @@ fn a_read_token_of_a_given_up_shard_fails_at_once() {
     });
 }
 
+/// GetCollection's tenant count over shards: exact with USER sharding, never a tenant counted
+/// once per shard with DOC sharding.
+#[test]
+fn tenant_counts_over_shards_count_each_tenant_once() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let (servers, _store) = memory_cluster(dir.path(), 2).await;
+        let c1 = Client::connect(servers[0].grpc_addr()).await.unwrap();
+        for (name, key) in [("by_doc", ShardKey::Doc), ("by_user", ShardKey::User)] {
+            c1.create_collection(CollectionSpec::new(name, 4).shards(4, key))
+                .await
+                .unwrap();
+        }
+        // One tenant whose 40 documents spread over the 4 DOC shards.
+        let docs: Vec<u128> = (1..=40).collect();
+        c1.insert(Insert::new("by_doc", docs.clone(), vec![0.5f32; 160]).users([7u128]))
+            .await
+            .unwrap();
+        let shards_used: std::collections::BTreeSet<u32> = docs
+            .iter()
+            .map(|d| tarn_cluster::shard_for(*d, 4))
+            .collect();
+        assert!(shards_used.len() > 1);
+        assert_eq!(c1.collection_info("by_doc").await.unwrap().n_tenants, 1);
+        for user in [1u128, 2, 3] {
+            c1.insert(Insert::new("by_user", [user], vec![0.5f32; 4]).users([user]))
+                .await
+                .unwrap();
+        }
+        assert_eq!(c1.collection_info("by_user").await.unwrap().n_tenants, 3);
+        for server in servers {
+            server.shutdown().await.unwrap();
+        }
+    });
+}
+
 /// Moves over the in-memory map: a node that joins takes its share of a collection while
 /// writers and searchers run through every node, then gives it back when drained; nothing
 /// acknowledged is lost or duplicated, no write or search fails, read tokens from before the
