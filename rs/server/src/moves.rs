@@ -191,7 +191,8 @@ fn send_shard(
     to: &str,
     tx: &mpsc::Sender<StreamItem>,
 ) -> Result<Option<u64>, ApiError> {
-    let send = |message: pb::ShardStreamMessage| send_within(tx, message, STREAM_IDLE_LIMIT);
+    let idle_limit = stream_idle_limit();
+    let send = |message: pb::ShardStreamMessage| send_within(tx, message, idle_limit);
     let mut snapshot = collection.snapshot()?;
     let mut buf = vec![0u8; SNAPSHOT_CHUNK_BYTES];
     loop {
@@ -284,6 +285,18 @@ fn send_shard(
         return Ok(None);
     }
     Ok(Some(last))
+}
+
+/// [`STREAM_IDLE_LIMIT`]; test builds shorten it with the fail point
+/// `moves::stream_idle_ms=return(<ms>)`.
+fn stream_idle_limit() -> Duration {
+    #[cfg(feature = "failpoints")]
+    if let Some(Some(ms)) = fail::eval("moves::stream_idle_ms", |arg| {
+        arg.and_then(|a| a.parse::<u64>().ok())
+    }) {
+        return Duration::from_millis(ms);
+    }
+    STREAM_IDLE_LIMIT
 }
 
 /// Sends one message, waiting at most `limit` for the taker to make room; `false` if the

@@ -2368,6 +2368,107 @@ fn processes_forwarded_admin_calls_keep_the_caller_s_deadline() {
     });
 }
 
+/// A shard stream whose taker reads nothing ends after the idle limit (shortened to 500 ms by a
+/// fail point here; 30 s in production), releasing its thread and WAL pin: with 4 such streams
+/// held unread, a fifth is refused at once, and a moment later streams open again.
+#[test]
+fn processes_unread_shard_streams_end_and_release_their_slot() {
+    use tarn_proto::v1 as pb;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let mut n1 = Node {
+        id: "n1".into(),
+        dir: dir.path().join("n1"),
+        port: free_port(),
+        lease_seconds: 2,
+        server: None,
+    };
+    n1.start_with_env(
+        &etcd.endpoint(),
+        &[("FAILPOINTS", "moves::stream_idle_ms=return(500)")],
+    );
+    let mut n2 = Node {
+        id: "n2".into(),
+        dir: dir.path().join("n2"),
+        port: free_port(),
+        lease_seconds: 2,
+        server: None,
+    };
+    runtime().block_on(async {
+        let c1 = Client::connect(n1.addr()).await.unwrap();
+        // A shard with enough data that its snapshot does not fit in the stream's buffer.
+        c1.create_collection(CollectionSpec::new("pinned", 64).shards(1, ShardKey::Doc))
+            .await
+            .unwrap();
+        insert_docs(&c1, "pinned", 1, 10_000, 64).await;
+        c1.flush("pinned").await.unwrap();
+        // The taker must be a live node: n2 joins, its moves failing so the shard stays put.
+        n2.start_with_env(
+            &etcd.endpoint(),
+            &[("FAILPOINTS", "moves::fail_pull=return")],
+        );
+        wait_for_status(&c1, Duration::from_secs(10), "n2 alive", |s| {
+            s.nodes.iter().any(|n| n.node_id == "n2" && n.alive)
+        })
+        .await;
+        let raw = raw_etcd(&etcd.endpoint());
+        let record = raw.get(b"/tarn/cluster", false).await.unwrap();
+        let secret = serde_json::from_slice::<serde_json::Value>(&record.kvs[0].value).unwrap()
+            ["node_secret"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let status = c1.cluster_status().await.unwrap();
+        let epoch = status.shards[0].epoch;
+        let state = {
+            let kvs = raw
+                .get(b"/tarn/collections/pinned", false)
+                .await
+                .unwrap()
+                .kvs;
+            serde_json::from_slice::<serde_json::Value>(&kvs[0].value).unwrap()
+        };
+        let uid = state["uid"].as_u64().unwrap();
+        let address = tarn_cluster::ShardName {
+            collection: "pinned".into(),
+            uid,
+            shard: 0,
+        }
+        .address(epoch);
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", n1.addr()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let open = || {
+            let mut request = tonic::Request::new(pb::ShardStreamRequest {
+                shard: address.clone(),
+                to_node: "n2".into(),
+            });
+            request
+                .metadata_mut()
+                .insert(tarn_server::NODE_SECRET_HEADER, secret.parse().unwrap());
+            let mut cluster = pb::cluster_client::ClusterClient::new(channel.clone());
+            async move { cluster.shard_stream(request).await }
+        };
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(open().await.unwrap());
+        }
+        let refused = open().await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused}");
+        // Unread, they end after the idle limit; the slots come back.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        open().await.unwrap();
+        drop(held);
+    });
+    drop(n2);
+    drop(n1);
+}
+
 /// CPU seconds (user + system) a process has used so far, from /proc.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();

@@ -53,7 +53,9 @@ impl Default for WalConfig {
     fn default() -> Self {
         WalConfig {
             segment_bytes: 64 << 20,
-            initial_segment_bytes: 1 << 20,
+            // 64 KiB: a cluster collection of 1,024 shards reserves 64 MiB, not 1 GiB, at the
+            // same append rate (docs/BENCHMARKS.md, "WAL segments").
+            initial_segment_bytes: 64 << 10,
             max_entry_bytes: 64 << 20,
             max_group_bytes: 8 << 20,
             max_group_entries: 4096,
