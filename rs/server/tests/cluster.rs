@@ -780,6 +780,61 @@ async fn write_until(
     (n, failures)
 }
 
+/// One [`write_until`] writer per client on the `moving` collection; what they acknowledge,
+/// the flag that stops them, and their tasks.
+#[allow(clippy::type_complexity)]
+fn start_writers(
+    clients: &[Client],
+    dim: usize,
+) -> (
+    Acked,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    Vec<tokio::task::JoinHandle<(u64, Vec<String>)>>,
+) {
+    let acked: Acked = Default::default();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers = clients
+        .iter()
+        .enumerate()
+        .map(|(w, client)| {
+            tokio::spawn(write_until(
+                client.clone(),
+                1 + w as u128,
+                dim,
+                acked.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    (acked, stop, writers)
+}
+
+/// Searches of tenant 3 in `moving` through `client` until `stop`: how many answered, and the
+/// failures (code and message).
+fn start_searcher(
+    client: Client,
+    dim: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<(u64, Vec<String>)> {
+    tokio::spawn(async move {
+        let (mut ok, mut failures) = (0u64, Vec::new());
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let search = Search::new("moving", vec![0.5; dim])
+                .users(vec![3])
+                .top_k(5)
+                .timeout(Duration::from_secs(10));
+            match client.search(search).await {
+                Ok(_) => ok += 1,
+                Err(e) => {
+                    failures.push(format!("{:?}: {}", e.code(), e.message()));
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        (ok, failures)
+    })
+}
+
 /// Every acknowledged write is there, once: Get of every document through `client`, and the
 /// collection's document count between the live acknowledged documents and those plus the
 /// uncertain ones (a duplicate would go past it).
@@ -2174,38 +2229,10 @@ fn processes_nemesis_seeded_faults_lose_no_acknowledged_write() {
             )
             .await
             .unwrap();
-        let acked: Acked = Default::default();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let writers: Vec<_> = (0..3)
-            .map(|w| {
-                tokio::spawn(write_until(
-                    clients[w].clone(),
-                    1 + w as u128,
-                    DIM,
-                    acked.clone(),
-                    stop.clone(),
-                ))
-            })
-            .collect();
+        let (acked, stop, writers) = start_writers(&clients, DIM);
         let searchers: Vec<_> = clients
             .iter()
-            .map(|client| {
-                let (client, stop) = (client.clone(), stop.clone());
-                tokio::spawn(async move {
-                    let mut failures = Vec::new();
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        let search = Search::new("moving", vec![0.5; DIM])
-                            .users(vec![3])
-                            .top_k(5)
-                            .timeout(Duration::from_secs(10));
-                        if let Err(e) = client.search(search).await {
-                            failures.push(format!("{:?}: {}", e.code(), e.message()));
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                    failures
-                })
-            })
+            .map(|client| start_searcher(client.clone(), DIM, stop.clone()))
             .collect();
         (acked, stop, writers, searchers)
     });
@@ -2287,7 +2314,7 @@ fn processes_nemesis_seeded_faults_lose_no_acknowledged_write() {
             failures.extend(f);
         }
         for searcher in searchers {
-            failures.extend(searcher.await.unwrap());
+            failures.extend(searcher.await.unwrap().1);
         }
         let allowed = ["Unavailable:", "DeadlineExceeded:", "Aborted:"];
         let odd: Vec<&String> = failures
@@ -2467,6 +2494,89 @@ fn processes_unread_shard_streams_end_and_release_their_slot() {
     });
     drop(n2);
     drop(n1);
+}
+
+/// Nodes that advertise `https://` addresses with certificates of a private CA: with
+/// `--cluster-ca` they trust it for each other's calls, so writes and searches forwarded between
+/// them work; without it (the Mozilla roots only) a forwarded call fails UNAVAILABLE.
+#[test]
+fn processes_nodes_trust_a_private_ca_for_each_other() {
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert_pem, key_pem) = (certified.cert.pem(), certified.signing_key.serialize_pem());
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    std::fs::write(&cert, &cert_pem).unwrap();
+    std::fs::write(&key, &key_pem).unwrap();
+    let start = |i: usize, port: u16, ca: bool| {
+        let listen = format!("127.0.0.1:{port}");
+        let advertise = format!("https://localhost:{port}");
+        let mut args = vec![
+            "--listen".to_owned(),
+            listen,
+            "--etcd".to_owned(),
+            etcd.endpoint(),
+            "--node-id".to_owned(),
+            format!("n{i}"),
+            "--advertise".to_owned(),
+            advertise,
+            "--lease-seconds".to_owned(),
+            "2".to_owned(),
+            "--tls-cert".to_owned(),
+            cert.display().to_string(),
+            "--tls-key".to_owned(),
+            key.display().to_string(),
+        ];
+        if ca {
+            args.push("--cluster-ca".to_owned());
+            args.push(cert.display().to_string());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Server::start(&dir.path().join(format!("n{i}")), &args)
+    };
+    let ports = [free_port(), free_port()];
+    let connect = |port: u16| {
+        let pem = cert_pem.clone();
+        async move {
+            Client::builder(format!("https://localhost:{port}"))
+                .tls_ca_certificate(pem)
+                .connect()
+                .await
+                .unwrap()
+        }
+    };
+    let rt = runtime();
+    for ca in [true, false] {
+        let servers = [start(1, ports[0], ca), start(2, ports[1], ca)];
+        rt.block_on(async {
+            let c1 = connect(ports[0]).await;
+            let name = if ca { "trusted" } else { "untrusted" };
+            // Creating answers with the collection's info, gathered from every shard's owner.
+            let created = c1
+                .create_collection(CollectionSpec::new(name, 4).shards(4, ShardKey::Doc))
+                .await;
+            if ca {
+                created.unwrap();
+                let docs: Vec<u128> = (1..=40).collect();
+                c1.insert(Insert::new(name, docs, vec![0.5f32; 160]))
+                    .await
+                    .unwrap();
+                let c2 = connect(ports[1]).await;
+                assert_eq!(c2.collection_info(name).await.unwrap().n_documents, 40);
+            } else {
+                let error = created.unwrap_err();
+                assert_eq!(error.code(), Code::Unavailable, "{error}");
+                assert!(error.message().contains("certificate"), "{error}");
+            }
+        });
+        for server in servers {
+            server.kill();
+        }
+    }
 }
 
 /// CPU seconds (user + system) a process has used so far, from /proc.
@@ -2904,39 +3014,8 @@ fn processes_shard_moves_survive_kills_and_a_stale_map() {
             )
             .await
             .unwrap();
-        let acked: Acked = Default::default();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let writers: Vec<_> = (0..3)
-            .map(|w| {
-                tokio::spawn(write_until(
-                    clients[w].clone(),
-                    1 + w as u128,
-                    DIM,
-                    acked.clone(),
-                    stop.clone(),
-                ))
-            })
-            .collect();
-        let searcher = {
-            let (client, stop) = (clients[1].clone(), stop.clone());
-            tokio::spawn(async move {
-                let (mut ok, mut failures) = (0u64, Vec::new());
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let search = Search::new("moving", vec![0.5; DIM])
-                        .users(vec![3])
-                        .top_k(5)
-                        .timeout(Duration::from_secs(10));
-                    match client.search(search).await {
-                        Ok(_) => ok += 1,
-                        Err(e) => {
-                            failures.push(format!("{:?}: {}", e.code(), e.message()));
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                }
-                (ok, failures)
-            })
-        };
+        let (acked, stop, writers) = start_writers(&clients, DIM);
+        let searcher = start_searcher(clients[1].clone(), DIM, stop.clone());
         tokio::time::sleep(Duration::from_millis(500)).await;
 
         // 1. n4 joins, and is killed while it catches up on its first shard.
