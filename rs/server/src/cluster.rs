@@ -3,17 +3,18 @@
 //! shards concerned, here or on their owners.
 //!
 //! A shard's data is a local collection on its owner, named `<collection>.<uid>.<shard>`
-//! ([`ShardName`]). A router addresses it as `<local name>@<epoch>`, through the ordinary RPCs
-//! (the owner's own calls go straight to the local collection: no extra hop); the owner serves
-//! such a name only if the shard map says it owns the shard at exactly that epoch, and answers
-//! ABORTED otherwise (fencing by epoch on every write, never by timing).
+//! ([`ShardName`]). A router addresses it by shard and epoch through the node-to-node
+//! `tarn.v1.Node` service (`node_service.rs`; the owner's own calls go straight to the local
+//! collection: no extra hop), handled as `<local name>@<epoch>`; the owner serves it only if the
+//! shard map says it owns the shard at exactly that epoch, and answers ABORTED otherwise
+//! (fencing by epoch on every write, never by timing).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
-use tarn_client::{Client, Code};
+use tarn_client::Code;
 use tarn_cluster::{
     initial_placement, merge_top_k, shard_for, ClusterState, ClusterStore, CollectionDef,
     CollectionMap, NodeInfo, ReadPositions, Registration, ShardAssignment, ShardHit, ShardKey,
@@ -83,8 +84,6 @@ pub struct ClusterNode {
     pub address: String,
     store: Arc<dyn ClusterStore>,
     state: watch::Receiver<Arc<ClusterState>>,
-    /// Connections to the other nodes, by (address, API key).
-    clients: DashMap<(String, Option<String>), Client>,
     pub(crate) registry: Arc<Registry>,
     /// Per local shard: writes hold it shared from their epoch check to their acknowledgement;
     /// a shard's hand-over takes it exclusively to drain them (`moves.rs`).
@@ -122,9 +121,15 @@ impl std::fmt::Debug for ClusterNode {
 pub enum Target {
     /// This node owns the shard: the address name, served locally.
     Local(String),
-    /// Another node does: a client to it and the address name.
-    Remote(Box<Client>, String),
+    /// Another node does: a `Node` client to it and the shard as it is addressed there.
+    Remote(
+        pb::node_client::NodeClient<tonic::transport::Channel>,
+        pb::ShardRef,
+    ),
 }
+
+/// Largest message between nodes (a large insert's part, a large get).
+const MAX_NODE_MESSAGE_BYTES: usize = 256 << 20;
 
 impl ClusterNode {
     /// Joins: registers this node under a lease (refused if a live node has the id; a
@@ -168,7 +173,6 @@ impl ClusterNode {
             address,
             store,
             state,
-            clients: DashMap::new(),
             registry,
             gates: DashMap::new(),
             incoming: Arc::new(DashMap::new()),
@@ -219,7 +223,10 @@ impl ClusterNode {
                 .map_err(|e| ApiError::Internal(format!("TLS to node {node_id}: {e}")))?;
         }
         let channel = endpoint.connect().await.map_err(|e| {
-            ApiError::Unavailable(format!("node {node_id} at {uri} cannot be reached: {e}"))
+            ApiError::Unavailable(format!(
+                "node {node_id} at {uri} cannot be reached: {}",
+                error_chain(&e)
+            ))
         })?;
         self.peers.insert(node.address.clone(), channel.clone());
         Ok(channel)
@@ -513,52 +520,57 @@ impl ClusterNode {
         registry.create_shard(&local, config).await
     }
 
-    /// Where a call for `shard` of `map` goes: here, or to its live owner.
-    pub async fn target(
-        &self,
-        map: &CollectionMap,
-        shard: u32,
-        api_key: Option<&str>,
-    ) -> Result<Target, ApiError> {
+    /// Where a call for `shard` of `map` goes: here, or to its live owner (over the `Node`
+    /// service, naming the shard at the epoch this node's map gives it).
+    pub async fn target(&self, map: &CollectionMap, shard: u32) -> Result<Target, ApiError> {
         let assignment = &map.shards[shard as usize];
-        let name = ShardName {
+        if assignment.owner == self.node_id {
+            let name = ShardName {
+                collection: map.def.name.clone(),
+                uid: map.def.uid,
+                shard,
+            }
+            .address(assignment.epoch);
+            return Ok(Target::Local(name));
+        }
+        let channel = self.peer(&assignment.owner).await.map_err(|e| {
+            let why = match e {
+                ApiError::Unavailable(why) => why,
+                other => other.to_string(),
+            };
+            ApiError::ShardUnavailable {
+                collection: map.def.name.clone(),
+                shard,
+                node: assignment.owner.clone(),
+                why,
+            }
+        })?;
+        let client = pb::node_client::NodeClient::new(channel)
+            .max_decoding_message_size(MAX_NODE_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_NODE_MESSAGE_BYTES);
+        let shard_ref = pb::ShardRef {
             collection: map.def.name.clone(),
             uid: map.def.uid,
             shard,
-        }
-        .address(assignment.epoch);
-        if assignment.owner == self.node_id {
-            return Ok(Target::Local(name));
-        }
-        let unavailable = |why: String| ApiError::ShardUnavailable {
-            collection: map.def.name.clone(),
-            shard,
-            node: assignment.owner.clone(),
-            why,
+            epoch: assignment.epoch,
+            role: pb::ShardRole::Owner as i32,
         };
-        let state = self.state();
-        let Some(owner) = state.nodes.get(&assignment.owner) else {
-            return Err(unavailable("the node is down (its lease lapsed)".into()));
-        };
-        let key = (owner.address.clone(), api_key.map(str::to_owned));
-        if let Some(client) = self.clients.get(&key) {
-            return Ok(Target::Remote(Box::new(client.clone()), name));
+        Ok(Target::Remote(client, shard_ref))
+    }
+
+    /// A request to another node for a client's call: the node credential, the client's own
+    /// API key (the owner checks the caller's rights too), and the deadline.
+    pub(crate) fn node_request<T>(
+        &self,
+        message: T,
+        api_key: Option<&str>,
+        timeout: Duration,
+    ) -> tonic::Request<T> {
+        let mut request = self.internal_request(message, timeout);
+        if let Some(value) = api_key.and_then(|k| format!("Bearer {k}").parse().ok()) {
+            request.metadata_mut().insert("authorization", value);
         }
-        let mut builder = Client::builder(owner.address.as_str())
-            .connect_timeout(CONNECT_TIMEOUT)
-            .metadata(NODE_SECRET_HEADER, self.node_secret.as_str());
-        if let Some(api_key) = api_key {
-            builder = builder.api_key(api_key);
-        }
-        if let Some(pem) = &self.peer_ca {
-            builder = builder.tls_ca_certificate(pem.clone());
-        }
-        let client = builder
-            .connect()
-            .await
-            .map_err(|e| unavailable(e.message().to_owned()))?;
-        self.clients.insert(key, client.clone());
-        Ok(Target::Remote(Box::new(client), name))
+        request
     }
 
     /// `CreateCollection` in cluster mode: the definition and an even placement over the live
@@ -872,8 +884,6 @@ impl ClusterNode {
             .retain(|local, lock| used(local) || Arc::strong_count(lock) > 1);
         let addresses: std::collections::HashSet<&str> =
             state.nodes.values().map(|n| n.address.as_str()).collect();
-        self.clients
-            .retain(|(address, _), _| addresses.contains(address.as_str()));
         self.peers
             .retain(|address, _| addresses.contains(address.as_str()));
     }
@@ -946,8 +956,29 @@ pub fn forward_deadline(client_deadline: Option<Duration>) -> Duration {
     client_deadline.unwrap_or(DEFAULT_FORWARD_DEADLINE)
 }
 
-/// A remote error, with the shard it came from when the owner could not be reached.
+/// An error and its sources, `: `-separated (a transport error's cause is in its source).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// A remote error, with the shard it came from when the owner could not be reached or did not
+/// answer in time.
 pub fn forwarded(map: &CollectionMap, shard: u32, error: tarn_client::Error) -> ApiError {
+    if error.code() == Code::DeadlineExceeded {
+        return ApiError::DeadlineExceeded(format!(
+            "shard {shard} of collection '{}' on node {} did not answer within the deadline ({})",
+            map.def.name,
+            map.shards[shard as usize].owner,
+            error.message()
+        ));
+    }
     if error.code() == Code::Unavailable {
         return ApiError::ShardUnavailable {
             collection: map.def.name.clone(),
@@ -957,6 +988,12 @@ pub fn forwarded(map: &CollectionMap, shard: u32, error: tarn_client::Error) -> 
         };
     }
     ApiError::Forwarded(error)
+}
+
+/// Another node's refusal or failure, as [`forwarded`] (a transport failure is the node being
+/// unreachable; a deadline is the caller's).
+pub fn forwarded_status(map: &CollectionMap, shard: u32, status: tonic::Status) -> ApiError {
+    forwarded(map, shard, tarn_client::Error::from(status))
 }
 
 /// Converts hits of either path into the merge's type.

@@ -29,9 +29,6 @@ impl ClusterAdmin {
 
 #[tonic::async_trait]
 impl Cluster for ClusterAdmin {
-    type ShardStreamStream =
-        tokio_stream::wrappers::ReceiverStream<Result<pb::ShardStreamMessage, Status>>;
-
     async fn drain(
         &self,
         request: Request<pb::DrainRequest>,
@@ -64,26 +61,6 @@ impl Cluster for ClusterAdmin {
         Ok(Response::new(pb::DrainResponse {
             shards_left: state.shards_owned_by(&request.node_id).count() as u32,
         }))
-    }
-
-    async fn pull_shard(
-        &self,
-        request: Request<pb::PullShardRequest>,
-    ) -> Result<Response<pb::PullShardResponse>, Status> {
-        let cluster = self.node()?;
-        cluster.check_node(&request)?;
-        let response = crate::moves::pull_shard(cluster, request.into_inner()).await?;
-        Ok(Response::new(response))
-    }
-
-    async fn shard_stream(
-        &self,
-        request: Request<pb::ShardStreamRequest>,
-    ) -> Result<Response<Self::ShardStreamStream>, Status> {
-        let cluster = self.node()?;
-        cluster.check_node(&request)?;
-        let stream = crate::moves::shard_stream(Arc::clone(cluster), request.into_inner()).await?;
-        Ok(Response::new(stream))
     }
 
     async fn forget_node(

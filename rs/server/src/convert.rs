@@ -27,6 +27,10 @@ pub fn hits(hits: impl Iterator<Item = (u128, u128, f32)>) -> Vec<pb::Hit> {
     .collect()
 }
 
+pub fn to_ids(values: &[u128]) -> Vec<pb::Id> {
+    values.iter().copied().map(u128_to_id).collect()
+}
+
 pub fn ids(ids: &[pb::Id]) -> Vec<u128> {
     ids.iter().map(id_to_u128).collect()
 }

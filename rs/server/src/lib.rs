@@ -16,6 +16,7 @@ mod config;
 mod convert;
 mod metrics;
 mod moves;
+mod node_service;
 mod registry;
 mod routing;
 mod server;

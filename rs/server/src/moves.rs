@@ -520,7 +520,7 @@ async fn copy_and_flip(
     let started = Instant::now();
     fail_point("moves::fail_pull")?;
     let channel = node.peer(&from.owner).await?;
-    let mut client = pb::cluster_client::ClusterClient::new(channel)
+    let mut client = pb::node_client::NodeClient::new(channel)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20);
     let request = node.internal_request(
@@ -854,7 +854,7 @@ async fn request_move(node: &Arc<ClusterNode>, planned: &PlannedMove) -> Result<
         return Ok(());
     }
     let channel = node.peer(&planned.to).await?;
-    let mut client = pb::cluster_client::ClusterClient::new(channel);
+    let mut client = pb::node_client::NodeClient::new(channel);
     client
         .pull_shard(node.internal_request(request, MOVE_LIMIT))
         .await

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tarn_client::{Durability, Insert, ReadToken, Remove, Search};
+use tarn_client::Durability;
 use tarn_cluster::{CollectionMap, ReadPositions};
 use tarn_collection::SearchRequest;
 use tarn_proto::v1 as pb;
@@ -84,7 +84,6 @@ impl TarnService {
         shard: u32,
         access: Access,
         deadline: Duration,
-        api_key: Option<&str>,
         call: F,
     ) -> Result<T, ApiError>
     where
@@ -103,7 +102,7 @@ impl TarnService {
                     assignment.moving_to.as_deref().unwrap_or("?")
                 )))
             } else {
-                let target = cluster.target(map_now, shard, api_key).await?;
+                let target = cluster.target(map_now, shard).await?;
                 let shared = match &current {
                     Some(m) => Arc::clone(m),
                     None => Arc::new(map.clone()),
@@ -171,7 +170,7 @@ impl TarnService {
                 ),
             ));
         }
-        let durability = wire_durability(request.durability)?;
+        wire_durability(request.durability)?;
         let timeout = cluster::forward_deadline(deadline);
         let parts = cluster::split(&map.def, &doc_ids, &user_ids);
         let answers = self
@@ -203,25 +202,30 @@ impl TarnService {
                                     )
                                     .await
                                 }
-                                Target::Remote(client, name) => {
+                                Target::Remote(mut client, shard_ref) => {
                                     self.count_forwarded("Insert");
-                                    let mut insert = Insert::new(name, part_docs, part_vectors)
-                                        .users(users)
-                                        .timeout(timeout);
-                                    if let Some(durability) = durability {
-                                        insert = insert.durability(durability);
-                                    }
+                                    let request = pb::ShardInsertRequest {
+                                        shard: Some(shard_ref),
+                                        request: Some(pb::InsertRequest {
+                                            doc_ids: convert::to_ids(&part_docs),
+                                            user_ids: convert::to_ids(&users),
+                                            vectors: part_vectors,
+                                            durability: request.durability,
+                                            ..Default::default()
+                                        }),
+                                    };
                                     Ok(client
-                                        .insert(insert)
+                                        .insert(cluster.node_request(request, api_key, timeout))
                                         .await
-                                        .map_err(|e| cluster::forwarded(&map, shard, e))?
+                                        .map_err(|s| cluster::forwarded_status(&map, shard, s))?
+                                        .into_inner()
                                         .seq_no)
                                 }
                             }
                         }
                     };
                     let seq = self
-                        .on_shard(cluster, map, shard, Access::Write, timeout, api_key, call)
+                        .on_shard(cluster, map, shard, Access::Write, timeout, call)
                         .await?;
                     Ok((seq, n_pairs))
                 }
@@ -251,7 +255,7 @@ impl TarnService {
         let map = cluster.map(&request.collection).await?;
         let doc_ids = convert::ids(&request.doc_ids);
         let user_ids = convert::ids(&request.user_ids);
-        let durability = wire_durability(request.durability)?;
+        wire_durability(request.durability)?;
         let timeout = cluster::forward_deadline(deadline);
         let parts = cluster::split(&map.def, &doc_ids, &user_ids);
         let answers = self
@@ -266,23 +270,28 @@ impl TarnService {
                                 self.local_remove(&name, part_docs, users, request.durability)
                                     .await
                             }
-                            Target::Remote(client, name) => {
+                            Target::Remote(mut client, shard_ref) => {
                                 self.count_forwarded("Remove");
-                                let mut remove =
-                                    Remove::new(name, part_docs).users(users).timeout(timeout);
-                                if let Some(durability) = durability {
-                                    remove = remove.durability(durability);
-                                }
+                                let request = pb::ShardRemoveRequest {
+                                    shard: Some(shard_ref),
+                                    request: Some(pb::RemoveRequest {
+                                        doc_ids: convert::to_ids(&part_docs),
+                                        user_ids: convert::to_ids(&users),
+                                        durability: request.durability,
+                                        ..Default::default()
+                                    }),
+                                };
                                 Ok(client
-                                    .remove(remove)
+                                    .remove(cluster.node_request(request, api_key, timeout))
                                     .await
-                                    .map_err(|e| cluster::forwarded(&map, shard, e))?
+                                    .map_err(|s| cluster::forwarded_status(&map, shard, s))?
+                                    .into_inner()
                                     .seq_no)
                             }
                         }
                     }
                 };
-                self.on_shard(cluster, map, shard, Access::Write, timeout, api_key, call)
+                self.on_shard(cluster, map, shard, Access::Write, timeout, call)
             })
             .await;
         let mut positions = Vec::new();
@@ -366,27 +375,38 @@ impl TarnService {
                                     hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
                                 ))
                             }
-                            Target::Remote(client, name) => {
+                            Target::Remote(mut client, shard_ref) => {
                                 self.count_forwarded("Search");
-                                let search = Search::new(name, vector)
-                                    .users(users)
-                                    .top_k(top_k)
-                                    .ef(request.ef)
-                                    .exact(request.exact)
-                                    .after(ReadToken::from_seq_no(min_seq))
-                                    .timeout(timeout);
+                                let search = pb::ShardSearchRequest {
+                                    shard: Some(shard_ref),
+                                    request: Some(pb::SearchRequest {
+                                        user_ids: convert::to_ids(&users),
+                                        vector,
+                                        top_k,
+                                        ef: request.ef,
+                                        exact: request.exact,
+                                        min_seq_no: min_seq,
+                                        ..Default::default()
+                                    }),
+                                };
                                 let hits = client
-                                    .search(search)
+                                    .search(cluster.node_request(search, api_key, timeout))
                                     .await
-                                    .map_err(|e| cluster::forwarded(&map, shard, e))?;
-                                Ok(cluster::shard_hits(
-                                    hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
-                                ))
+                                    .map_err(|s| cluster::forwarded_status(&map, shard, s))?
+                                    .into_inner()
+                                    .hits;
+                                Ok(cluster::shard_hits(hits.iter().map(|h| {
+                                    (
+                                        h.doc_id.as_ref().map_or(0, convert::id_to_u128),
+                                        h.user_id.as_ref().map_or(0, convert::id_to_u128),
+                                        h.score,
+                                    )
+                                })))
                             }
                         }
                     }
                 };
-                self.on_shard(cluster, map, shard, Access::Read, timeout, api_key, call)
+                self.on_shard(cluster, map, shard, Access::Read, timeout, call)
             })
             .await;
         let mut results = Vec::new();
@@ -428,26 +448,33 @@ impl TarnService {
                     async move {
                         match target {
                             Target::Local(name) => self.local_get(&name, user_id, &part_docs).await,
-                            Target::Remote(client, name) => {
+                            Target::Remote(mut client, shard_ref) => {
                                 self.count_forwarded("Get");
-                                let docs = tokio::time::timeout(
-                                    timeout,
-                                    client.get(&name, user_id, &part_docs),
-                                )
-                                .await
-                                .map_err(|_| {
-                                    ApiError::Forwarded(tarn_client::Error::new(
-                                        tarn_client::Code::DeadlineExceeded,
-                                        format!("shard {shard} did not answer within {timeout:?}"),
-                                    ))
-                                })?
-                                .map_err(|e| cluster::forwarded(&map, shard, e))?;
-                                Ok(docs.into_iter().map(|d| (d.doc_id, d.vector)).collect())
+                                let get = pb::ShardGetRequest {
+                                    shard: Some(shard_ref),
+                                    request: Some(pb::GetRequest {
+                                        user_id: Some(convert::u128_to_id(user_id)),
+                                        doc_ids: convert::to_ids(&part_docs),
+                                        ..Default::default()
+                                    }),
+                                };
+                                let docs = client
+                                    .get(cluster.node_request(get, api_key, timeout))
+                                    .await
+                                    .map_err(|s| cluster::forwarded_status(&map, shard, s))?
+                                    .into_inner()
+                                    .docs;
+                                Ok(docs
+                                    .into_iter()
+                                    .map(|d| {
+                                        (d.doc_id.as_ref().map_or(0, convert::id_to_u128), d.vector)
+                                    })
+                                    .collect())
                             }
                         }
                     }
                 };
-                self.on_shard(cluster, map, shard, Access::Read, timeout, api_key, call)
+                self.on_shard(cluster, map, shard, Access::Read, timeout, call)
             })
             .await;
         let mut docs = Vec::new();
@@ -477,32 +504,27 @@ impl TarnService {
                 let call = move |target, map: Arc<CollectionMap>| async move {
                     match target {
                         Target::Local(name) => self.local_info(&name).await,
-                        Target::Remote(client, name) => {
-                            self.metrics
-                                .forwarded
-                                .with_label_values(&["GetCollection"])
-                                .inc();
-                            let info = client
-                                .collection_info(&name)
+                        Target::Remote(mut client, shard_ref) => {
+                            self.count_forwarded("GetCollection");
+                            let request = pb::ShardInfoRequest {
+                                shard: Some(shard_ref),
+                            };
+                            client
+                                .get_shard(cluster.node_request(request, api_key, deadline))
                                 .await
-                                .map_err(|e| cluster::forwarded(&map, shard, e))?;
-                            Ok(pb::CollectionInfo {
-                                n_documents: info.n_documents,
-                                last_seq_no: info.last_seq_no,
-                                applied_seq_no: info.applied_seq_no,
-                                checkpoint_seq_no: info.checkpoint_seq_no,
-                                bytes_on_disk: info.bytes_on_disk,
-                                durable_seq_no: info.durable_seq_no,
-                                n_sealed_segments: info.n_sealed_segments,
-                                n_removed_not_compacted: info.n_removed_not_compacted,
-                                n_tenants: info.n_tenants,
-                                n_unindexed: info.n_unindexed,
-                                ..Default::default()
-                            })
+                                .map_err(|s| cluster::forwarded_status(&map, shard, s))?
+                                .into_inner()
+                                .collection
+                                .ok_or_else(|| {
+                                    ApiError::Internal(format!(
+                                        "node {} answered without the shard's info",
+                                        map.shards[shard as usize].owner
+                                    ))
+                                })
                         }
                     }
                 };
-                self.on_shard(cluster, map, shard, Access::Read, deadline, api_key, call)
+                self.on_shard(cluster, map, shard, Access::Read, deadline, call)
             })
             .await;
         let config: tarn_collection::CollectionConfig =
@@ -558,16 +580,21 @@ impl TarnService {
                 let call = move |target, map: Arc<CollectionMap>| async move {
                     match target {
                         Target::Local(name) => self.local_flush(&name).await,
-                        Target::Remote(client, name) => {
+                        Target::Remote(mut client, shard_ref) => {
                             self.count_forwarded("Flush");
-                            client
-                                .flush(&name)
+                            let request = pb::ShardFlushRequest {
+                                shard: Some(shard_ref),
+                            };
+                            Ok(client
+                                .flush(cluster.node_request(request, api_key, deadline))
                                 .await
-                                .map_err(|e| cluster::forwarded(&map, shard, e))
+                                .map_err(|s| cluster::forwarded_status(&map, shard, s))?
+                                .into_inner()
+                                .flushed_seq_no)
                         }
                     }
                 };
-                self.on_shard(cluster, map, shard, Access::Read, deadline, api_key, call)
+                self.on_shard(cluster, map, shard, Access::Read, deadline, call)
             })
             .await;
         let mut total = 0;

@@ -199,6 +199,13 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
             keys: ApiKeys::new(&config.api_keys, &config.read_only_keys),
             tarn: Arc::clone(&service),
         });
+    let node_service =
+        tarn_proto::v1::node_server::NodeServer::new(crate::node_service::NodeService {
+            cluster: cluster.clone(),
+            tarn: Arc::clone(&service),
+        })
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
     let tarn = TarnServer::from_arc(service)
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Zstd)
@@ -235,6 +242,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         .add_service(reflection)
         .add_service(reflection_alpha)
         .add_service(cluster_admin)
+        .add_service(node_service)
         .add_service(tarn);
     let task = tokio::spawn(async move {
         // The data directory stays locked until every collection is closed.

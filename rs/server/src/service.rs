@@ -87,16 +87,19 @@ impl TarnService {
     }
 
     /// A shard address (`<collection>.<uid>.<shard>@<epoch>`) is for the cluster's own
-    /// node-to-node calls: a request naming one must carry the node credential, whatever its
-    /// API key (a client writing to a shard address would put a document where routed Get and
-    /// Remove never look).
+    /// node-to-node calls, which come through the `Node` service (`node_service.rs`): the public
+    /// API refuses it from the wire, whatever the caller's key (a client writing to a shard
+    /// address would put a document where routed Get and Remove never look).
     fn check_shard_address<T>(&self, request: &Request<T>, name: &str) -> Result<(), ApiError> {
         if tarn_cluster::ShardName::parse(name).is_none() {
             return Ok(());
         }
-        match &self.cluster {
-            Some(cluster) if cluster.is_node_call(request.metadata()) => Ok(()),
-            _ => Err(ApiError::invalid(
+        match request
+            .extensions()
+            .get::<crate::node_service::FromNodeService>()
+        {
+            Some(_) => Ok(()),
+            None => Err(ApiError::invalid(
                 "collection",
                 format!(
                     "{name:?} is an internal shard name: address the collection by its own name"

@@ -584,18 +584,43 @@ fn node_to_node_rpcs_need_the_node_credential_and_admin_rpcs_a_read_write_key() 
                     assert_eq!(code, Some(admin_code), "{rpc} with {who}");
                 }
             }
+            let mut node = pb::node_client::NodeClient::new(channel.clone());
+            let shard_ref = pb::ShardRef {
+                collection: "guarded".into(),
+                uid: map.def.uid,
+                shard: on_n1,
+                epoch: map.shards[on_n1 as usize].epoch,
+                role: pb::ShardRole::Owner as i32,
+            };
+            let insert = pb::ShardInsertRequest {
+                shard: Some(shard_ref.clone()),
+                request: Some(pb::InsertRequest {
+                    doc_ids: vec![pb::Id { high: 0, low: 99 }],
+                    vectors: vec![0.5; 4],
+                    ..Default::default()
+                }),
+            };
+            let info = pb::ShardInfoRequest {
+                shard: Some(shard_ref),
+            };
             let outcomes = [
                 (
+                    "Node/Insert",
+                    node.insert(with_key(key, insert)).await.err(),
+                ),
+                (
+                    "Node/GetShard",
+                    node.get_shard(with_key(key, info)).await.err(),
+                ),
+                (
                     "PullShard",
-                    cluster
-                        .pull_shard(with_key(key, pull_request.clone()))
+                    node.pull_shard(with_key(key, pull_request.clone()))
                         .await
                         .err(),
                 ),
                 (
                     "ShardStream",
-                    cluster
-                        .shard_stream(with_key(key, stream_request.clone()))
+                    node.shard_stream(with_key(key, stream_request.clone()))
                         .await
                         .err(),
                 ),
@@ -640,8 +665,9 @@ fn node_to_node_rpcs_need_the_node_credential_and_admin_rpcs_a_read_write_key() 
             tarn_server::NODE_SECRET_HEADER,
             node_secret.parse().unwrap(),
         );
+        let mut node = pb::node_client::NodeClient::new(channel.clone());
+        let mut stream = node.shard_stream(as_node).await.unwrap().into_inner();
         let mut cluster = pb::cluster_client::ClusterClient::new(channel.clone());
-        let mut stream = cluster.shard_stream(as_node).await.unwrap().into_inner();
         let first = stream.message().await.unwrap().unwrap();
         assert!(!first.snapshot.is_empty(), "no snapshot bytes streamed");
         drop(stream);
@@ -653,8 +679,8 @@ fn node_to_node_rpcs_need_the_node_credential_and_admin_rpcs_a_read_write_key() 
                 tarn_server::NODE_SECRET_HEADER,
                 node_secret.parse().unwrap(),
             );
-            let mut cluster = pb::cluster_client::ClusterClient::new(channel.clone());
-            async move { cluster.shard_stream(request).await }
+            let mut node = pb::node_client::NodeClient::new(channel.clone());
+            async move { node.shard_stream(request).await }
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
         let mut held = Vec::new();
@@ -2478,8 +2504,8 @@ fn processes_unread_shard_streams_end_and_release_their_slot() {
             request
                 .metadata_mut()
                 .insert(tarn_server::NODE_SECRET_HEADER, secret.parse().unwrap());
-            let mut cluster = pb::cluster_client::ClusterClient::new(channel.clone());
-            async move { cluster.shard_stream(request).await }
+            let mut node = pb::node_client::NodeClient::new(channel.clone());
+            async move { node.shard_stream(request).await }
         };
         let mut held = Vec::new();
         for _ in 0..4 {

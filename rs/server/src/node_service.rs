@@ -1,0 +1,169 @@
+//! The `tarn.v1.Node` service: node-to-node calls only. Every call is refused without the
+//! cluster's node credential (`ClusterNode::check_node`), whatever API key it carries. A
+//! shard's data calls name the shard by collection, uid, shard and epoch (`ShardRef`) and are
+//! served by the same handlers as clients' calls, on the shard's local collection at exactly
+//! that epoch; the public `tarn.v1.Tarn` service refuses shard names from the wire (an
+//! in-process marker, never sent, tells the handlers a call came through here).
+
+use std::sync::Arc;
+
+use tarn_cluster::ShardName;
+use tarn_proto::v1 as pb;
+use tarn_proto::v1::node_server::Node;
+use tarn_proto::v1::tarn_server::Tarn;
+use tonic::{Request, Response, Status};
+
+use crate::cluster::ClusterNode;
+use crate::service::TarnService;
+use crate::status::ApiError;
+
+/// Marks a request handed from the `Node` service to a `Tarn` handler in this process: only
+/// such a request may name a shard address. Request extensions are never sent over the wire.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FromNodeService;
+
+#[derive(Debug)]
+pub struct NodeService {
+    pub cluster: Option<Arc<ClusterNode>>,
+    pub tarn: Arc<TarnService>,
+}
+
+/// The collection name a shard's data call runs on: its address, `<local name>@<epoch>`.
+fn address(shard: Option<pb::ShardRef>) -> Result<String, ApiError> {
+    let shard = shard.ok_or_else(|| ApiError::invalid("shard", "missing"))?;
+    crate::registry::validate_name(&shard.collection)?;
+    Ok(ShardName {
+        collection: shard.collection,
+        uid: shard.uid,
+        shard: shard.shard,
+    }
+    .address(shard.epoch))
+}
+
+impl NodeService {
+    fn node(&self) -> Result<&Arc<ClusterNode>, Status> {
+        self.cluster.as_ref().ok_or_else(|| {
+            Status::failed_precondition("this server is not in a cluster (start it with --etcd)")
+        })
+    }
+
+    /// Checks the node credential, and hands `message` to a `Tarn` handler as a request with
+    /// the caller's metadata (its API key, its deadline) and the in-process marker.
+    fn inner<M, T>(
+        &self,
+        request: Request<M>,
+        message: impl FnOnce(M) -> Result<T, ApiError>,
+    ) -> Result<Request<T>, Status> {
+        self.node()?.check_node(&request)?;
+        let (metadata, mut extensions, outer) = request.into_parts();
+        extensions.insert(FromNodeService);
+        Ok(Request::from_parts(metadata, extensions, message(outer)?))
+    }
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    type ShardStreamStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::ShardStreamMessage, Status>>;
+
+    async fn insert(
+        &self,
+        request: Request<pb::ShardInsertRequest>,
+    ) -> Result<Response<pb::InsertResponse>, Status> {
+        let request = self.inner(request, |m| {
+            let mut inner = m
+                .request
+                .ok_or_else(|| ApiError::invalid("request", "missing"))?;
+            inner.collection = address(m.shard)?;
+            Ok(inner)
+        })?;
+        self.tarn.insert(request).await
+    }
+
+    async fn remove(
+        &self,
+        request: Request<pb::ShardRemoveRequest>,
+    ) -> Result<Response<pb::RemoveResponse>, Status> {
+        let request = self.inner(request, |m| {
+            let mut inner = m
+                .request
+                .ok_or_else(|| ApiError::invalid("request", "missing"))?;
+            inner.collection = address(m.shard)?;
+            Ok(inner)
+        })?;
+        self.tarn.remove(request).await
+    }
+
+    async fn search(
+        &self,
+        request: Request<pb::ShardSearchRequest>,
+    ) -> Result<Response<pb::SearchResponse>, Status> {
+        let request = self.inner(request, |m| {
+            let mut inner = m
+                .request
+                .ok_or_else(|| ApiError::invalid("request", "missing"))?;
+            inner.collection = address(m.shard)?;
+            inner.read_token.clear();
+            Ok(inner)
+        })?;
+        self.tarn.search(request).await
+    }
+
+    async fn get(
+        &self,
+        request: Request<pb::ShardGetRequest>,
+    ) -> Result<Response<pb::GetResponse>, Status> {
+        let request = self.inner(request, |m| {
+            let mut inner = m
+                .request
+                .ok_or_else(|| ApiError::invalid("request", "missing"))?;
+            inner.collection = address(m.shard)?;
+            Ok(inner)
+        })?;
+        self.tarn.get(request).await
+    }
+
+    async fn get_shard(
+        &self,
+        request: Request<pb::ShardInfoRequest>,
+    ) -> Result<Response<pb::GetCollectionResponse>, Status> {
+        let request = self.inner(request, |m| {
+            Ok(pb::GetCollectionRequest {
+                name: address(m.shard)?,
+            })
+        })?;
+        self.tarn.get_collection(request).await
+    }
+
+    async fn flush(
+        &self,
+        request: Request<pb::ShardFlushRequest>,
+    ) -> Result<Response<pb::FlushResponse>, Status> {
+        let request = self.inner(request, |m| {
+            Ok(pb::FlushRequest {
+                collection: address(m.shard)?,
+            })
+        })?;
+        self.tarn.flush(request).await
+    }
+
+    async fn pull_shard(
+        &self,
+        request: Request<pb::PullShardRequest>,
+    ) -> Result<Response<pb::PullShardResponse>, Status> {
+        let cluster = self.node()?;
+        cluster.check_node(&request)?;
+        let response = crate::moves::pull_shard(cluster, request.into_inner()).await?;
+        Ok(Response::new(response))
+    }
+
+    async fn shard_stream(
+        &self,
+        request: Request<pb::ShardStreamRequest>,
+    ) -> Result<Response<Self::ShardStreamStream>, Status> {
+        let cluster = self.node()?;
+        cluster.check_node(&request)?;
+        let stream = crate::moves::shard_stream(Arc::clone(cluster), request.into_inner()).await?;
+        Ok(Response::new(stream))
+    }
+}
