@@ -27,7 +27,8 @@ work="$(mktemp -d)"
 pids=()
 cleanup() {
     for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
+    # The nodes only: a bare `wait` would also wait for etcd, a child too, which stop_etcd stops.
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     stop_etcd
     rm -rf "$work"
 }
