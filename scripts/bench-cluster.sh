@@ -130,6 +130,8 @@ wait "$inserter"
 echo "inserts during the move: $(cat "$work/move_inserts.json")"
 line="$(moved | head -1)"
 echo "move: $line"
+# The write pause's phases, on both sides (milliseconds from the fence on the taker).
+sed 's/\x1b\[[0-9;]*m//g' "$work"/n*.err | grep -E 'hand-over phases|hand-over: fence seen' | grep 'one\.' | sed 's/^/hand-over: /' || true
 field() { sed -n "s/.* $1=\([0-9.e+-]*\).*/\1/p" <<<"$line"; }
 move_bytes="$(field bytes)"; move_s="$(field seconds)"; pause_s="$(field write_pause_s)"
 # The baseline: the disk's floor for the same bytes, a plain copy of the moved shard's directory

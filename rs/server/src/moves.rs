@@ -257,10 +257,16 @@ fn send_shard(
     // Fenced: every write that passed its epoch check before this node saw the fence holds
     // the gate shared until acknowledged; taking it exclusively waits for them. Later writes
     // find the fence and are refused.
+    let saw_fence = Instant::now();
     let gate = node.gate(&shard.local_name());
     let drained = gate.blocking_write();
+    let drain_ms = saw_fence.elapsed().as_secs_f64() * 1e3;
     let last = collection.sync_wal_blocking()?;
     drop(drained);
+    // The owner's part of the write pause, for the log (the taker logs the whole of it).
+    tracing::info!(shard = %shard.local_name(), drain_ms,
+        sync_ms = saw_fence.elapsed().as_secs_f64() * 1e3 - drain_ms,
+        "hand-over: fence seen, writes drained, log synced");
     loop {
         let batch = tail.read(last, ENTRIES_BATCH_BYTES)?;
         if batch.is_empty() {
@@ -564,6 +570,8 @@ async fn copy_and_flip(
     // 2-5. The tail, the fence, the hand-over.
     let catch_up_started = Instant::now();
     let mut fenced_at: Option<Instant> = None;
+    // How long the fence's compare-and-swap took (writes are refused from its landing on).
+    let mut fence_ms = 0.0;
     let mut n_entries = 0u64;
     let last = loop {
         let limit = match fenced_at {
@@ -608,6 +616,7 @@ async fn copy_and_flip(
         }
         if fenced_at.is_none() {
             pause_point("moves::before_fence").await;
+            let fence_started = Instant::now();
             let fenced = from.fenced_for(&node.node_id);
             let swapped = node
                 .store()
@@ -621,18 +630,26 @@ async fn copy_and_flip(
                 )));
             }
             *fence = Some(fenced);
+            fence_ms = fence_started.elapsed().as_secs_f64() * 1e3;
             fenced_at = Some(Instant::now());
             tracing::info!(shard = %local, from = %from.owner, "shard fenced; taking over");
             pause_point("moves::after_fence").await;
         }
     };
+    // The write pause's phases, for the log: until the owner's last entry arrived, until the
+    // copy was synced, until the flip landed (milliseconds from the fence).
+    let since_fence = |at: Option<Instant>| at.map_or(0.0, |at| at.elapsed().as_secs_f64() * 1e3);
+    let handed_over_ms = since_fence(fenced_at);
     copy.sync_wal().await?;
+    let synced_ms = since_fence(fenced_at);
     let fenced = fence
         .clone()
         .ok_or_else(|| ApiError::Internal("handed over without a fence".to_owned()))?;
     let owned = fenced.handed_over();
     flip(node, shard, &fenced, &owned).await?;
     let write_pause = fenced_at.map_or(0.0, |at| at.elapsed().as_secs_f64());
+    tracing::info!(shard = %shard.local_name(), fence_ms = fence_ms, handed_over_ms, synced_ms,
+        flipped_ms = write_pause * 1e3, "hand-over phases");
     let name = shard.collection.clone();
     let (uid, number) = (shard.uid, shard.shard as usize);
     node.wait_for_view(Duration::from_secs(5), move |s| {
