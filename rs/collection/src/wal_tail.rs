@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use tarn_wal::{Durability, Replay};
+use tarn_wal::{Durability, Replay, ReplayPosition};
 
 use crate::collection::Collection;
 use crate::error::{CollectionError, Result};
@@ -21,9 +21,12 @@ use crate::snapshot::Snapshot;
 pub struct WalTail {
     collection: Collection,
     next_seq: u64,
-    /// The replay being read, while it has entries left (it reads whole segment files: one is
-    /// kept until it is used up rather than re-read per call).
+    /// The replay being read, while it has entries left.
     replay: Option<Replay>,
+    /// Where the last replay stopped: the next one starts reading there, so following the log
+    /// reads each entry once (re-reading the segment from its start per call made the last
+    /// entries of a move arrive tens of milliseconds late).
+    resume: Option<ReplayPosition>,
     _pin: RetentionPin,
 }
 
@@ -34,6 +37,7 @@ impl Collection {
             collection: self.clone(),
             next_seq: snapshot.seq_no() + 1,
             replay: None,
+            resume: None,
             _pin: snapshot.into_pin(),
         }
     }
@@ -125,7 +129,7 @@ impl WalTail {
                 None => self.replay.insert(
                     self.collection
                         .wal()
-                        .replay_range(self.next_seq, last)
+                        .replay_resuming(self.next_seq, last, self.resume)
                         .map_err(CollectionError::from)?,
                 ),
             };
@@ -142,7 +146,9 @@ impl WalTail {
                     out.push((seq, Arc::from(payload)));
                     self.next_seq += 1;
                 }
-                None => self.replay = None,
+                None => {
+                    self.resume = self.replay.take().and_then(|r| r.position());
+                }
             }
         }
         Ok(out)

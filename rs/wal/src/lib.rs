@@ -22,7 +22,7 @@ pub use error::{Result, WalError};
 pub use log_writer::{
     AppendObserver, Histogram, Wal, WalStats, GROUP_SIZE_BOUNDS, SYNC_SECONDS_BOUNDS,
 };
-pub use replay::Replay;
+pub use replay::{Replay, ReplayPosition};
 pub use write_group::{forbid_ticket_waits, Abandoned, Ticket};
 
 /// Byte-layout constants, for tests and tools that inspect segment files.

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use crate::config::{Durability, RecoveryReport, WalConfig};
 use crate::error::{Result, WalError};
-use crate::replay::Replay;
+use crate::replay::{Replay, ReplayPosition};
 use crate::segmented_log::{SegmentedLog, SharedSegments};
 use crate::write_group::{Abandoned, GroupBounds, GroupQueue, Member, Taken, Ticket};
 
@@ -357,6 +357,20 @@ impl Wal {
     /// truncation that deletes a segment it has not read yet makes it fail (`Io`), so a caller
     /// that reads while the log is truncated keeps truncation behind `from_seq` itself.
     pub fn replay_range(&self, from_seq: u64, last_seq: u64) -> Result<Replay> {
+        self.replay_resuming(from_seq, last_seq, None)
+    }
+
+    /// [`Wal::replay_range`] that starts reading at `at`, where an earlier replay of this log
+    /// stopped ([`Replay::position`]), when `at` is the position of `from_seq`: a reader that
+    /// follows the log (a shard move's tail) then reads each entry once rather than its
+    /// segment from the start on every call. Any other `at` is ignored. The entry read there
+    /// is checked like any other (length, checksum, sequence number).
+    pub fn replay_resuming(
+        &self,
+        from_seq: u64,
+        last_seq: u64,
+        at: Option<ReplayPosition>,
+    ) -> Result<Replay> {
         let last_appended = self.last_appended_seq();
         if last_seq > last_appended {
             return Err(WalError::BeyondEnd {
@@ -375,6 +389,7 @@ impl Wal {
             from_seq,
             last_seq,
             self.shared().config.max_entry_bytes,
+            at,
         )
     }
 
