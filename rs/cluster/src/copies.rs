@@ -40,7 +40,7 @@ pub fn fate_of_copy(node_id: &str, shard: &ShardName, record: &ShardRecord) -> C
             "{what}: the cluster's store has no record of this collection (an etcd that lost \
              it, or one restored from an older backup?)"
         )),
-        ShardRecord::Assigned(a) if a.owner == node_id => CopyFate::Keep,
+        ShardRecord::Assigned(a) if a.role_of(node_id).is_some() => CopyFate::Keep,
         ShardRecord::Assigned(a) if a.moving_to.as_deref() == Some(node_id) => CopyFate::Keep,
         ShardRecord::Assigned(a) if a.given_up.iter().any(|n| n == node_id) => {
             CopyFate::SetAside(format!(
@@ -50,7 +50,8 @@ pub fn fate_of_copy(node_id: &str, shard: &ShardName, record: &ShardRecord) -> C
             ))
         }
         ShardRecord::Assigned(a) => CopyFate::Drop(format!(
-            "{what}: node {} holds it at epoch {} (it took the data by a move)",
+            "{what}: node {} holds it at epoch {} and this node is none of its copies (the data \
+             was taken by a move, or this replica was dropped)",
             a.owner, a.epoch
         )),
     }
@@ -108,5 +109,23 @@ mod tests {
         assert!(back.given_up.is_empty());
         keep(ShardRecord::Assigned(back.clone()));
         drops(ShardRecord::Assigned(back.fenced_for("n2").handed_over()));
+        // Replicas keep their copies, in sync or not; a dropped replica drops it.
+        let replicated = ShardAssignment::serving("n2", 4)
+            .with_replica("n1")
+            .unwrap();
+        keep(ShardRecord::Assigned(replicated.clone()));
+        keep(ShardRecord::Assigned(
+            replicated.with_in_sync("n1").unwrap(),
+        ));
+        drops(ShardRecord::Assigned(
+            replicated.without_replica("n1").unwrap(),
+        ));
+        // Promoted away from n1 (a failover while n1 was out): n1's copy is a replica's.
+        let failed_over = ShardAssignment::serving("n1", 4)
+            .with_replica("n2")
+            .and_then(|a| a.with_in_sync("n2"))
+            .and_then(|a| a.promoted("n2"))
+            .unwrap();
+        keep(ShardRecord::Assigned(failed_over));
     }
 }

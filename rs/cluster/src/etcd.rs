@@ -478,7 +478,9 @@ impl ClusterStore for EtcdStore {
             return Ok(false);
         }
         let assignment: ShardAssignment = decode(&key, &current.value)?;
-        if assignment.epoch != swap.expected_epoch {
+        if assignment.epoch != swap.expected_epoch
+            || swap.expected.is_some_and(|e| *e != assignment)
+        {
             return Ok(false);
         }
         // etcd compares bytes or revisions, not JSON fields: the write goes through only if
@@ -1467,6 +1469,8 @@ mod tests {
             n_shards: 2,
             shard_key: crate::map::ShardKey::User,
             config: serde_json::json!({}),
+            replication_factor: 1,
+            min_in_sync: 1,
         };
         let shard = ShardAssignment::serving("n1", 1);
         view.put(

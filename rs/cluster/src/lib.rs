@@ -5,14 +5,17 @@
 //! election or membership protocol of its own (etcd does).
 
 mod copies;
+mod epochs;
 mod error;
 mod etcd;
 pub mod etcd_api;
 pub mod map;
 mod merge;
+mod replicas;
 mod store;
 
 pub use copies::{fate_of_copy, CopyFate, ShardRecord};
+pub use epochs::{last_common_seq, EpochHistory};
 pub use error::{ClusterError, Result};
 pub use etcd::{EtcdStore, Leadership, DEFAULT_PREFIX, ELECTION_TTL, REQUEST_TIMEOUT};
 pub use map::{
@@ -21,6 +24,9 @@ pub use map::{
     ShardState, TokenPosition, DEFAULT_SHARDS, MAX_SHARDS,
 };
 pub use merge::{merge_top_k, ShardHit};
+pub use replicas::{
+    plan_promotions, replication_settings, CopyRole, PlannedPromotion, TooFewInSync,
+};
 pub use store::{
     ClusterIdentity, ClusterStore, Leader, Liveness, MemoryStore, Registration, ShardSwap,
     StoreIdentity,

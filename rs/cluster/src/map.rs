@@ -50,10 +50,26 @@ pub struct CollectionDef {
     pub shard_key: ShardKey,
     /// The per-shard collection configuration (the server's `CollectionConfig` as JSON).
     pub config: serde_json::Value,
+    /// Copies of each shard, the primary included (1 when absent: written before replicas).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub replication_factor: u32,
+    /// A shard takes writes only while at least this many copies (the primary included) are
+    /// in sync (1 when absent).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub min_in_sync: u32,
 }
 
-/// Where a shard lives. Designed to grow replicas: `owner` is the one node that takes writes
-/// today; replicas will be a list beside it, under the same epoch.
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+/// Where a shard lives: its primary (`owner`, which takes its writes), the replicas that follow
+/// the primary's log, and which of them are in sync (docs/CLUSTER.md, "Replicas"; the
+/// transitions between copy states are in `replicas.rs`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardAssignment {
     /// The node that holds the shard's data and takes its writes.
@@ -86,6 +102,19 @@ pub struct ShardAssignment {
     /// positions in a log that is gone. 0: unknown (written before tokens carried epochs).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub data_since: u64,
+    /// The shard's other copies, never the owner: each appends the owner's log entries at the
+    /// same sequence numbers. Empty for a shard of one copy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<String>,
+    /// The replicas that hold every write the owner acknowledged (a subset of `replicas`; the
+    /// owner is always in sync and is not listed). Only these may be promoted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub in_sync_replicas: Vec<String>,
+    /// The data directories (their [`NodeInfo::incarnation`] tokens) of replicas that start
+    /// empty (a new collection's): as [`ShardAssignment::create_on`] for the owner. A replica
+    /// added later starts from a copy of the primary's data, never empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub create_replicas_on: Vec<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -121,6 +150,9 @@ impl ShardAssignment {
             create_on: None,
             given_up: Vec::new(),
             data_since: 0,
+            replicas: Vec::new(),
+            in_sync_replicas: Vec::new(),
+            create_replicas_on: Vec::new(),
         }
     }
 
@@ -144,6 +176,9 @@ impl ShardAssignment {
             create_on: None,
             given_up: self.given_up.clone(),
             data_since: self.data_since,
+            replicas: self.replicas.clone(),
+            in_sync_replicas: self.in_sync_replicas.clone(),
+            create_replicas_on: Vec::new(),
         }
     }
 
@@ -158,6 +193,18 @@ impl ShardAssignment {
                 .cloned()
                 .collect(),
             data_since: self.data_since,
+            replicas: self
+                .replicas
+                .iter()
+                .filter(|n| **n != taker)
+                .cloned()
+                .collect(),
+            in_sync_replicas: self
+                .in_sync_replicas
+                .iter()
+                .filter(|n| **n != taker)
+                .cloned()
+                .collect(),
             ..ShardAssignment::serving(taker, self.epoch + 1)
         }
     }
@@ -167,15 +214,21 @@ impl ShardAssignment {
         ShardAssignment {
             given_up: self.given_up.clone(),
             data_since: self.data_since,
+            replicas: self.replicas.clone(),
+            in_sync_replicas: self.in_sync_replicas.clone(),
             ..ShardAssignment::serving(self.owner.clone(), self.epoch + 1)
         }
     }
 
     /// The shard of the dead owner given up to `to` (data directory `incarnation`), empty.
+    /// Its replicas' copies are given up too (they hold writes the empty shard lacks): each
+    /// sets its copy aside, and the shard starts with no replicas.
     pub fn given_up_to(&self, to: &str, incarnation: &str) -> ShardAssignment {
         let mut given_up = self.given_up.clone();
-        if !given_up.contains(&self.owner) {
-            given_up.push(self.owner.clone());
+        for node in std::iter::once(&self.owner).chain(&self.replicas) {
+            if !given_up.contains(node) {
+                given_up.push(node.clone());
+            }
         }
         given_up.retain(|n| n != to);
         ShardAssignment {
@@ -327,12 +380,16 @@ impl ShardName {
 
 /// Spreads `n_shards` over `nodes` as evenly as possible (round robin over the node ids in
 /// order, starting at an offset taken from the collection's name so that many small collections
-/// do not all start on the first node). Epochs start at 1; each shard is to be created empty by
-/// its owner's data directory ([`ShardAssignment::create_on`]).
+/// do not all start on the first node), with `replication_factor - 1` replicas of each on the
+/// nodes after its primary in that order (never two copies on one node: the factor is capped
+/// at the number of nodes). Epochs start at 1; every copy is to be created empty by its node's
+/// data directory ([`ShardAssignment::create_on`], [`ShardAssignment::create_replicas_on`]),
+/// and every replica starts in sync (all copies are empty).
 pub fn initial_placement(
     collection: &str,
     n_shards: u32,
     nodes: &[NodeInfo],
+    replication_factor: u32,
 ) -> Vec<ShardAssignment> {
     let mut nodes: Vec<&NodeInfo> = nodes.iter().collect();
     nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
@@ -343,10 +400,19 @@ pub fn initial_placement(
     let offset = collection
         .bytes()
         .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+    let n_copies = (replication_factor.max(1) as usize).min(nodes.len());
     (0..n_shards as usize)
         .map(|shard| {
             let node = nodes[(offset + shard) % nodes.len()];
-            ShardAssignment::created(node.node_id.clone(), 1, &node.incarnation)
+            let replicas: Vec<&NodeInfo> = (1..n_copies)
+                .map(|i| nodes[(offset + shard + i) % nodes.len()])
+                .collect();
+            ShardAssignment {
+                replicas: replicas.iter().map(|n| n.node_id.clone()).collect(),
+                in_sync_replicas: replicas.iter().map(|n| n.node_id.clone()).collect(),
+                create_replicas_on: replicas.iter().map(|n| n.incarnation.clone()).collect(),
+                ..ShardAssignment::created(node.node_id.clone(), 1, &node.incarnation)
+            }
         })
         .collect()
 }
@@ -463,7 +529,7 @@ mod tests {
                 incarnation: format!("dir-of-{id}"),
             })
             .collect();
-        let placement = initial_placement("docs", 8, &nodes);
+        let placement = initial_placement("docs", 8, &nodes, 1);
         assert_eq!(placement.len(), 8);
         let mut per_node = BTreeMap::new();
         for a in &placement {
@@ -472,8 +538,42 @@ mod tests {
             assert_eq!(a.create_on, Some(format!("dir-of-{}", a.owner)));
         }
         assert!(per_node.values().all(|&n| n == 2 || n == 3), "{per_node:?}");
-        assert_eq!(placement, initial_placement("docs", 8, &nodes));
-        assert!(initial_placement("docs", 8, &[]).is_empty());
+        assert_eq!(placement, initial_placement("docs", 8, &nodes, 1));
+        assert!(initial_placement("docs", 8, &[], 1).is_empty());
+    }
+
+    #[test]
+    fn initial_placement_puts_each_copy_on_its_own_node() {
+        let nodes: Vec<NodeInfo> = ["n1", "n2", "n3", "n4"]
+            .iter()
+            .map(|id| NodeInfo {
+                node_id: (*id).to_owned(),
+                address: String::new(),
+                incarnation: format!("dir-of-{id}"),
+            })
+            .collect();
+        for factor in [2, 3, 4] {
+            let placement = initial_placement("docs", 8, &nodes, factor);
+            let mut primaries = BTreeMap::new();
+            let mut copies = BTreeMap::new();
+            for a in &placement {
+                let all: BTreeSet<&str> = a.copies().collect();
+                assert_eq!(all.len(), factor as usize, "{a:?}");
+                assert_eq!(a.replicas, a.in_sync_replicas, "new copies start in sync");
+                let tokens: Vec<String> =
+                    a.replicas.iter().map(|n| format!("dir-of-{n}")).collect();
+                assert_eq!(a.create_replicas_on, tokens);
+                *primaries.entry(a.owner.clone()).or_insert(0) += 1;
+                for n in all {
+                    *copies.entry(n.to_owned()).or_insert(0) += 1;
+                }
+            }
+            assert!(primaries.values().all(|&n| n == 2), "{primaries:?}");
+            assert!(copies.values().all(|&n| n == 2 * factor), "{copies:?}");
+        }
+        // Never more copies than nodes.
+        let two = initial_placement("docs", 2, &nodes[..2], 3);
+        assert!(two.iter().all(|a| a.replicas.len() == 1));
     }
 
     #[test]
@@ -708,6 +808,8 @@ mod token_tests {
                     n_shards: owners.len() as u32,
                     shard_key: ShardKey::User,
                     config: serde_json::Value::Null,
+                    replication_factor: 1,
+                    min_in_sync: 1,
                 },
                 shards: owners
                     .iter()

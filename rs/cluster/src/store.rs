@@ -69,8 +69,11 @@ pub struct ShardSwap<'a> {
     pub expected_epoch: u64,
     pub new: &'a ShardAssignment,
     /// Only if this node is not registered (its lease has lapsed in the store itself, not only
-    /// in the caller's view): `forget`.
+    /// in the caller's view): `forget`, failover.
     pub unless_registered: Option<&'a str>,
+    /// Only if the record is still exactly this one (not only at the same epoch): changes of a
+    /// shard's copies keep its epoch, so they compare the whole record.
+    pub expected: Option<&'a ShardAssignment>,
 }
 
 /// A cluster's identity, created once when the cluster forms.
@@ -163,8 +166,9 @@ pub trait ClusterStore: Send + Sync + std::fmt::Debug + 'static {
     async fn drop_collection(&self, name: &str) -> Result<bool>;
 
     /// Sets a shard's assignment if the collection still has `swap.uid` and the shard's epoch
-    /// is still `swap.expected_epoch` (and, with `unless_registered`, that node has no
-    /// registration), in one transaction; `false` if anything changed meanwhile.
+    /// is still `swap.expected_epoch` (with `expected`, the record is still exactly that one;
+    /// with `unless_registered`, that node has no registration), in one transaction; `false`
+    /// if anything changed meanwhile.
     async fn compare_and_set_shard(&self, swap: &ShardSwap<'_>) -> Result<bool>;
 
     /// A shard's record read linearizably (at least as new as anything any node has seen):
@@ -344,7 +348,7 @@ impl ClusterStore for MemoryStore {
             else {
                 return false;
             };
-            if slot.epoch != swap.expected_epoch {
+            if slot.epoch != swap.expected_epoch || swap.expected.is_some_and(|e| e != slot) {
                 return false;
             }
             *slot = swap.new.clone();

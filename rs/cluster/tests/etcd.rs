@@ -285,6 +285,8 @@ fn collection(name: &str, uid: u64, owners: &[&str]) -> CollectionMap {
             n_shards: owners.len() as u32,
             shard_key: ShardKey::User,
             config: serde_json::json!({ "dim": 4, "metric": "cosine" }),
+            replication_factor: 1,
+            min_in_sync: 1,
         },
         shards: owners
             .iter()
@@ -311,6 +313,7 @@ fn swap<'a>(
         expected_epoch,
         new,
         unless_registered: None,
+        expected: None,
     }
 }
 
@@ -560,8 +563,65 @@ async fn store_semantics(store: &impl ClusterStore) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    // Changes of a shard's copies keep the epoch and compare the whole record: of two changes
+    // decided from the same record only the first lands.
+    let base = store.read_shard("docs2", 4, 0).await.unwrap();
+    let ShardRecord::Assigned(base) = base else {
+        panic!("docs2 shard 0: {base:?}")
+    };
+    let with_n2 = base.with_replica("n2").unwrap();
+    let guarded = |from: &ShardAssignment, to: &ShardAssignment| {
+        let (from, to) = (from.clone(), to.clone());
+        async move {
+            store
+                .compare_and_set_shard(&ShardSwap {
+                    expected: Some(&from),
+                    ..swap("docs2", 4, 0, from.epoch, &to)
+                })
+                .await
+                .unwrap()
+        }
+    };
+    assert!(guarded(&base, &with_n2).await);
+    let with_n3 = base.with_replica("n3").unwrap();
+    assert!(
+        !guarded(&base, &with_n3).await,
+        "a change decided from an older record (same epoch) landed"
+    );
+    let joined = with_n2.with_in_sync("n2").unwrap();
+    assert!(guarded(&with_n2, &joined).await);
+    assert_eq!(
+        store.read_shard("docs2", 4, 0).await.unwrap(),
+        ShardRecord::Assigned(joined.clone())
+    );
+    // Failover: the in-sync replica is promoted only once the old primary (n1, registered
+    // since the start) has no registration.
+    assert_eq!(joined.owner, "n1");
+    let promoted = joined.promoted("n2").unwrap();
+    let promotion = ShardSwap {
+        expected: Some(&joined),
+        unless_registered: Some("n1"),
+        ..swap("docs2", 4, 0, joined.epoch, &promoted)
+    };
+    let promote = || store.compare_and_set_shard(&promotion);
+    assert!(
+        !promote().await.unwrap(),
+        "a promotion landed while the primary was registered"
+    );
     drop(n1);
     wait_until(&mut rx, WAIT, "n1 gone", |s| s.nodes.is_empty()).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while !promote().await.unwrap() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the promotion never landed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_until(&mut rx, WAIT, "docs2 shard 0 promoted", |s| {
+        s.collections["docs2"].shards[0] == promoted
+    })
+    .await;
     assert!(store.connected());
 }
 

@@ -609,9 +609,11 @@ impl ClusterNode {
             shard_key,
             config: serde_json::to_value(&config)
                 .map_err(|e| ApiError::Internal(format!("encoding the config: {e}")))?,
+            replication_factor: 1,
+            min_in_sync: 1,
         };
         let map = CollectionMap {
-            shards: initial_placement(&def.name, n_shards, &nodes),
+            shards: initial_placement(&def.name, n_shards, &nodes, def.replication_factor),
             def,
         };
         if map.shards.is_empty() {
@@ -721,6 +723,7 @@ impl ClusterNode {
                         expected_epoch: *epoch,
                         new,
                         unless_registered: Some(node_id),
+                        expected: None,
                     })
                     .await
                     .map_err(store_error)?;
@@ -1187,6 +1190,8 @@ mod tests {
             n_shards,
             shard_key,
             config: serde_json::Value::Null,
+            replication_factor: 1,
+            min_in_sync: 1,
         }
     }
 

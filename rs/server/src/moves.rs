@@ -730,6 +730,7 @@ fn swap<'a>(
         expected_epoch: epoch,
         new,
         unless_registered: None,
+        expected: None,
     }
 }
 
