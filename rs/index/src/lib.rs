@@ -9,11 +9,14 @@
 //!
 //! The crate knows nothing of the WAL or protobuf, and hnsw_rs types never leave it.
 
+mod attribute_index;
+mod attributes;
 mod bitset;
 mod builder;
 mod bytes;
 mod config;
 mod error;
+mod filter;
 mod flat_graph;
 pub mod fsutil;
 mod hnsw_graph;
@@ -24,9 +27,12 @@ mod search;
 pub mod simd;
 mod visited;
 
+pub use attribute_index::{AttributeIndex, SlotSet};
+pub use attributes::{AttributeError, Attributes, FieldSpec, FieldType, Schema, Value};
 pub use builder::BuildConfig;
 pub use config::{HnswParams, IndexConfig};
 pub use error::{IndexError, Result};
+pub use filter::Filter;
 pub use metric::{dot, l2_squared, Metric};
 pub use mutable::MutableSegment;
 pub use sealed::{BulkDocuments, SealedSegment, SegmentFigures};
