@@ -11,7 +11,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use tarn_index::{Metric, MutableSegment, SealedSegment};
+use tarn_index::{
+    AttributeError, Attributes, FieldSpec, Filter, Metric, MutableSegment, Schema, SealedSegment,
+};
 use tarn_wal::{Durability, Wal, WalConfig};
 
 use crate::checkpoint::{CheckpointState, Checkpointer};
@@ -34,7 +36,16 @@ pub const MAX_PAIRS_PER_REQUEST: usize = 1_000_000;
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) dir: PathBuf,
+    /// The config as of open (its `fields` are the schema after the open's replay).
     pub(crate) config: CollectionConfig,
+    /// The declared attribute fields now: requests are validated against it. Changed only by
+    /// applying an add-fields operation, under the apply lock (ingestion), so every insert
+    /// validated against a field is logged after that field's addition.
+    pub(crate) schema: RwLock<Arc<Schema>>,
+    /// The fields `collection.json` holds; whoever rewrites the file holds this lock.
+    pub(crate) config_fields: Mutex<Vec<FieldSpec>>,
+    /// Serialises `add_fields` calls (each waits until its fields are applied).
+    pub(crate) add_fields_lock: tokio::sync::Mutex<()>,
     pub(crate) segments: RwLock<Arc<SegmentSet>>,
     /// Last applied sequence number; waiters subscribe for read-your-writes.
     pub(crate) applied: tokio::sync::watch::Sender<u64>,
@@ -86,6 +97,83 @@ impl Shared {
     pub(crate) fn segments(&self) -> Arc<SegmentSet> {
         Arc::clone(&self.segments.read())
     }
+
+    pub(crate) fn schema(&self) -> Arc<Schema> {
+        Arc::clone(&self.schema.read())
+    }
+
+    /// The config with the current fields (what a snapshot carries).
+    pub(crate) fn current_config(&self) -> CollectionConfig {
+        let mut config = self.config.clone();
+        config.fields = self.schema().fields().to_vec();
+        config
+    }
+
+    /// Rewrites `collection.json` durably with `fields`, unless it holds them (or more) already.
+    pub(crate) fn write_config_fields(&self, fields: &[FieldSpec]) -> Result<()> {
+        let mut written = self.config_fields.lock();
+        if written.starts_with(fields) {
+            return Ok(());
+        }
+        let mut config = self.config.clone();
+        config.fields = fields.to_vec();
+        manifest::write_checked(&self.dir.join(CONFIG_FILE), &config)?;
+        *written = fields.to_vec();
+        Ok(())
+    }
+
+    /// Applies an add-fields operation on the ingestion thread, under the apply lock: the
+    /// schema grows (fields it holds already, with the same type, are skipped), the mutable
+    /// segment indexes the new fields, and `collection.json` holds them before anything is
+    /// applied after them (so no checkpoint can truncate the WAL entry before the file has
+    /// them). A file that cannot be written fails the collection (a panic on the ingestion
+    /// thread, `failure.rs`): the fields would otherwise be lost at the next open.
+    pub(crate) fn apply_add_fields(&self, segments: &SegmentSet, fields: &[FieldSpec]) {
+        let schema = self.schema();
+        let grown = match grow_schema(&schema, fields) {
+            Ok(Some(grown)) => grown,
+            Ok(None) => return,
+            Err(error) => {
+                self.n_ingest_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(%error, "skipped an add-fields operation that conflicts with the schema");
+                return;
+            }
+        };
+        if let Err(error) = self.write_config_fields(grown.fields()) {
+            panic!("cannot record added fields in collection.json: {error}");
+        }
+        if let Err(error) = segments.mutable.extend_schema(grown.clone()) {
+            tracing::error!(%error, "the mutable segment did not take the added fields");
+        }
+        *self.schema.write() = Arc::new(grown);
+    }
+}
+
+/// `schema` with the fields of an add-fields operation it does not hold yet; `None` if it
+/// holds them all. A field it holds with another type is an error.
+pub(crate) fn grow_schema(
+    schema: &Schema,
+    fields: &[FieldSpec],
+) -> std::result::Result<Option<Schema>, AttributeError> {
+    let mut added = Vec::new();
+    for spec in fields {
+        match schema.field_type(&spec.name) {
+            Some(field_type) if field_type == spec.field_type => {}
+            Some(field_type) => {
+                return Err(AttributeError::SchemaMismatch {
+                    problem: format!(
+                        "field {:?} is declared {field_type}, the operation adds it as {}",
+                        spec.name, spec.field_type
+                    ),
+                })
+            }
+            None => added.push(spec.clone()),
+        }
+    }
+    if added.is_empty() {
+        return Ok(None);
+    }
+    schema.with_added(added).map(Some)
 }
 
 /// One search result as users see it.
@@ -106,6 +194,9 @@ pub struct SearchRequest {
     pub ef: usize,
     pub exact: bool,
     pub min_seq: u64,
+    /// Only documents whose attributes match (validated against the collection's fields).
+    /// A filtered search returns `min(top_k, matching live documents)` hits, always.
+    pub filter: Option<Filter>,
 }
 
 /// Figures for `GetCollection` and metrics.
@@ -213,14 +304,15 @@ impl Collection {
                 path: dir.to_owned(),
             });
         }
-        let config: CollectionConfig = manifest::read_checked(&config_path)?;
+        let mut config: CollectionConfig = manifest::read_checked(&config_path)?;
         config.validate()?;
+        let mut schema = config.schema()?;
         crate::memory::configure_allocator();
         let index_config = config.index_config();
         let (state, sealed) = load_checkpoint(dir, &config)?;
         let checkpoint_seq = state.current.checkpoint_seq;
         let set = SegmentSet {
-            mutable: Arc::new(MutableSegment::new(index_config)),
+            mutable: Arc::new(MutableSegment::with_schema(index_config, schema.clone())),
             frozen: Vec::new(),
             sealed,
         };
@@ -262,15 +354,37 @@ impl Collection {
             let (seq, payload) = entry?;
             let operation = op::decode(&payload, config.dimension)
                 .map_err(|e| CollectionError::Corrupt(format!("WAL entry {seq}: {e}")))?;
+            if let op::Operation::AddFields { fields } = &operation {
+                let grown = grow_schema(&schema, fields).map_err(|e| {
+                    CollectionError::Corrupt(format!("WAL entry {seq} adds fields: {e}"))
+                })?;
+                if let Some(grown) = grown {
+                    if !config.fields.starts_with(grown.fields()) {
+                        // A copy's log (a restore, a move) added fields its file lacks.
+                        config.fields = grown.fields().to_vec();
+                        manifest::write_checked(&config_path, &config)?;
+                    }
+                    set.mutable.extend_schema(grown.clone()).map_err(|e| {
+                        CollectionError::Corrupt(format!("WAL entry {seq} adds fields: {e}"))
+                    })?;
+                    schema = grown;
+                }
+            }
             set.apply(&operation, &mut apply);
             n_replayed += 1;
             replay_bytes += payload.len() as u64;
         }
+        // What `collection.json` holds now (the replay rewrote it if the log added fields).
+        let config_fields = config.fields.clone();
+        config.fields = schema.fields().to_vec();
         tracing::info!(dir = %dir.display(), checkpoint_seq, n_replayed, elapsed_ms = started.elapsed().as_millis() as u64, "opened collection");
 
         let shared = Arc::new(Shared {
             dir: dir.to_owned(),
             config,
+            schema: RwLock::new(Arc::new(schema)),
+            config_fields: Mutex::new(config_fields),
+            add_fields_lock: tokio::sync::Mutex::new(()),
             segments: RwLock::new(Arc::new(set)),
             applied: tokio::sync::watch::Sender::new(last_seq),
             checkpoint_seq: AtomicU64::new(checkpoint_seq),
@@ -363,17 +477,61 @@ impl Collection {
         &self.handle.wal
     }
 
-    fn shared(&self) -> &Shared {
+    pub(crate) fn shared(&self) -> &Shared {
         &self.handle.shared
     }
 
+    /// The config as of open. Its `fields` do not follow later `add_fields` calls: the
+    /// current fields are [`Collection::schema`]'s.
     pub fn config(&self) -> &CollectionConfig {
         &self.shared().config
     }
 
+    /// The declared attribute fields, as of the last applied `add_fields`.
+    pub fn schema(&self) -> Arc<Schema> {
+        self.shared().schema()
+    }
+
+    /// Appends attribute fields to the collection's schema; documents written before have no
+    /// value for them. Refuses (naming `fields`, changing nothing) an empty list, a name that
+    /// is invalid, repeated or already declared, and more than 256 fields in all. Logged as one
+    /// operation (so replay, snapshots, moves and replicas see the fields exactly where they
+    /// were added, before any document using them) and always synced; resolves once applied,
+    /// when inserts and filters may use the fields, to the operation's sequence number. The
+    /// ingestion thread records the fields in `collection.json` when it applies them, before
+    /// any later operation. Calls are serialised.
+    pub async fn add_fields(&self, fields: Vec<FieldSpec>) -> Result<u64> {
+        self.check_not_failed()?;
+        if fields.is_empty() {
+            return Err(CollectionError::invalid("fields", "must not be empty"));
+        }
+        let _one_at_a_time = self.shared().add_fields_lock.lock().await;
+        self.schema()
+            .with_added(fields.clone())
+            .map_err(|error| CollectionError::attributes("fields", None, &error))?;
+        let added = Schema::new(fields)
+            .map_err(|error| CollectionError::attributes("fields", None, &error))?;
+        let payload = op::encode_add_fields(&added);
+        let seq = self
+            .handle
+            .wal
+            .append(payload.into(), Durability::Fsync)
+            .await?;
+        let mut applied = self.shared().applied.subscribe();
+        let failure = &self.shared().failure;
+        let waited = applied
+            .wait_for(|a| *a >= seq || failure.get().is_some())
+            .await;
+        match waited {
+            Ok(_) if *self.shared().applied.borrow() >= seq => Ok(seq),
+            _ => Err(self.closed_or_failed()),
+        }
+    }
+
     /// Stores every listed document for every listed tenant (tenant 0 when none), replacing
     /// existing versions. Resolves to the operation's sequence number once it is durable (or
-    /// written, under `Durability::Written`). A rejected request changes nothing.
+    /// written, under `Durability::Written`). A rejected request changes nothing. The
+    /// documents have no attributes.
     pub async fn insert(
         &self,
         doc_ids: &[u128],
@@ -381,21 +539,60 @@ impl Collection {
         vectors: &[f32],
         durability: Option<Durability>,
     ) -> Result<u64> {
+        self.insert_with_attributes(doc_ids, user_ids, vectors, &[], durability)
+            .await
+    }
+
+    /// `insert` with the documents' attributes: `attributes` is empty (no attributes) or holds
+    /// one per document (the same for every listed tenant), each valid for the collection's
+    /// fields ([`Schema::validate`]). A bad one is refused naming `attributes`, the document
+    /// and the attribute field, and nothing is logged.
+    pub async fn insert_with_attributes(
+        &self,
+        doc_ids: &[u128],
+        user_ids: &[u128],
+        vectors: &[f32],
+        attributes: &[Attributes],
+        durability: Option<Durability>,
+    ) -> Result<u64> {
         self.check_not_failed()?;
-        let payload = self.encode_insert(doc_ids, user_ids, vectors)?;
+        let payload = self.encode_insert(doc_ids, user_ids, vectors, attributes)?;
         let durability = durability.unwrap_or_else(|| self.config().durability());
         Ok(self.handle.wal.append(payload.into(), durability).await?)
     }
 
-    /// Validates and encodes an insert (exposed for callers that batch their own appends).
+    /// Validates and encodes an insert.
     fn encode_insert(
         &self,
         doc_ids: &[u128],
         user_ids: &[u128],
         vectors: &[f32],
+        attributes: &[Attributes],
     ) -> Result<Vec<u8>> {
         let dim = self.config().dimension;
         validate_ids(doc_ids, user_ids)?;
+        if !attributes.is_empty() {
+            if attributes.len() != doc_ids.len() {
+                return Err(CollectionError::invalid(
+                    "attributes",
+                    format!(
+                        "expected none or one per document ({}), got {}",
+                        doc_ids.len(),
+                        attributes.len()
+                    ),
+                ));
+            }
+            let schema = self.schema();
+            for (doc_idx, document) in attributes.iter().enumerate() {
+                schema.validate(document).map_err(|error| {
+                    CollectionError::attributes(
+                        "attributes",
+                        Some(format!("document {doc_idx}")),
+                        &error,
+                    )
+                })?;
+            }
+        }
         if vectors.len() != doc_ids.len() * dim {
             return Err(CollectionError::invalid(
                 "vectors",
@@ -426,7 +623,15 @@ impl Collection {
                 ));
             }
         }
-        Ok(op::encode_insert(user_ids, doc_ids, dim, &prepared))
+        // Documents without attributes are logged as an insert without them (version 1).
+        let attributes = if attributes.iter().all(Attributes::is_empty) {
+            &[][..]
+        } else {
+            attributes
+        };
+        Ok(op::encode_insert(
+            user_ids, doc_ids, dim, &prepared, attributes,
+        ))
     }
 
     /// Removes the listed documents of the listed tenants (tenant 0 when none). Removing a
@@ -454,6 +659,24 @@ impl Collection {
             .collect()
     }
 
+    /// `get` with each document's attributes: `(doc_id, vector, attributes)` of the listed
+    /// documents of one tenant that exist, in request order (empty attributes for a document
+    /// stored without any).
+    pub fn get_with_attributes(
+        &self,
+        user_id: u128,
+        doc_ids: &[u128],
+    ) -> Vec<(u128, Vec<f32>, Attributes)> {
+        let set = self.shared().segments();
+        doc_ids
+            .iter()
+            .filter_map(|&doc_id| {
+                set.get_with_attributes(user_id, doc_id)
+                    .map(|(vector, attributes)| (doc_id, vector, attributes))
+            })
+            .collect()
+    }
+
     /// Every live document, as `(user_id, doc_id, vector)` in (user, doc) order, read from the
     /// segments at the moment of the call (what an import into another collection copies). Writes
     /// applied meanwhile may or may not be included; call it on a collection that takes none.
@@ -463,6 +686,40 @@ impl Collection {
         pairs.into_iter().filter_map(move |(user_id, doc_id)| {
             set.get(user_id, doc_id).map(|v| (user_id, doc_id, v))
         })
+    }
+
+    /// `export_documents` with each document's attributes.
+    pub fn export_documents_with_attributes(
+        &self,
+    ) -> impl Iterator<Item = (u128, u128, Vec<f32>, Attributes)> {
+        let set = self.shared().segments();
+        let pairs = set.live_documents();
+        pairs.into_iter().filter_map(move |(user_id, doc_id)| {
+            set.get_with_attributes(user_id, doc_id)
+                .map(|(vector, attributes)| (user_id, doc_id, vector, attributes))
+        })
+    }
+
+    /// The live `(user_id, doc_id)` pairs of the listed tenants (tenant 0 when none) whose
+    /// attributes match `filter`, sorted, read from the segments at the moment of the call
+    /// (what a remove by filter resolves to ids before logging removes). The filter is
+    /// validated first, naming `filter`.
+    pub fn matching_documents(
+        &self,
+        user_ids: &[u128],
+        filter: &Filter,
+    ) -> Result<Vec<(u128, u128)>> {
+        self.validate_filter(filter)?;
+        Ok(self
+            .shared()
+            .segments()
+            .matching_documents(user_ids, filter))
+    }
+
+    fn validate_filter(&self, filter: &Filter) -> Result<()> {
+        filter
+            .validate(&self.schema())
+            .map_err(|error| CollectionError::attributes("filter", None, &error))
     }
 
     /// Waits until operation `seq` is applied (searchable), up to `timeout`.
@@ -521,6 +778,9 @@ impl Collection {
                 "at most 10000 tenants per search",
             ));
         }
+        if let Some(filter) = &request.filter {
+            self.validate_filter(filter)?;
+        }
         Ok(())
     }
 
@@ -555,6 +815,7 @@ impl Collection {
             request.top_k,
             ef.max(request.top_k),
             request.exact,
+            request.filter.as_ref(),
         );
         Ok(hits
             .into_iter()

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tarn_index::{HnswParams, IndexConfig, Metric};
+use tarn_index::{FieldSpec, HnswParams, IndexConfig, Metric, Schema};
 use tarn_wal::Durability;
 
 use crate::error::{CollectionError, Result};
@@ -45,6 +45,13 @@ pub struct CollectionConfig {
     /// created before this setting existed get the default.
     #[serde(default = "default_seal_unindexed")]
     pub seal_unindexed: usize,
+    /// The declared attribute fields, in declaration order (every one is indexed). Given at
+    /// creation; `Collection::add_fields` appends more and rewrites `collection.json`, so this
+    /// is the schema as of the last open (`Collection::schema` is the current one). Written as
+    /// `[{"name": "section", "type": "keyword"}, ...]`, left out when empty; collections
+    /// created before attributes existed have none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "fields_json")]
+    pub fields: Vec<FieldSpec>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,6 +111,7 @@ impl CollectionConfig {
             ingest_queue: 4096,
             max_unindexed: 20_000,
             seal_unindexed: default_seal_unindexed(),
+            fields: Vec::new(),
         }
     }
 
@@ -151,7 +159,15 @@ impl CollectionConfig {
                 "must be in (0, 1]",
             ));
         }
+        self.schema()?;
         Ok(())
+    }
+
+    /// The declared fields as a schema; refuses invalid names, duplicates and more than 256
+    /// fields, naming `fields`.
+    pub fn schema(&self) -> Result<Schema> {
+        Schema::new(self.fields.clone())
+            .map_err(|error| CollectionError::attributes("fields", None, &error))
     }
 
     pub fn metric(&self) -> Metric {
@@ -182,5 +198,102 @@ impl CollectionConfig {
         };
         config.graph_threshold = self.graph_threshold;
         config
+    }
+}
+
+/// `fields` in JSON: a list of `{"name": ..., "type": "keyword" | "keywords" | "number" |
+/// "bool"}` (`FieldSpec` lives in tarn-index, which knows nothing of serde).
+mod fields_json {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use tarn_index::{FieldSpec, FieldType};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    enum TypeName {
+        Keyword,
+        Keywords,
+        Number,
+        Bool,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct Field {
+        name: String,
+        #[serde(rename = "type")]
+        field_type: TypeName,
+    }
+
+    pub(super) fn serialize<S: Serializer>(
+        fields: &[FieldSpec],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        let fields: Vec<Field> = fields
+            .iter()
+            .map(|spec| Field {
+                name: spec.name.clone(),
+                field_type: match spec.field_type {
+                    FieldType::Keyword => TypeName::Keyword,
+                    FieldType::Keywords => TypeName::Keywords,
+                    FieldType::Number => TypeName::Number,
+                    FieldType::Bool => TypeName::Bool,
+                },
+            })
+            .collect();
+        fields.serialize(serializer)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<FieldSpec>, D::Error> {
+        let fields = Vec::<Field>::deserialize(deserializer)?;
+        Ok(fields
+            .into_iter()
+            .map(|field| {
+                let field_type = match field.field_type {
+                    TypeName::Keyword => FieldType::Keyword,
+                    TypeName::Keywords => FieldType::Keywords,
+                    TypeName::Number => FieldType::Number,
+                    TypeName::Bool => FieldType::Bool,
+                };
+                FieldSpec::new(field.name, field_type)
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tarn_index::FieldType;
+
+    #[test]
+    fn fields_round_trip_through_json_and_old_files_have_none() {
+        let mut config = CollectionConfig::new(8, MetricName::L2);
+        let json = serde_json::to_string(&config).unwrap();
+        assert!(!json.contains("fields"), "{json}");
+        let back: CollectionConfig = serde_json::from_str(&json).unwrap();
+        assert!(back.fields.is_empty());
+        config.fields = vec![
+            FieldSpec::new("section", FieldType::Keyword),
+            FieldSpec::new("tags", FieldType::Keywords),
+            FieldSpec::new("size", FieldType::Number),
+            FieldSpec::new("essential", FieldType::Bool),
+        ];
+        let json = serde_json::to_string(&config).unwrap();
+        assert!(
+            json.contains(r#"{"name":"tags","type":"keywords"}"#),
+            "{json}"
+        );
+        let back: CollectionConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, config);
+        assert_eq!(back.schema().unwrap().len(), 4);
+        config.fields.push(FieldSpec::new("size", FieldType::Bool));
+        match config.validate() {
+            Err(CollectionError::InvalidArgument { field, reason }) => {
+                assert_eq!(field, "fields");
+                assert!(reason.contains("\"size\""), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use tarn_index::IndexError;
+use tarn_index::{AttributeError, IndexError};
 use tarn_wal::WalError;
 
 pub type Result<T, E = CollectionError> = std::result::Result<T, E>;
@@ -161,6 +161,29 @@ impl CollectionError {
             field,
             reason: reason.into(),
         }
+    }
+
+    /// Invalid attributes, filter or fields: `field` is the request field, `context` says
+    /// where in it (for example "document 3"), and the message keeps the attribute error's
+    /// own naming of the attribute field and the problem.
+    pub(crate) fn attributes(
+        field: &'static str,
+        context: Option<String>,
+        error: &AttributeError,
+    ) -> Self {
+        let message = error.to_string();
+        // The error's own prefix ("attributes: ", "filter: ", "schema: ") repeats what the
+        // request field says.
+        let message = ["attributes: ", "filter: ", "schema: "]
+            .iter()
+            .find_map(|prefix| message.strip_prefix(prefix))
+            .unwrap_or(&message)
+            .to_string();
+        let reason = match context {
+            Some(context) => format!("{context}: {message}"),
+            None => message,
+        };
+        CollectionError::invalid(field, reason)
     }
 
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {

@@ -12,7 +12,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tarn_index::MutableSegment;
+use tarn_index::{MutableSegment, Schema};
 use tarn_wal::AppendObserver;
 
 use crate::checkpoint::{CheckpointJob, JobOutcome};
@@ -156,7 +156,11 @@ impl IngestWorker {
                 // The apply lock first, then the set: the checkpoint thread installs a new set
                 // under the same lock.
                 let mut state = self.shared.apply.lock();
-                let delta = self.shared.segments().apply(&operation, &mut state);
+                let segments = self.shared.segments();
+                if let op::Operation::AddFields { fields } = &operation {
+                    self.shared.apply_add_fields(&segments, fields);
+                }
+                let delta = segments.apply(&operation, &mut state);
                 // Figures that stats read without the apply lock.
                 self.shared
                     .n_documents
@@ -258,7 +262,10 @@ impl IngestWorker {
             let _apply = self.shared.apply.lock();
             let mut segments = self.shared.segments.write();
             if !segments.mutable.is_empty() {
-                let fresh = MutableSegment::new(self.shared.config.index_config());
+                let fresh = MutableSegment::with_schema(
+                    self.shared.config.index_config(),
+                    Schema::clone(&self.shared.schema()),
+                );
                 *segments = Arc::new(segments.freeze(self.applied_seq, fresh));
             }
         }

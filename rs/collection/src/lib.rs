@@ -32,6 +32,10 @@ pub use failure::ThreadFailure;
 pub use restore::{remove_interrupted_restores, verify_snapshot, SnapshotRestore};
 pub use snapshot::Snapshot;
 pub use snapshot_format::SnapshotInfo;
+pub use tarn_index::{
+    AttributeError, Attributes, FieldSpec, FieldType, Filter, Schema, Value,
+    FILTER_EXACT_SCAN_MAX_MATCHES,
+};
 pub use tarn_wal::Durability;
 pub use wal_tail::WalTail;
 

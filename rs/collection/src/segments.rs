@@ -12,7 +12,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use tarn_index::{Hit, MutableSegment, SealedSegment};
+use tarn_index::{Attributes, Filter, Hit, MutableSegment, SealedSegment};
 
 use crate::op::Operation;
 
@@ -42,7 +42,8 @@ pub(crate) struct SegmentSet {
 impl SegmentSet {
     /// Applies one logged operation; keeps the live documents per tenant current and records
     /// removals from frozen and sealed segments while a checkpoint runs (`ApplyState`).
-    /// Returns the change in the number of live documents.
+    /// Returns the change in the number of live documents. Added fields are applied by the
+    /// caller, which owns the schema (`collection::apply_add_fields`), not here.
     pub(crate) fn apply(&self, op: &Operation, state: &mut ApplyState) -> i64 {
         let ApplyState {
             counts,
@@ -55,10 +56,16 @@ impl SegmentSet {
                 doc_ids,
                 dimension,
                 vectors,
+                attributes,
             } => {
                 for &user_id in Operation::tenants(user_ids) {
-                    for (doc_id, vector) in doc_ids.iter().zip(vectors.chunks_exact(*dimension)) {
-                        let replaced_here = self.mutable.upsert(user_id, *doc_id, vector);
+                    for (doc_idx, (doc_id, vector)) in doc_ids
+                        .iter()
+                        .zip(vectors.chunks_exact(*dimension))
+                        .enumerate()
+                    {
+                        let replaced_here =
+                            self.upsert(user_id, *doc_id, vector, attributes.get(doc_idx));
                         let replaced = replaced_here
                             || self.remove_settled(user_id, *doc_id, settled_removals);
                         if !replaced {
@@ -68,6 +75,7 @@ impl SegmentSet {
                     }
                 }
             }
+            Operation::AddFields { .. } => {}
             Operation::Remove { user_ids, doc_ids } => {
                 for &user_id in Operation::tenants(user_ids) {
                     for doc_id in doc_ids {
@@ -86,6 +94,32 @@ impl SegmentSet {
             }
         }
         delta
+    }
+
+    /// Stores one document in the mutable segment with its attributes. Attributes were
+    /// validated against the schema before they were logged and the schema only grows, so they
+    /// always fit; if they did not (a bug), the document is stored without them and the error
+    /// logged, since a logged operation cannot be refused.
+    fn upsert(
+        &self,
+        user_id: u128,
+        doc_id: u128,
+        vector: &[f32],
+        attributes: Option<&Attributes>,
+    ) -> bool {
+        let Some(attributes) = attributes else {
+            return self.mutable.upsert(user_id, doc_id, vector);
+        };
+        match self
+            .mutable
+            .upsert_with_attributes(user_id, doc_id, vector, attributes)
+        {
+            Ok(replaced) => replaced,
+            Err(error) => {
+                tracing::error!(%error, user_id, doc_id, "stored a document without its attributes, which do not fit the schema");
+                self.mutable.upsert(user_id, doc_id, vector)
+            }
+        }
     }
 
     /// Removes `(user_id, doc_id)` from the frozen or sealed segment holding it, and records the
@@ -128,6 +162,55 @@ impl SegmentSet {
             .or_else(|| self.sealed.iter().find_map(|s| s.get(user_id, doc_id)))
     }
 
+    pub(crate) fn get_with_attributes(
+        &self,
+        user_id: u128,
+        doc_id: u128,
+    ) -> Option<(Vec<f32>, Attributes)> {
+        self.mutable
+            .get_with_attributes(user_id, doc_id)
+            .or_else(|| {
+                self.frozen
+                    .iter()
+                    .find_map(|(_, f)| f.get_with_attributes(user_id, doc_id))
+            })
+            .or_else(|| {
+                self.sealed
+                    .iter()
+                    .find_map(|s| s.get_with_attributes(user_id, doc_id))
+            })
+    }
+
+    /// The live `(user, doc)` pairs of the given tenants whose attributes match `filter`,
+    /// sorted, each once.
+    pub(crate) fn matching_documents(
+        &self,
+        user_ids: &[u128],
+        filter: &Filter,
+    ) -> Vec<(u128, u128)> {
+        let mut pairs = Vec::new();
+        for &user_id in Operation::tenants(user_ids) {
+            let docs = self
+                .mutable
+                .matching_documents(user_id, filter)
+                .into_iter()
+                .chain(
+                    self.frozen
+                        .iter()
+                        .flat_map(|(_, f)| f.matching_documents(user_id, filter)),
+                )
+                .chain(
+                    self.sealed
+                        .iter()
+                        .flat_map(|s| s.matching_documents(user_id, filter)),
+                );
+            pairs.extend(docs.map(|doc_id| (user_id, doc_id)));
+        }
+        pairs.sort_unstable();
+        pairs.dedup();
+        pairs
+    }
+
     /// The same segments with a fresh mutable segment; the current one is frozen as holding
     /// everything up to `seq`.
     pub(crate) fn freeze(&self, seq: u64, fresh: MutableSegment) -> SegmentSet {
@@ -141,7 +224,10 @@ impl SegmentSet {
         }
     }
 
-    /// The `k` nearest documents over the given tenants, nearest first, each `(user, doc)` once.
+    /// The `k` nearest documents over the given tenants whose attributes match `filter` (all
+    /// when `None`), nearest first, each `(user, doc)` once. With a filter, each segment's
+    /// partition returns `min(k, its matching live documents)`, so the merge holds
+    /// `min(k, matching live documents)`: a live pair is live in one segment only.
     pub(crate) fn search(
         &self,
         user_ids: &[u128],
@@ -149,6 +235,7 @@ impl SegmentSet {
         k: usize,
         ef: usize,
         exact: bool,
+        filter: Option<&Filter>,
     ) -> Vec<Hit> {
         let mut seen: HashSet<(u128, u128)> = HashSet::new();
         let mut hits = Vec::new();
@@ -156,15 +243,17 @@ impl SegmentSet {
         tenants.sort_unstable();
         tenants.dedup();
         for user_id in tenants {
-            let from_mutable = self.mutable.search(user_id, query, k, ef, exact);
+            let from_mutable = self
+                .mutable
+                .search_filtered(user_id, query, k, ef, exact, filter);
             let from_frozen = self
                 .frozen
                 .iter()
-                .flat_map(|(_, f)| f.search(user_id, query, k, ef, exact));
+                .flat_map(|(_, f)| f.search_filtered(user_id, query, k, ef, exact, filter));
             let from_sealed = self
                 .sealed
                 .iter()
-                .flat_map(|s| s.search(user_id, query, k, ef, exact));
+                .flat_map(|s| s.search_filtered(user_id, query, k, ef, exact, filter));
             for hit in from_mutable
                 .into_iter()
                 .chain(from_frozen)

@@ -104,6 +104,9 @@ impl Snapshot {
     /// number with a sync barrier (see the module documentation for why in this order).
     pub(crate) fn take(shared: &Shared, wal: &Wal) -> Result<Snapshot> {
         let (manifest, pin) = shared.retention.pin_current();
+        // The fields as of the pinned manifest or later (pinned first: its checkpoint is
+        // applied) and none added after `seq_no` (read before the barrier that gives it).
+        let config = shared.current_config();
         let seq_no = wal.sync().wait()?;
         let checkpoint_seq = manifest.checkpoint_seq;
         if seq_no < checkpoint_seq {
@@ -179,7 +182,7 @@ impl Snapshot {
             .replay_range(checkpoint_seq + 1, seq_no)
             .map_err(CollectionError::Wal)?;
 
-        let header_body_len = SnapshotHeader::body_len(&shared.config);
+        let header_body_len = SnapshotHeader::body_len(&config);
         let mut total_bytes =
             FILE_HEADER_BYTES + part_len(HEADER_PART_NAME, header_body_len) + END_BYTES;
         for piece in &file_pieces {
@@ -198,7 +201,7 @@ impl Snapshot {
             n_wal_entries: seq_no - checkpoint_seq,
             n_file_parts,
             n_wal_parts: wal_parts.len() as u32,
-            config: shared.config.clone(),
+            config,
         };
         let header_body = header.encode_body();
         debug_assert_eq!(header_body.len() as u64, header_body_len);

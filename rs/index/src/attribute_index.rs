@@ -605,13 +605,27 @@ impl AttributeIndex {
     }
 
     fn gather(schema: Schema, parts: &[(&AttributeIndex, &[u32])]) -> AttributeIndex {
-        let mut index = AttributeIndex::new(schema);
         let old_slots = parts
             .iter()
             .flat_map(|(part, old_slots)| old_slots.iter().map(move |&old_slot| (*part, old_slot)));
+        AttributeIndex::gather_slots(schema, old_slots)
+    }
+
+    /// An index whose new slot `i` holds the `i`-th picked `(index, old slot)`'s attributes, in
+    /// any order and from any number of indexes (a merge whose slots are sorted by document
+    /// id). Values of fields `schema` does not declare, or declares with another type, are
+    /// dropped: pass a schema that extends every picked index's (the longest of theirs, since
+    /// fields are only ever appended).
+    pub fn gather_slots<'a>(
+        schema: Schema,
+        picks: impl IntoIterator<Item = (&'a AttributeIndex, u32)>,
+    ) -> AttributeIndex {
+        let mut index = AttributeIndex::new(schema);
         // Slot u32::MAX is never used, so at most u32::MAX slots.
-        for (new_slot, (part, old_slot)) in (0..u32::MAX).zip(old_slots) {
-            index.append(new_slot, &part.attributes_of(old_slot));
+        for (new_slot, (part, old_slot)) in (0..u32::MAX).zip(picks) {
+            if !part.schema.is_empty() {
+                index.append(new_slot, &part.attributes_of(old_slot));
+            }
             index.n_slots = new_slot + 1;
         }
         index

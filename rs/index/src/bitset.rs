@@ -75,6 +75,11 @@ impl Bitset {
         self.words[bit / 64] |= 1 << (bit % 64);
     }
 
+    /// The words (bits past the last set one may be missing).
+    pub(crate) fn words(&self) -> &[u64] {
+        &self.words
+    }
+
     pub(crate) fn into_words(mut self, n_bits: usize) -> Vec<u64> {
         self.words.resize(AtomicBitset::words_for(n_bits), 0);
         self.words

@@ -12,6 +12,9 @@ impl ByteWriter {
     pub(crate) fn u8(&mut self, v: u8) {
         self.bytes.push(v);
     }
+    pub(crate) fn u16(&mut self, v: u16) {
+        self.bytes.extend_from_slice(&v.to_le_bytes());
+    }
     pub(crate) fn u32(&mut self, v: u32) {
         self.bytes.extend_from_slice(&v.to_le_bytes());
     }
@@ -70,6 +73,10 @@ impl<'a> ByteReader<'a> {
 
     pub(crate) fn u8(&mut self, what: &str) -> Result<u8> {
         Ok(self.take(1, what)?[0])
+    }
+    pub(crate) fn u16(&mut self, what: &str) -> Result<u16> {
+        let b = self.take(2, what)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
     }
     pub(crate) fn u32(&mut self, what: &str) -> Result<u32> {
         let b = self.take(4, what)?;

@@ -7,6 +7,10 @@
 //!   segment, or built straight from [`BulkDocuments`] by tarn's own parallel HNSW builder
 //!   ([`BuildConfig`], `builder.rs`).
 //!
+//! - Documents carry typed attributes ([`Attributes`] of a [`Schema`]'s fields), indexed per
+//!   partition ([`AttributeIndex`]), so that a search with a [`Filter`] knows its exact matches
+//!   and returns `min(k, matches)` hits (`filtered.rs`).
+//!
 //! The crate knows nothing of the WAL or protobuf, and hnsw_rs types never leave it.
 
 mod attribute_index;
@@ -17,6 +21,7 @@ mod bytes;
 mod config;
 mod error;
 mod filter;
+mod filtered;
 mod flat_graph;
 pub mod fsutil;
 mod hnsw_graph;
@@ -33,7 +38,8 @@ pub use builder::BuildConfig;
 pub use config::{HnswParams, IndexConfig};
 pub use error::{IndexError, Result};
 pub use filter::Filter;
+pub use filtered::FILTER_EXACT_SCAN_MAX_MATCHES;
 pub use metric::{dot, l2_squared, Metric};
 pub use mutable::MutableSegment;
-pub use sealed::{BulkDocuments, SealedSegment, SegmentFigures};
+pub use sealed::{BulkAttributes, BulkDocuments, SealedSegment, SegmentFigures};
 pub use search::Hit;

@@ -9,6 +9,9 @@
 //! misses a stored vector, and graph building (about 2 ms per 384-d vector at
 //! ef_construction 200) never delays visibility. One writer (the collection's ingestion
 //! thread), one indexer at a time per partition, any number of concurrent searches.
+//!
+//! Each partition also keeps its documents' attributes by slot (an [`AttributeIndex`] over the
+//! segment's schema), so a filtered search knows its exact matches (`filtered.rs`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,12 +19,17 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::attribute_index::{AttributeIndex, SlotSet};
+use crate::attributes::{AttributeError, Attributes, Schema};
 use crate::bitset::Bitset;
 use crate::config::IndexConfig;
+use crate::filter::Filter;
+use crate::filtered::{filtered_top_k, plan};
+use crate::flat_graph::Candidate;
 use crate::hnsw_graph::HnswGraph;
 use crate::search::{exact_top_k, to_hits, Hit};
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct MutableData {
     /// Slot `i`'s vector is `vectors[i * dim..(i + 1) * dim]`; slots are never reused.
     pub(crate) vectors: Vec<f32>,
@@ -35,13 +43,47 @@ pub(crate) struct MutableData {
     /// Slots below this were handed to the graph (or were dead when their turn came); slots from
     /// here on are the unindexed tail, searched exactly.
     pub(crate) indexed: usize,
+    /// The attributes of each slot (slots stored without any have none).
+    pub(crate) attributes: AttributeIndex,
 }
 
-#[derive(Debug, Default)]
+impl MutableData {
+    fn new(schema: Schema) -> Self {
+        MutableData {
+            vectors: Vec::new(),
+            doc_ids: Vec::new(),
+            tombstones: Bitset::default(),
+            by_doc: HashMap::new(),
+            graph: None,
+            indexed: 0,
+            attributes: AttributeIndex::new(schema),
+        }
+    }
+
+    /// The live slots whose attributes match `filter`, exactly.
+    fn live_matches(&self, filter: &Filter) -> SlotSet {
+        let n_slots = self.doc_ids.len() as u32;
+        let dead = SlotSet::from_words(self.tombstones.words().to_vec());
+        self.attributes
+            .matching(filter, n_slots)
+            .and(&dead.not(n_slots))
+    }
+}
+
+#[derive(Debug)]
 pub(crate) struct MutablePartition {
     pub(crate) data: RwLock<MutableData>,
     /// Held while inserting into the graph: one indexer per partition at a time.
     indexing: Mutex<()>,
+}
+
+impl MutablePartition {
+    fn new(schema: Schema) -> Self {
+        MutablePartition {
+            data: RwLock::new(MutableData::new(schema)),
+            indexing: Mutex::new(()),
+        }
+    }
 }
 
 /// The segment that ingestion writes to.
@@ -49,17 +91,54 @@ pub(crate) struct MutablePartition {
 pub struct MutableSegment {
     config: IndexConfig,
     partitions: RwLock<HashMap<u128, Arc<MutablePartition>>>,
+    /// The declared attribute fields; new partitions index these. Taken after `partitions`
+    /// when both are locked.
+    schema: RwLock<Schema>,
     /// Slots stored over all partitions (live and superseded): what `estimated_bytes` counts.
     n_slots: AtomicUsize,
 }
 
 impl MutableSegment {
+    /// A segment without attribute fields (documents can carry no attributes).
     pub fn new(config: IndexConfig) -> Self {
+        MutableSegment::with_schema(config, Schema::default())
+    }
+
+    /// A segment whose documents may carry attributes of `schema`'s fields.
+    pub fn with_schema(config: IndexConfig, schema: Schema) -> Self {
         MutableSegment {
             config,
             partitions: RwLock::new(HashMap::new()),
+            schema: RwLock::new(schema),
             n_slots: AtomicUsize::new(0),
         }
+    }
+
+    /// The attribute fields documents may carry here.
+    pub fn schema(&self) -> Schema {
+        self.schema.read().clone()
+    }
+
+    /// Adopts a schema that extends the current one (fields added to the collection): every
+    /// partition indexes the new fields from now on; documents stored before have no value for
+    /// them. Refuses a schema that does not start with the current one, changing nothing.
+    pub fn extend_schema(&self, schema: Schema) -> Result<(), AttributeError> {
+        let partitions = self.partitions.write();
+        let mut current = self.schema.write();
+        if !schema.starts_with(&current) {
+            return Err(AttributeError::SchemaMismatch {
+                problem: "the new schema does not extend the segment's fields".to_string(),
+            });
+        }
+        for partition in partitions.values() {
+            partition
+                .data
+                .write()
+                .attributes
+                .extend_schema(schema.clone())?;
+        }
+        *current = schema;
+        Ok(())
     }
 
     pub fn config(&self) -> &IndexConfig {
@@ -79,15 +158,50 @@ impl MutableSegment {
     }
 
     /// Stores `vector` (already prepared for the metric) as `(user_id, doc_id)`, replacing a
-    /// version in this segment. Returns true if one was replaced. Searchable on return.
+    /// version in this segment. Returns true if one was replaced. Searchable on return. The
+    /// document has no attributes.
     pub fn upsert(&self, user_id: u128, doc_id: u128, vector: &[f32]) -> bool {
+        self.store(user_id, doc_id, vector, None)
+            .expect("a document without attributes is always valid")
+    }
+
+    /// `upsert` with the document's attributes, which must be valid for the segment's schema
+    /// ([`Schema::validate`]); if they are not, nothing is stored and the error says why.
+    pub fn upsert_with_attributes(
+        &self,
+        user_id: u128,
+        doc_id: u128,
+        vector: &[f32],
+        attributes: &Attributes,
+    ) -> Result<bool, AttributeError> {
+        self.store(user_id, doc_id, vector, Some(attributes))
+    }
+
+    fn store(
+        &self,
+        user_id: u128,
+        doc_id: u128,
+        vector: &[f32],
+        attributes: Option<&Attributes>,
+    ) -> Result<bool, AttributeError> {
         debug_assert_eq!(vector.len(), self.config.dimension);
+        let attributes = attributes.filter(|attributes| !attributes.is_empty());
         let partition = {
             let mut partitions = self.partitions.write();
-            Arc::clone(partitions.entry(user_id).or_default())
+            let partition = partitions
+                .entry(user_id)
+                .or_insert_with(|| Arc::new(MutablePartition::new(self.schema.read().clone())));
+            Arc::clone(partition)
         };
         let mut data = partition.data.write();
+        if let Some(attributes) = attributes {
+            data.attributes.schema().validate(attributes)?;
+        }
         let slot = data.doc_ids.len() as u32;
+        if let Some(attributes) = attributes {
+            // Validated, and the slot is past every slot pushed: this cannot fail.
+            data.attributes.push(slot, attributes)?;
+        }
         let replaced = data.by_doc.insert(doc_id, slot);
         if let Some(old) = replaced {
             data.tombstones.set(old as usize);
@@ -95,7 +209,7 @@ impl MutableSegment {
         data.vectors.extend_from_slice(vector);
         data.doc_ids.push(doc_id);
         self.n_slots.fetch_add(1, Ordering::Relaxed);
-        replaced.is_some()
+        Ok(replaced.is_some())
     }
 
     /// Inserts up to `max_slots` not-yet-indexed slots into their partitions' graphs (creating a
@@ -210,6 +324,35 @@ impl MutableSegment {
         Some(data.vectors[slot * dim..(slot + 1) * dim].to_vec())
     }
 
+    /// The stored vector and the attributes of a live document.
+    pub fn get_with_attributes(
+        &self,
+        user_id: u128,
+        doc_id: u128,
+    ) -> Option<(Vec<f32>, Attributes)> {
+        let partition = self.partition(user_id)?;
+        let data = partition.data.read();
+        let slot = *data.by_doc.get(&doc_id)?;
+        let dim = self.config.dimension;
+        let start = slot as usize * dim;
+        Some((
+            data.vectors[start..start + dim].to_vec(),
+            data.attributes.attributes_of(slot),
+        ))
+    }
+
+    /// The live documents of one tenant whose attributes match `filter`, in no order.
+    pub fn matching_documents(&self, user_id: u128, filter: &Filter) -> Vec<u128> {
+        let Some(partition) = self.partition(user_id) else {
+            return Vec::new();
+        };
+        let data = partition.data.read();
+        data.live_matches(filter)
+            .iter()
+            .map(|slot| data.doc_ids[slot as usize])
+            .collect()
+    }
+
     /// Nearest live documents of one tenant, nearest first.
     pub fn search(
         &self,
@@ -218,6 +361,21 @@ impl MutableSegment {
         k: usize,
         ef: usize,
         exact: bool,
+    ) -> Vec<Hit> {
+        self.search_filtered(user_id, query, k, ef, exact, None)
+    }
+
+    /// Nearest live documents of one tenant whose attributes match `filter` (all when `None`),
+    /// nearest first: `min(k, matching live documents)` of them, always (`filtered.rs`).
+    /// Validate the filter against the schema first (it recurses once per level).
+    pub fn search_filtered(
+        &self,
+        user_id: u128,
+        query: &[f32],
+        k: usize,
+        ef: usize,
+        exact: bool,
+        filter: Option<&Filter>,
     ) -> Vec<Hit> {
         let Some(partition) = self.partition(user_id) else {
             return Vec::new();
@@ -231,6 +389,24 @@ impl MutableSegment {
                 &data.vectors[slot as usize * dim..(slot as usize + 1) * dim],
             )
         };
+        if let Some(filter) = filter {
+            let matches = data.live_matches(filter);
+            let n_matches = matches.count();
+            let graph = data.graph.as_ref();
+            let plan = plan(n_matches, data.by_doc.len(), k, ef, graph.is_some(), exact);
+            let graph_search = |ef: usize| {
+                let Some(graph) = graph else {
+                    return Vec::new();
+                };
+                let keep = |slot: u32| matches.contains(slot);
+                let mut candidates = graph.search(query, k, ef, Some(&keep));
+                let tail = matches.iter().filter(|&slot| slot as usize >= data.indexed);
+                candidates.extend(exact_top_k(tail, k, distance));
+                merge_candidates(candidates, k)
+            };
+            let candidates = filtered_top_k(&matches, n_matches, k, plan, graph_search, distance);
+            return to_hits(user_id, candidates, &data.doc_ids);
+        }
         let candidates = match (&data.graph, exact) {
             (Some(graph), false) => {
                 let is_live = |slot: u32| !data.tombstones.get(slot as usize);
@@ -241,11 +417,7 @@ impl MutableSegment {
                 let tail =
                     (data.indexed as u32..data.doc_ids.len() as u32).filter(|&slot| is_live(slot));
                 candidates.extend(exact_top_k(tail, k, distance));
-                candidates.sort_unstable();
-                // A slot being indexed right now can come from both.
-                candidates.dedup_by_key(|c| c.node);
-                candidates.truncate(k);
-                candidates
+                merge_candidates(candidates, k)
             }
             _ => exact_top_k(data.by_doc.values().copied(), k, distance),
         };
@@ -299,4 +471,13 @@ impl MutableSegment {
             })
             .sum()
     }
+}
+
+/// The graph's and the exact tail's candidates: sorted, each slot once (a slot being indexed
+/// right now can come from both), the nearest `k`.
+fn merge_candidates(mut candidates: Vec<Candidate>, k: usize) -> Vec<Candidate> {
+    candidates.sort_unstable();
+    candidates.dedup_by_key(|c| c.node);
+    candidates.truncate(k);
+    candidates
 }

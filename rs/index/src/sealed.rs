@@ -1,16 +1,24 @@
 //! Sealed segments: immutable vectors and graphs in tarn's own checksummed file format, searched
 //! by tarn's own HNSW loop (`flat_graph.rs`). Only their tombstones change, kept in a separate
 //! small file per checkpoint. Byte layout: `docs/SEGMENT_FORMAT.md`.
+//!
+//! Each partition keeps its documents' attributes (an [`AttributeIndex`] by slot, written as an
+//! optional section of the partition: format version 2); a segment of version 1 opens as one
+//! whose documents have no attributes.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::attribute_index::{AttributeIndex, SlotSet};
+use crate::attributes::{Attributes, Schema};
 use crate::bitset::AtomicBitset;
 use crate::builder::{build_graph, BuildConfig};
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::config::IndexConfig;
 use crate::error::{IndexError, Result};
+use crate::filter::Filter;
+use crate::filtered::{filtered_top_k, plan};
 use crate::flat_graph::FlatGraph;
 use crate::metric::Metric;
 use crate::mutable::MutableSegment;
@@ -19,7 +27,17 @@ use crate::simd::prefetch;
 
 const SEGMENT_MAGIC: &[u8; 8] = b"TARNSEG1";
 const TOMBSTONE_MAGIC: &[u8; 8] = b"TARNTMB1";
-const FORMAT_VERSION: u32 = 1;
+/// The version `encode` writes: 2 added each partition's table of optional sections.
+const FORMAT_VERSION: u32 = 2;
+/// Version 1: partitions without a section table (opened as having no attributes).
+const FORMAT_VERSION_NO_SECTIONS: u32 = 1;
+/// Section kind: the partition's attribute index (`AttributeIndex::encode_section`).
+const SECTION_ATTRIBUTES: u16 = 1;
+/// Section flag: a reader that does not know the section's kind must refuse the file (the
+/// section changes what the partition means). Sections without it are skipped when unknown.
+const SECTION_REQUIRED: u16 = 1;
+/// The most sections one partition may list.
+const MAX_SECTIONS: usize = 64;
 /// Cache lines of a vector prefetched before its distance is computed: all of it, up to 2 KiB
 /// (measured: docs/benchmarks/sealed-search.md, "What each step bought").
 const PREFETCH_MAX_LINES: usize = 32;
@@ -39,11 +57,19 @@ pub(crate) struct SealedPartition {
     doc_index: Vec<(u128, u32)>,
     tombstones: AtomicBitset,
     graph: Option<FlatGraph>,
+    /// The attributes by slot (an index of no fields when the partition has none).
+    attributes: AttributeIndex,
 }
 
 impl SealedPartition {
-    /// A partition of `doc_ids` (sorted, one per slot) and their vectors, every one live.
-    fn new_live(vectors: Vec<f32>, doc_ids: Vec<u128>, graph: Option<FlatGraph>) -> Self {
+    /// A partition of `doc_ids` (sorted, one per slot) and their vectors and attributes, every
+    /// one live.
+    fn new_live(
+        vectors: Vec<f32>,
+        doc_ids: Vec<u128>,
+        graph: Option<FlatGraph>,
+        attributes: AttributeIndex,
+    ) -> Self {
         let n = doc_ids.len();
         SealedPartition {
             vectors,
@@ -55,7 +81,23 @@ impl SealedPartition {
             doc_ids,
             tombstones: AtomicBitset::from_words(vec![0; AtomicBitset::words_for(n)]),
             graph,
+            attributes,
         }
+    }
+
+    /// Live slots: those not tombstoned (every slot a partition does not list as a live
+    /// document is tombstoned).
+    fn n_live_slots(&self) -> usize {
+        self.n_slots().saturating_sub(self.tombstones.count())
+    }
+
+    /// The live slots whose attributes match `filter`, exactly.
+    fn live_matches(&self, filter: &Filter) -> SlotSet {
+        let n_slots = self.n_slots() as u32;
+        let dead = SlotSet::from_words(self.tombstones.snapshot());
+        self.attributes
+            .matching(filter, n_slots)
+            .and(&dead.not(n_slots))
     }
 
     fn n_slots(&self) -> usize {
@@ -113,6 +155,15 @@ pub struct BulkDocuments<'a> {
     pub user_ids: &'a [u128],
     pub doc_ids: &'a [u128],
     pub vectors: &'a [f32],
+}
+
+/// The attributes of [`BulkDocuments`]' rows (`SealedSegment::build_with_attributes`): `rows`
+/// is empty (no document has attributes) or holds row `i`'s attributes at `i`, each valid for
+/// `schema`.
+#[derive(Debug, Clone, Copy)]
+pub struct BulkAttributes<'a> {
+    pub schema: &'a Schema,
+    pub rows: &'a [Attributes],
 }
 
 /// Size and shape figures for stats and benchmarks.
@@ -193,14 +244,27 @@ impl SealedSegment {
                     // Copied out: the graph build takes seconds, and holding the read lock that
                     // long would block removals from this (frozen) partition, and behind them
                     // every search of it.
-                    let live: Vec<(u128, Vec<f32>)> = data
+                    let live: Vec<(u128, Vec<f32>, u32)> = data
                         .by_doc
                         .iter()
-                        .map(|(d, s)| (*d, data.vectors[*s as usize * dim..][..dim].to_vec()))
+                        .map(|(d, s)| {
+                            let vector = data.vectors[*s as usize * dim..][..dim].to_vec();
+                            (*d, vector, *s)
+                        })
                         .collect();
+                    let attributes = data.attributes.clone();
                     drop(data);
-                    let live = live.iter().map(|(d, v)| (*d, v.as_slice())).collect();
-                    partitions.insert(user_id, build_partition(live, &config, build));
+                    let live = live
+                        .iter()
+                        .map(|(d, v, slot)| LiveDocument {
+                            doc_id: *d,
+                            vector: v.as_slice(),
+                            attributes: &attributes,
+                            slot: *slot,
+                        })
+                        .collect();
+                    let schema = attributes.schema().clone();
+                    partitions.insert(user_id, build_partition(live, schema, &config, build));
                     continue;
                 }
             }
@@ -232,9 +296,10 @@ impl SealedSegment {
                             data.tombstones.clone().into_words(n_slots),
                         ),
                         graph: Some(graph),
+                        attributes: data.attributes.clone(),
                     }
                 }
-                None => compact_partition(&doc_index, |slot| {
+                None => compact_partition(&doc_index, &data.attributes, |slot| {
                     &data.vectors[slot as usize * dim..(slot as usize + 1) * dim]
                 }),
             };
@@ -254,13 +319,26 @@ impl SealedSegment {
     ) -> SealedSegment {
         let dim = config.dimension;
         let max_seq = sources.iter().map(|s| s.max_seq).max().unwrap_or(0);
-        let mut by_user: HashMap<u128, Vec<(u128, &[f32])>> = HashMap::new();
+        // Fields are only ever appended, so the longest schema extends every other one.
+        let schema = sources
+            .iter()
+            .flat_map(|source| source.partitions.values())
+            .map(|partition| partition.attributes.schema())
+            .max_by_key(|schema| schema.len())
+            .cloned()
+            .unwrap_or_default();
+        let mut by_user: HashMap<u128, Vec<LiveDocument<'_>>> = HashMap::new();
         for source in sources {
             for (user_id, partition) in &source.partitions {
                 let live = by_user.entry(*user_id).or_default();
                 for &(doc_id, slot) in &partition.doc_index {
                     if !partition.tombstones.get(slot as usize) {
-                        live.push((doc_id, partition.vector(slot, dim)));
+                        live.push(LiveDocument {
+                            doc_id,
+                            vector: partition.vector(slot, dim),
+                            attributes: &partition.attributes,
+                            slot,
+                        });
                     }
                 }
             }
@@ -268,7 +346,10 @@ impl SealedSegment {
         let partitions = by_user
             .into_iter()
             .filter(|(_, live)| !live.is_empty())
-            .map(|(user_id, live)| (user_id, build_partition(live, &config, build)))
+            .map(|(user_id, live)| {
+                let partition = build_partition(live, schema.clone(), &config, build);
+                (user_id, partition)
+            })
             .collect();
         SealedSegment::assemble(id, max_seq, config, partitions)
     }
@@ -280,6 +361,20 @@ impl SealedSegment {
     /// no slot is tombstoned.
     pub fn build(
         documents: BulkDocuments<'_>,
+        id: u64,
+        max_seq: u64,
+        config: IndexConfig,
+        build: &BuildConfig,
+    ) -> Result<SealedSegment> {
+        Self::build_with_attributes(documents, None, id, max_seq, config, build)
+    }
+
+    /// `build` with the rows' attributes (`None`: no attributes, as `build`). Every row's
+    /// attributes must be valid for the schema; the first invalid one is an
+    /// [`IndexError::InvalidInput`] naming the row and the field.
+    pub fn build_with_attributes(
+        documents: BulkDocuments<'_>,
+        attributes: Option<BulkAttributes<'_>>,
         id: u64,
         max_seq: u64,
         config: IndexConfig,
@@ -297,6 +392,21 @@ impl SealedSegment {
                 n_rows,
                 documents.vectors.len()
             )));
+        }
+        let (schema, attribute_rows) = match attributes {
+            Some(attributes) => (attributes.schema.clone(), attributes.rows),
+            None => (Schema::default(), &[][..]),
+        };
+        if !attribute_rows.is_empty() && attribute_rows.len() != n_rows {
+            return Err(IndexError::InvalidInput(format!(
+                "{} attribute rows for {n_rows} documents",
+                attribute_rows.len()
+            )));
+        }
+        for (row, row_attributes) in attribute_rows.iter().enumerate() {
+            schema.validate(row_attributes).map_err(|error| {
+                IndexError::InvalidInput(format!("the attributes of row {row}: {error}"))
+            })?;
         }
         let mut rows_by_user: HashMap<u128, Vec<u32>> = HashMap::new();
         for (row, user_id) in documents.user_ids.iter().enumerate() {
@@ -343,7 +453,16 @@ impl SealedSegment {
                 .iter()
                 .map(|&row| documents.doc_ids[row as usize])
                 .collect();
-            let partition = SealedPartition::new_live(vectors, doc_ids, graph);
+            let mut partition_attributes = AttributeIndex::new(schema.clone());
+            if !attribute_rows.is_empty() {
+                for (slot, &row) in (0u32..).zip(&live) {
+                    partition_attributes
+                        .push(slot, &attribute_rows[row as usize])
+                        .map_err(|error| IndexError::InvalidInput(error.to_string()))?;
+                }
+            }
+            let partition =
+                SealedPartition::new_live(vectors, doc_ids, graph, partition_attributes);
             partitions.insert(user_id, partition);
         }
         Ok(SealedSegment::assemble(id, max_seq, config, partitions))
@@ -358,7 +477,22 @@ impl SealedSegment {
         config: IndexConfig,
         build: &BuildConfig,
     ) -> Result<(SealedSegment, u64)> {
-        let segment = Self::build(documents, id, max_seq, config, build)?;
+        Self::build_to_file_with_attributes(path, documents, None, id, max_seq, config, build)
+    }
+
+    /// `build_with_attributes`, then `write` to `path` (durably): returns the segment and the
+    /// file's size.
+    pub fn build_to_file_with_attributes(
+        path: &Path,
+        documents: BulkDocuments<'_>,
+        attributes: Option<BulkAttributes<'_>>,
+        id: u64,
+        max_seq: u64,
+        config: IndexConfig,
+        build: &BuildConfig,
+    ) -> Result<(SealedSegment, u64)> {
+        let segment =
+            Self::build_with_attributes(documents, attributes, id, max_seq, config, build)?;
         let bytes = segment.write(path)?;
         Ok((segment, bytes))
     }
@@ -401,6 +535,32 @@ impl SealedSegment {
         Some(partition.vector(slot, self.config.dimension).to_vec())
     }
 
+    /// The stored vector and the attributes of a live document.
+    pub fn get_with_attributes(
+        &self,
+        user_id: u128,
+        doc_id: u128,
+    ) -> Option<(Vec<f32>, Attributes)> {
+        let partition = self.partitions.get(&user_id)?;
+        let slot = partition.slot_of(doc_id)?;
+        Some((
+            partition.vector(slot, self.config.dimension).to_vec(),
+            partition.attributes.attributes_of(slot),
+        ))
+    }
+
+    /// The live documents of one tenant whose attributes match `filter`, in no order.
+    pub fn matching_documents(&self, user_id: u128, filter: &Filter) -> Vec<u128> {
+        let Some(partition) = self.partitions.get(&user_id) else {
+            return Vec::new();
+        };
+        partition
+            .live_matches(filter)
+            .iter()
+            .map(|slot| partition.doc_ids[slot as usize])
+            .collect()
+    }
+
     /// Nearest live documents of one tenant, nearest first.
     pub fn search(
         &self,
@@ -410,12 +570,47 @@ impl SealedSegment {
         ef: usize,
         exact: bool,
     ) -> Vec<Hit> {
+        self.search_filtered(user_id, query, k, ef, exact, None)
+    }
+
+    /// Nearest live documents of one tenant whose attributes match `filter` (all when `None`),
+    /// nearest first: `min(k, matching live documents)` of them, always (`filtered.rs`).
+    /// Validate the filter against the schema first (it recurses once per level).
+    pub fn search_filtered(
+        &self,
+        user_id: u128,
+        query: &[f32],
+        k: usize,
+        ef: usize,
+        exact: bool,
+        filter: Option<&Filter>,
+    ) -> Vec<Hit> {
         let Some(partition) = self.partitions.get(&user_id) else {
             return Vec::new();
         };
         let dim = self.config.dimension;
         let metric = self.config.metric;
         let distance = |slot: u32| metric.distance(query, partition.vector(slot, dim));
+        if let Some(filter) = filter {
+            let matches = partition.live_matches(filter);
+            let n_matches = matches.count();
+            let graph = partition.graph.as_ref();
+            let n_live = partition.n_live_slots();
+            let plan = plan(n_matches, n_live, k, ef, graph.is_some(), exact);
+            let graph_search = |ef: usize| match graph {
+                Some(graph) => graph.search(
+                    k,
+                    ef,
+                    distance,
+                    |slot| prefetch(partition.vector(slot, dim), PREFETCH_MAX_LINES),
+                    // Tombstones set since the matches were taken count too.
+                    |slot| matches.contains(slot) && !partition.tombstones.get(slot as usize),
+                ),
+                None => Vec::new(),
+            };
+            let candidates = filtered_top_k(&matches, n_matches, k, plan, graph_search, distance);
+            return to_hits(user_id, candidates, &partition.doc_ids);
+        }
         let candidates = match (&partition.graph, exact) {
             (Some(graph), false) => graph.search(
                 k,
@@ -471,12 +666,18 @@ impl SealedSegment {
         self.tombstones_dirty.load(Ordering::Acquire)
     }
 
-    /// Encodes the segment (vectors, ids, graphs and the tombstones at sealing) with a CRC32
-    /// trailer over everything before it.
+    /// Encodes the segment (vectors, ids, graphs, the tombstones at sealing and the attributes)
+    /// with a CRC32 trailer over everything before it.
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_version(FORMAT_VERSION)
+    }
+
+    /// `encode` in format `version`: 2, or 1 (no section table; for tests of old files, and
+    /// only for segments without attributes).
+    fn encode_version(&self, version: u32) -> Vec<u8> {
         let mut out = ByteWriter::default();
         out.bytes.extend_from_slice(SEGMENT_MAGIC);
-        out.u32(FORMAT_VERSION);
+        out.u32(version);
         out.u32(self.config.dimension as u32);
         out.u8(self.config.metric.code());
         out.u64(self.id);
@@ -504,6 +705,27 @@ impl SealedSegment {
                     graph.write(&mut out);
                 }
                 None => out.u8(0),
+            }
+            if version == FORMAT_VERSION_NO_SECTIONS {
+                debug_assert!(
+                    p.attributes.schema().is_empty(),
+                    "version 1 has no attributes"
+                );
+                continue;
+            }
+            let mut sections: Vec<(u16, u16, Vec<u8>)> = Vec::new();
+            if !p.attributes.schema().is_empty() {
+                let section = p.attributes.encode_section();
+                sections.push((SECTION_ATTRIBUTES, SECTION_REQUIRED, section));
+            }
+            out.u32(sections.len() as u32);
+            for (kind, flags, bytes) in &sections {
+                out.u16(*kind);
+                out.u16(*flags);
+                out.u64(bytes.len() as u64);
+            }
+            for (_, _, bytes) in sections {
+                out.bytes.extend_from_slice(&bytes);
             }
         }
         let crc = crc32fast::hash(&out.bytes);
@@ -542,7 +764,7 @@ impl SealedSegment {
             return Err(IndexError::Format("not a tarn segment (bad magic)".into()));
         }
         let version = input.u32("version")?;
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION && version != FORMAT_VERSION_NO_SECTIONS {
             return Err(IndexError::Format(format!(
                 "unsupported segment version {version}"
             )));
@@ -591,7 +813,12 @@ impl SealedSegment {
                 1 => Some(FlatGraph::read(&mut input, n_slots)?),
                 other => return Err(IndexError::Format(format!("bad graph flag {other}"))),
             };
-            partitions.insert(
+            let attributes = if version == FORMAT_VERSION_NO_SECTIONS {
+                AttributeIndex::new(Schema::default())
+            } else {
+                read_sections(&mut input, n_slots)?
+            };
+            let previous = partitions.insert(
                 user_id,
                 SealedPartition {
                     vectors,
@@ -599,8 +826,14 @@ impl SealedSegment {
                     doc_index,
                     tombstones: AtomicBitset::from_words(tombstones),
                     graph,
+                    attributes,
                 },
             );
+            if previous.is_some() {
+                return Err(IndexError::Format(format!(
+                    "tenant {user_id} has two partitions"
+                )));
+            }
         }
         if input.remaining() != 0 {
             return Err(IndexError::Format(
@@ -686,21 +919,43 @@ fn graph_vectors<'a>(parts: impl Iterator<Item = &'a [f32]>, len: usize) -> Vec<
     copy
 }
 
-/// A partition over `live` (one tenant's documents, in any order, vectors prepared for the
-/// metric): a fresh graph from tarn's builder when there are enough of them, an exactly
-/// searched list otherwise.
+/// One live document going into a rebuilt partition: its vector (prepared for the metric) and
+/// where its attributes are (`slot` of `attributes`).
+struct LiveDocument<'a> {
+    doc_id: u128,
+    vector: &'a [f32],
+    attributes: &'a AttributeIndex,
+    slot: u32,
+}
+
+/// A partition over `live` (one tenant's documents, in any order, each once): a fresh graph
+/// from tarn's builder when there are enough of them, an exactly searched list otherwise;
+/// slots in doc id order, attributes carried over under `schema` (which must extend every
+/// source's).
 fn build_partition(
-    mut live: Vec<(u128, &[f32])>,
+    mut live: Vec<LiveDocument<'_>>,
+    schema: Schema,
     config: &IndexConfig,
     build: &BuildConfig,
 ) -> SealedPartition {
-    live.sort_unstable_by_key(|(doc_id, _)| *doc_id);
-    let doc_ids: Vec<u128> = live.iter().map(|(d, _)| *d).collect();
+    live.sort_unstable_by_key(|document| document.doc_id);
+    let doc_ids: Vec<u128> = live.iter().map(|document| document.doc_id).collect();
+    let attributes = AttributeIndex::gather_slots(
+        schema,
+        live.iter()
+            .map(|document| (document.attributes, document.slot)),
+    );
     if live.len() < config.graph_threshold {
-        let vectors = live.iter().flat_map(|(_, v)| v.iter().copied()).collect();
-        return SealedPartition::new_live(vectors, doc_ids, None);
+        let vectors = live
+            .iter()
+            .flat_map(|document| document.vector.iter().copied())
+            .collect();
+        return SealedPartition::new_live(vectors, doc_ids, None, attributes);
     }
-    let vectors = graph_vectors(live.iter().map(|(_, v)| *v), live.len() * config.dimension);
+    let vectors = graph_vectors(
+        live.iter().map(|document| document.vector),
+        live.len() * config.dimension,
+    );
     drop(live);
     let graph = build_graph(
         &vectors,
@@ -709,12 +964,14 @@ fn build_partition(
         &config.hnsw,
         build,
     );
-    SealedPartition::new_live(vectors, doc_ids, graph)
+    SealedPartition::new_live(vectors, doc_ids, graph, attributes)
 }
 
-/// A partition without a graph: live documents only, renumbered in doc id order.
+/// A partition without a graph: live documents only, renumbered in doc id order, with their
+/// attributes.
 fn compact_partition<'a>(
     doc_index: &[(u128, u32)],
+    attributes: &AttributeIndex,
     vector: impl Fn(u32) -> &'a [f32],
 ) -> SealedPartition {
     let mut sorted = doc_index.to_vec();
@@ -724,7 +981,58 @@ fn compact_partition<'a>(
         .flat_map(|(_, slot)| vector(*slot).iter().copied())
         .collect();
     let doc_ids: Vec<u128> = sorted.iter().map(|(d, _)| *d).collect();
-    SealedPartition::new_live(vectors, doc_ids, None)
+    let old_slots: Vec<u32> = sorted.iter().map(|(_, slot)| *slot).collect();
+    SealedPartition::new_live(vectors, doc_ids, None, attributes.remap(&old_slots))
+}
+
+/// Reads a partition's section table and sections (format version 2): the attribute index (an
+/// index of no fields when there is no attribute section). Each kind at most once; an unknown
+/// kind is skipped unless flagged required, which refuses the file.
+fn read_sections(input: &mut ByteReader<'_>, n_slots: usize) -> Result<AttributeIndex> {
+    let n_sections = input.u32("section count")? as usize;
+    if n_sections > MAX_SECTIONS {
+        return Err(IndexError::Format(format!(
+            "{n_sections} sections in a partition, at most {MAX_SECTIONS}"
+        )));
+    }
+    let mut table = Vec::with_capacity(n_sections);
+    for _ in 0..n_sections {
+        let kind = input.u16("section kind")?;
+        let flags = input.u16("section flags")?;
+        let len = input.u64("section length")?;
+        if table.iter().any(|&(seen, _, _)| seen == kind) {
+            return Err(IndexError::Format(format!(
+                "section kind {kind} appears twice"
+            )));
+        }
+        table.push((kind, flags, len));
+    }
+    let mut attributes = None;
+    for (kind, flags, len) in table {
+        let len = usize::try_from(len)
+            .map_err(|_| IndexError::Format(format!("section length {len} overflows")))?;
+        let bytes = input.take(len, "section")?;
+        match kind {
+            SECTION_ATTRIBUTES => {
+                let index =
+                    AttributeIndex::decode_section(bytes, n_slots as u32).map_err(|error| {
+                        let reason = match error {
+                            IndexError::Format(reason) => reason,
+                            other => other.to_string(),
+                        };
+                        IndexError::Format(format!("attribute section: {reason}"))
+                    })?;
+                attributes = Some(index);
+            }
+            _ if flags & SECTION_REQUIRED != 0 => {
+                return Err(IndexError::Format(format!(
+                    "required section of unknown kind {kind} (written by a newer tarn)"
+                )));
+            }
+            _ => {}
+        }
+    }
+    Ok(attributes.unwrap_or_else(|| AttributeIndex::new(Schema::default())))
 }
 
 /// Checks the CRC32 trailer; returns the bytes it covers.
@@ -738,4 +1046,315 @@ fn check_trailer(bytes: &[u8]) -> Result<&[u8]> {
         return Err(IndexError::Format("checksum mismatch".into()));
     }
     Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attributes::{FieldSpec, FieldType, Value};
+
+    const DIM: usize = 4;
+
+    fn config() -> IndexConfig {
+        let mut config = IndexConfig::new(DIM, Metric::L2);
+        config.graph_threshold = 64;
+        config
+    }
+
+    fn schema() -> Schema {
+        Schema::new(vec![
+            FieldSpec::new("section", FieldType::Keyword),
+            FieldSpec::new("size", FieldType::Number),
+        ])
+        .unwrap()
+    }
+
+    fn attributes(i: usize) -> Attributes {
+        let mut attributes = Attributes::new();
+        attributes.insert("section", Value::Keyword(format!("s{}", i % 3)));
+        attributes.insert("size", Value::Number(i as f64));
+        attributes
+    }
+
+    fn vector(i: usize) -> Vec<f32> {
+        vec![i as f32, (i % 7) as f32, 1.0, -(i as f32)]
+    }
+
+    /// Tenants 1 (`n` documents) and 2 (3 documents); tenant 1's documents with attributes
+    /// when `with_attributes`.
+    fn mutable(n: usize, with_attributes: bool) -> MutableSegment {
+        let segment = if with_attributes {
+            MutableSegment::with_schema(config(), schema())
+        } else {
+            MutableSegment::new(config())
+        };
+        for i in 0..n {
+            if with_attributes {
+                segment
+                    .upsert_with_attributes(1, i as u128, &vector(i), &attributes(i))
+                    .unwrap();
+            } else {
+                segment.upsert(1, i as u128, &vector(i));
+            }
+        }
+        for i in 0..3 {
+            segment.upsert(2, i as u128, &vector(i));
+        }
+        segment
+    }
+
+    fn section_s1() -> Filter {
+        Filter::Match {
+            field: "section".to_string(),
+            any_of: vec!["s1".to_string()],
+            boolean: None,
+        }
+    }
+
+    fn found(segment: &SealedSegment, user_id: u128, filter: &Filter) -> Vec<u128> {
+        let mut ids: Vec<u128> = segment
+            .search_filtered(user_id, &vector(0), 1000, 64, false, Some(filter))
+            .iter()
+            .map(|hit| hit.doc_id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn attributes_survive_sealing_encoding_and_rebuilds() {
+        for n in [10, 200] {
+            let segment = mutable(n, true);
+            segment.remove(1, 4);
+            segment
+                .upsert_with_attributes(1, 7, &vector(7), &attributes(8))
+                .unwrap();
+            let sealed = SealedSegment::seal(&segment, 1, 5);
+            let expected: Vec<u128> = (0..n as u128)
+                .filter(|&i| i != 4 && (if i == 7 { 8 } else { i }) % 3 == 1)
+                .collect();
+            assert_eq!(found(&sealed, 1, &section_s1()), expected, "n = {n}");
+            assert_eq!(sealed.get_with_attributes(1, 7).unwrap().1, attributes(8));
+            assert_eq!(
+                sealed.get_with_attributes(2, 1).unwrap().1,
+                Attributes::new()
+            );
+            let decoded = SealedSegment::decode(&sealed.encode(), config()).unwrap();
+            assert_eq!(found(&decoded, 1, &section_s1()), expected);
+            assert_eq!(decoded.get_with_attributes(1, 7).unwrap().1, attributes(8));
+            assert!(found(&decoded, 2, &section_s1()).is_empty());
+            let rebuilt = SealedSegment::rebuild(&[&decoded], 2, config(), &BuildConfig::default());
+            assert_eq!(found(&rebuilt, 1, &section_s1()), expected);
+            assert_eq!(rebuilt.get_with_attributes(1, 5).unwrap().1, attributes(5));
+        }
+    }
+
+    #[test]
+    fn a_merge_of_segments_with_older_schemas_keeps_every_value() {
+        let old = MutableSegment::new(config());
+        old.upsert(1, 100, &vector(100));
+        let older = SealedSegment::seal(&old, 1, 1);
+        let newer = SealedSegment::seal(&mutable(5, true), 2, 2);
+        let merged =
+            SealedSegment::rebuild(&[&older, &newer], 3, config(), &BuildConfig::default());
+        assert_eq!(found(&merged, 1, &section_s1()), vec![1, 4]);
+        assert_eq!(
+            merged.get_with_attributes(1, 100).unwrap().1,
+            Attributes::new()
+        );
+        let not_s1 = Filter::Not(Box::new(section_s1()));
+        assert_eq!(found(&merged, 1, &not_s1), vec![0, 2, 3, 100]);
+    }
+
+    #[test]
+    fn version_1_segments_open_as_having_no_attributes() {
+        let sealed = SealedSegment::seal(&mutable(100, false), 1, 5);
+        let old_bytes = sealed.encode_version(FORMAT_VERSION_NO_SECTIONS);
+        assert_eq!(&old_bytes[8..12], &1u32.to_le_bytes());
+        let opened = SealedSegment::decode(&old_bytes, config()).unwrap();
+        assert_eq!(opened.figures(), sealed.figures());
+        assert_eq!(opened.get(1, 3), sealed.get(1, 3));
+        assert!(found(&opened, 1, &Filter::Exists("size".to_string())).is_empty());
+        let everything = Filter::Not(Box::new(Filter::Exists("size".to_string())));
+        assert_eq!(found(&opened, 1, &everything).len(), 100);
+        // Version 2 without attributes: version 1 plus an empty section table per partition.
+        let new_bytes = sealed.encode();
+        assert_eq!(new_bytes.len(), old_bytes.len() + 2 * 4);
+    }
+
+    /// A segment of one partition without attributes, its empty section table replaced by
+    /// `table` (then the sections' bytes), the checksum recomputed.
+    fn with_sections(table: &[(u16, u16, Vec<u8>)]) -> Vec<u8> {
+        let segment = MutableSegment::new(config());
+        segment.upsert(1, 1, &vector(1));
+        let bytes = SealedSegment::seal(&segment, 1, 1).encode();
+        let mut body = bytes[..bytes.len() - 8].to_vec();
+        body.extend_from_slice(&(table.len() as u32).to_le_bytes());
+        for (kind, flags, section) in table {
+            body.extend_from_slice(&kind.to_le_bytes());
+            body.extend_from_slice(&flags.to_le_bytes());
+            body.extend_from_slice(&(section.len() as u64).to_le_bytes());
+        }
+        for (_, _, section) in table {
+            body.extend_from_slice(section);
+        }
+        let crc = crc32fast::hash(&body);
+        body.extend_from_slice(&crc.to_le_bytes());
+        body
+    }
+
+    #[test]
+    fn unknown_optional_sections_are_skipped_and_unknown_required_ones_refused() {
+        assert!(SealedSegment::decode(&with_sections(&[]), config()).is_ok());
+        let optional = with_sections(&[(99, 0, vec![1, 2, 3])]);
+        assert_eq!(
+            SealedSegment::decode(&optional, config())
+                .unwrap()
+                .get(1, 1),
+            Some(vector(1))
+        );
+        let refused = |bytes: Vec<u8>, expected: &str| {
+            let error = SealedSegment::decode(&bytes, config())
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(expected), "{error}");
+        };
+        refused(
+            with_sections(&[(99, SECTION_REQUIRED, vec![1])]),
+            "required section",
+        );
+        refused(
+            with_sections(&[(99, 0, vec![]), (99, 0, vec![])]),
+            "appears twice",
+        );
+        let empty_index = AttributeIndex::new(Schema::default()).encode_section();
+        let mut too_many = AttributeIndex::new(schema()).encode_section();
+        too_many[1..5].copy_from_slice(&7u32.to_le_bytes());
+        assert!(SealedSegment::decode(
+            &with_sections(&[(SECTION_ATTRIBUTES, SECTION_REQUIRED, empty_index)]),
+            config()
+        )
+        .is_ok());
+        refused(
+            with_sections(&[(SECTION_ATTRIBUTES, SECTION_REQUIRED, too_many)]),
+            "attribute section",
+        );
+        // A length past the end of the file.
+        let mut past_end = with_sections(&[(99, 0, vec![1, 2, 3])]);
+        let table_len = past_end.len() - 4 - 3 - 8;
+        past_end[table_len..table_len + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let body_len = past_end.len() - 4;
+        let crc = crc32fast::hash(&past_end[..body_len]);
+        past_end[body_len..].copy_from_slice(&crc.to_le_bytes());
+        assert!(SealedSegment::decode(&past_end, config()).is_err());
+    }
+
+    #[test]
+    fn damaged_attribute_sections_are_errors_never_panics() {
+        let sealed = SealedSegment::seal(&mutable(30, true), 1, 5);
+        let bytes = sealed.encode();
+        // Tenant 2's partition (3 slots, no attributes) comes last; tenant 1's attribute
+        // section ends right before its user id.
+        let section = sealed.partitions[&1].attributes.encode_section();
+        let section_end = bytes
+            .windows(section.len())
+            .position(|window| window == section.as_slice())
+            .unwrap()
+            + section.len();
+        let section_start = section_end - section.len();
+        for offset in section_start..section_end {
+            for bit in [0, 3, 7] {
+                let mut damaged = bytes.clone();
+                damaged[offset] ^= 1 << bit;
+                // The checksum catches every flip...
+                assert!(SealedSegment::decode(&damaged, config()).is_err());
+                // ...and with a recomputed checksum the section's own checks never panic.
+                let body_len = damaged.len() - 4;
+                let crc = crc32fast::hash(&damaged[..body_len]);
+                damaged[body_len..].copy_from_slice(&crc.to_le_bytes());
+                let _ = SealedSegment::decode(&damaged, config());
+            }
+        }
+        // The section's version byte is structural: refused.
+        let mut damaged = bytes.clone();
+        damaged[section_start] = 9;
+        let body_len = damaged.len() - 4;
+        let crc = crc32fast::hash(&damaged[..body_len]);
+        damaged[body_len..].copy_from_slice(&crc.to_le_bytes());
+        let error = SealedSegment::decode(&damaged, config())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("attribute section"), "{error}");
+    }
+
+    #[test]
+    fn build_with_attributes_keeps_the_last_row_of_a_document_and_refuses_bad_rows() {
+        let rows: Vec<Attributes> = (0..4).map(attributes).collect();
+        let vectors: Vec<f32> = (0..4).flat_map(vector).collect();
+        let documents = BulkDocuments {
+            user_ids: &[1, 1, 1, 2],
+            doc_ids: &[10, 11, 10, 10],
+            vectors: &vectors,
+        };
+        let schema = schema();
+        let bulk = BulkAttributes {
+            schema: &schema,
+            rows: &rows,
+        };
+        let built = SealedSegment::build_with_attributes(
+            documents,
+            Some(bulk),
+            1,
+            1,
+            config(),
+            &BuildConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(built.get_with_attributes(1, 10).unwrap().1, attributes(2));
+        assert_eq!(built.get_with_attributes(1, 11).unwrap().1, attributes(1));
+        assert_eq!(built.get_with_attributes(2, 10).unwrap().1, attributes(3));
+        let s2 = Filter::Match {
+            field: "section".to_string(),
+            any_of: vec!["s2".to_string()],
+            boolean: None,
+        };
+        assert_eq!(found(&built, 1, &s2), vec![10]);
+
+        let mut bad = rows.clone();
+        bad[3].insert("colour", Value::Keyword("red".to_string()));
+        let error = SealedSegment::build_with_attributes(
+            documents,
+            Some(BulkAttributes {
+                schema: &schema,
+                rows: &bad,
+            }),
+            1,
+            1,
+            config(),
+            &BuildConfig::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("row 3") && error.contains("colour"),
+            "{error}"
+        );
+        let error = SealedSegment::build_with_attributes(
+            documents,
+            Some(BulkAttributes {
+                schema: &schema,
+                rows: &rows[..3],
+            }),
+            1,
+            1,
+            config(),
+            &BuildConfig::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("3 attribute rows for 4 documents"),
+            "{error}"
+        );
+    }
 }

@@ -369,6 +369,7 @@ impl TarnService {
                                     ef: request.ef as usize,
                                     exact: request.exact,
                                     min_seq,
+                                    filter: None,
                                 };
                                 let hits = self.local_search(&name, search, Some(timeout)).await?;
                                 Ok(cluster::shard_hits(

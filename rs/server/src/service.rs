@@ -432,6 +432,7 @@ impl Tarn for TarnService {
                 ef: request.ef as usize,
                 exact: request.exact,
                 min_seq,
+                filter: None,
             };
             let hits = self
                 .local_search(&request.collection, search, deadline)

@@ -1,6 +1,6 @@
 //! Integration tests of `tarn-collection` through its public API: writes, validation, tenants,
 //! read-your-writes, checkpoints, recovery (with fallback), merges and rebuilds; snapshots and
-//! restores (`snapshot.rs`).
+//! restores (`snapshot.rs`); attributes and filtered search (`attributes.rs`).
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
 use std::collections::HashSet;
@@ -12,6 +12,7 @@ use tarn_collection::{
 use tarn_index::Metric;
 use tarn_testkit::{brute_force_top_k, clustered_vectors, recall};
 
+mod attributes;
 mod snapshot;
 
 const DIM: usize = 16;

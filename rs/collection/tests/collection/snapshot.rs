@@ -1140,3 +1140,123 @@ fn a_config_is_carried_whole() {
         &cfg
     );
 }
+
+/// Attributes through a snapshot and its restore, and through a move's copy (a snapshot, then
+/// its WAL tail appended to the restored copy): fields added before the snapshot's checkpoint
+/// come in the snapshot's config, fields added after it come with the log, before the
+/// documents that use them.
+#[test]
+fn snapshots_restores_and_wal_tails_carry_attributes_and_added_fields() {
+    use crate::attributes::{
+        attributed_config, check, filtered, insert, only, random_attributes, random_vector, Model,
+    };
+    use tarn_collection::{Attributes, FieldSpec, FieldType, Filter, Value};
+
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let c = Collection::create(&dir.path().join("source"), attributed_config()).unwrap();
+    let mut rng = StdRng::seed_from_u64(9);
+    let queries: Vec<Vec<f32>> = (0..3).map(|_| random_vector(&mut rng)).collect();
+    let mut model = Model::new();
+    let with = |rng: &mut StdRng, field: &str, value: Value| -> Attributes {
+        let mut attributes = random_attributes(rng);
+        attributes.insert(field, value);
+        attributes
+    };
+    rt.block_on(async {
+        insert(&c, &mut model, &mut rng, &[1], 0..300, None).await;
+        insert(&c, &mut model, &mut rng, &[2], 0..200, None).await;
+        insert(
+            &c,
+            &mut model,
+            &mut rng,
+            &[1],
+            2000..2001,
+            Some(&only("only-one")),
+        )
+        .await;
+        insert(
+            &c,
+            &mut model,
+            &mut rng,
+            &[1],
+            3000..3009,
+            Some(&only("nine")),
+        )
+        .await;
+        c.add_fields(vec![FieldSpec::new("colour", FieldType::Keyword)])
+            .await
+            .unwrap();
+        let red = with(&mut rng, "colour", Value::Keyword("red".into()));
+        insert(&c, &mut model, &mut rng, &[2], 500..520, Some(&red)).await;
+        c.flush().await.unwrap();
+    });
+    // The colour field is before this snapshot's checkpoint.
+    let mut at_checkpoint = c.snapshot().unwrap();
+    let at_checkpoint_bytes = read_all(&mut at_checkpoint);
+    let mut tail = c.wal_tail(at_checkpoint);
+    rt.block_on(async {
+        c.add_fields(vec![FieldSpec::new("weight", FieldType::Number)])
+            .await
+            .unwrap();
+        let heavy = with(&mut rng, "weight", Value::Number(3.5));
+        insert(&c, &mut model, &mut rng, &[1], 600..612, Some(&heavy)).await;
+        let removed: Vec<u128> = (0..300).step_by(5).collect();
+        let seq = c.remove(&removed, &[1], None).await.unwrap();
+        for doc in removed {
+            model.remove(&(1, doc));
+        }
+        c.wait_applied(seq, Duration::from_secs(10)).await.unwrap();
+    });
+    let weighted = Filter::Exists("weight".to_string());
+    let n_weighted = |c: &Collection| {
+        c.search(&filtered(&[1, 2], &[0.0; DIM], 1000, false, &weighted))
+            .unwrap()
+            .len()
+    };
+    check(&c, &model, &queries, "source");
+    assert_eq!(n_weighted(&c), 12);
+
+    // A restore of a snapshot whose log adds the weight field.
+    let bytes = read_all(&mut c.snapshot().unwrap());
+    restore(&bytes, &dir.path().join("restored"), 4096).unwrap();
+    let r = Collection::open(&dir.path().join("restored")).unwrap();
+    assert_eq!(r.schema(), c.schema());
+    check(&r, &model, &queries, "restored");
+    assert_eq!(n_weighted(&r), 12);
+    drop(r);
+    let r = Collection::open(&dir.path().join("restored")).unwrap();
+    assert_eq!(r.config().fields, c.schema().fields().to_vec());
+    check(&r, &model, &queries, "restored and reopened");
+
+    // A move: the snapshot at the checkpoint, then the log after it.
+    restore(&at_checkpoint_bytes, &dir.path().join("copy"), 4096).unwrap();
+    let copy = Collection::open(&dir.path().join("copy")).unwrap();
+    assert_eq!(
+        copy.schema().len(),
+        5,
+        "colour came with the snapshot's config"
+    );
+    let mut copied = Vec::new();
+    loop {
+        let batch = tail.read(u64::MAX, 1 << 20).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        copied.extend(batch);
+    }
+    let last = rt.block_on(async {
+        let last = copy
+            .append_copied(copied, tarn_collection::Durability::Fsync)
+            .await
+            .unwrap();
+        copy.wait_applied(last, Duration::from_secs(10))
+            .await
+            .unwrap();
+        last
+    });
+    assert_eq!(last, c.last_seq_no());
+    assert_eq!(copy.schema(), c.schema());
+    check(&copy, &model, &queries, "copied");
+    assert_eq!(n_weighted(&copy), 12);
+}
