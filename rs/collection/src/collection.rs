@@ -363,7 +363,7 @@ impl Collection {
         &self.handle.wal
     }
 
-    fn shared(&self) -> &Shared {
+    pub(crate) fn shared(&self) -> &Shared {
         &self.handle.shared
     }
 
