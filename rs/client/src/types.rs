@@ -199,6 +199,8 @@ pub struct CollectionSpec {
     default_durability: Option<Durability>,
     shards: u32,
     shard_key: ShardKey,
+    replication_factor: u32,
+    min_in_sync: u32,
 }
 
 impl CollectionSpec {
@@ -214,7 +216,18 @@ impl CollectionSpec {
             default_durability: None,
             shards: 0,
             shard_key: ShardKey::User,
+            replication_factor: 0,
+            min_in_sync: 0,
         }
+    }
+
+    /// Cluster mode: copies of each shard, the primary included (0: the server's
+    /// `--replication-factor`), and how many must be in sync for a write to be taken (0:
+    /// `replication_factor - 1`, at least 1).
+    pub fn replicas(mut self, replication_factor: u32, min_in_sync: u32) -> CollectionSpec {
+        self.replication_factor = replication_factor;
+        self.min_in_sync = min_in_sync;
+        self
     }
 
     /// Cluster mode: how many shards (0: the server's default, 8) and what places a document.
@@ -260,6 +273,8 @@ impl CollectionSpec {
             default_durability: Durability::to_wire(self.default_durability),
             shards: self.shards,
             shard_key: self.shard_key.to_wire(),
+            replication_factor: self.replication_factor,
+            min_in_sync: self.min_in_sync,
         }
     }
 }
@@ -308,6 +323,10 @@ pub struct CollectionInfo {
     pub shards: u32,
     /// Cluster mode: what places a document.
     pub shard_key: ShardKey,
+    /// Cluster mode: copies of each shard, the primary included (1 on a single node).
+    pub replication_factor: u32,
+    /// Cluster mode: the fewest copies in sync that writes need (1 on a single node).
+    pub min_in_sync: u32,
 }
 
 impl CollectionInfo {
@@ -339,6 +358,8 @@ impl CollectionInfo {
             n_unindexed: info.n_unindexed,
             shards: info.shards.max(1),
             shard_key: ShardKey::from_wire(info.shard_key),
+            replication_factor: info.replication_factor.max(1),
+            min_in_sync: info.min_in_sync.max(1),
         })
     }
 }
@@ -753,6 +774,12 @@ pub struct ShardStatus {
     pub moving_to: String,
     /// The shard's last failed move, until one succeeds (empty when none failed).
     pub move_problem: String,
+    /// The other copies' nodes (replicas).
+    pub replicas: Vec<String>,
+    /// Every copy in sync, the primary (`node_id`) first.
+    pub in_sync: Vec<String>,
+    /// Writes are refused with fewer copies in sync.
+    pub min_in_sync: u32,
 }
 
 impl ClusterStatus {
@@ -779,6 +806,9 @@ impl ClusterStatus {
                     state: s.state,
                     moving_to: s.moving_to,
                     move_problem: s.move_problem,
+                    replicas: s.replicas,
+                    in_sync: s.in_sync,
+                    min_in_sync: s.min_in_sync,
                 })
                 .collect(),
             etcd_connected: reply.etcd_connected,

@@ -80,6 +80,29 @@ impl Retention {
         (manifest, pin)
     }
 
+    /// Pins the WAL from `seq` on (no files), if no truncation can have reached it yet: `seq`
+    /// is after the newest manifest's checkpoint (truncation keeps the WAL from the previous
+    /// manifest's), or another pin keeps the WAL from `seq` or earlier. `None` otherwise (the
+    /// entries may be gone: a reader needs a snapshot).
+    pub(crate) fn pin_wal_from(self: &Arc<Self>, seq: u64) -> Option<RetentionPin> {
+        let mut state = self.state.lock();
+        let kept = seq > state.current.checkpoint_seq
+            || state
+                .wal_from
+                .keys()
+                .next()
+                .is_some_and(|&oldest| oldest <= seq);
+        if !kept {
+            return None;
+        }
+        *state.wal_from.entry(seq).or_default() += 1;
+        Some(RetentionPin {
+            retention: Arc::clone(self),
+            files: Vec::new(),
+            wal_from: seq,
+        })
+    }
+
     /// Makes `manifest` the one new pins read. Called by the checkpoint thread right after it
     /// wrote the manifest, before it truncates the WAL or deletes anything.
     pub(crate) fn publish(&self, manifest: Manifest) {

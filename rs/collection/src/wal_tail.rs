@@ -42,6 +42,24 @@ impl Collection {
         }
     }
 
+    /// The entries from `seq` on (a replica's next entry), keeping the WAL they are in; `None`
+    /// if checkpoints may already have truncated the log past `seq` (the reader needs a
+    /// snapshot) or `seq` is beyond the next entry to be appended.
+    pub fn wal_tail_from(&self, seq: u64) -> Option<WalTail> {
+        let seq = seq.max(1);
+        if seq > self.wal().last_appended_seq() + 1 {
+            return None;
+        }
+        let pin = self.shared().retention.pin_wal_from(seq)?;
+        Some(WalTail {
+            collection: self.clone(),
+            next_seq: seq,
+            replay: None,
+            resume: None,
+            _pin: pin,
+        })
+    }
+
     /// Appends entries read from another copy of this collection's log (a [`WalTail`]) at the
     /// same sequence numbers: `entries` must continue this log exactly (the first one right
     /// after its last entry, then consecutive), and each must be a valid operation for this
@@ -110,6 +128,20 @@ impl WalTail {
     /// The next entry's sequence number.
     pub fn next_seq(&self) -> u64 {
         self.next_seq
+    }
+
+    /// Moves the tail's hold on the WAL up to its next entry, so that checkpoints may
+    /// truncate what it has read (a long-lived reader, such as a replica's, calls it now and
+    /// then).
+    pub fn release_read(&mut self) {
+        if let Some(pin) = self
+            .collection
+            .shared()
+            .retention
+            .pin_wal_from(self.next_seq)
+        {
+            self._pin = pin;
+        }
     }
 
     /// The collection's last durable sequence number.

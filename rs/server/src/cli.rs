@@ -361,6 +361,10 @@ pub struct ServeArgs {
     /// [default: 5].
     #[arg(long, env = "TARN_LEASE_SECONDS")]
     pub lease_seconds: Option<u64>,
+    /// Cluster mode: copies of each shard, the primary included, for collections created
+    /// without a replication factor [default: 1].
+    #[arg(long, env = "TARN_REPLICATION_FACTOR")]
+    pub replication_factor: Option<u32>,
     /// Cluster mode: join an etcd that holds no cluster id although this data directory belongs
     /// to a cluster (that cluster's etcd is lost for good). A new cluster is formed; local
     /// shards its map does not know are set aside (`tarn cluster set-aside`), never deleted.

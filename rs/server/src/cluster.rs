@@ -37,6 +37,8 @@ pub struct ClusterConfig {
     pub advertise: String,
     /// The membership lease: a node silent this long is dead to the cluster.
     pub lease_ttl: Duration,
+    /// `--replication-factor`: copies of each shard of a collection created without one.
+    pub replication_factor: u32,
     /// A coordination store to use instead of connecting to `etcd` (in-process tests share a
     /// `tarn_cluster::MemoryStore` between servers).
     pub store: Option<Arc<dyn ClusterStore>>,
@@ -55,6 +57,8 @@ pub struct JoinOptions {
     /// The address other nodes and clients reach it at.
     pub address: String,
     pub lease_ttl: Duration,
+    /// Copies of each shard of a collection created without a replication factor.
+    pub replication_factor: u32,
     /// The certificate authority (PEM) that signs the other nodes' TLS certificates, for
     /// `https://` advertise addresses; without it, the Mozilla roots.
     pub peer_ca: Option<Vec<u8>>,
@@ -102,9 +106,13 @@ pub struct ClusterNode {
     /// What nodes prove themselves to each other with ([`NODE_SECRET_HEADER`]).
     node_secret: String,
     lease_ttl: Duration,
+    /// Copies of each shard of a collection created without a replication factor.
+    default_replication_factor: u32,
     /// Per local shard: held by whatever may create, replace or remove the local copy (a pull,
     /// reconciliation), so that one never removes what the other just made.
     copy_locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// The replication of each shard this node is primary of (`replication.rs`), by local name.
+    pub(crate) replication: DashMap<String, Arc<crate::replication::ShardReplication>>,
     registration: Registration,
 }
 
@@ -115,6 +123,15 @@ impl std::fmt::Debug for ClusterNode {
             .field("address", &self.address)
             .finish()
     }
+}
+
+/// A local shard taking a write: its collection, its write gate held (shared) until the write
+/// is acknowledged, and its replication when it has replicas.
+pub struct ShardWrite {
+    pub collection: Collection,
+    /// Held until the write is acknowledged (dropped with this value).
+    pub _gate: tokio::sync::OwnedRwLockReadGuard<()>,
+    pub(crate) replication: Option<Arc<crate::replication::ShardReplication>>,
 }
 
 /// Where one shard's call goes.
@@ -129,7 +146,7 @@ pub enum Target {
 }
 
 /// Largest message between nodes (a large insert's part, a large get).
-const MAX_NODE_MESSAGE_BYTES: usize = 256 << 20;
+pub(crate) const MAX_NODE_MESSAGE_BYTES: usize = 256 << 20;
 
 impl ClusterNode {
     /// Joins: registers this node under a lease (refused if a live node has the id; a
@@ -158,6 +175,7 @@ impl ClusterNode {
             address,
             lease_ttl,
             peer_ca,
+            replication_factor,
             ..
         } = options;
         let node = NodeInfo {
@@ -183,7 +201,9 @@ impl ClusterNode {
             cluster_id: identity.cluster_id,
             node_secret: identity.node_secret,
             lease_ttl,
+            default_replication_factor: replication_factor,
             copy_locks: DashMap::new(),
+            replication: DashMap::new(),
             registration,
         });
         tokio::spawn(reconcile(Arc::downgrade(&node)));
@@ -361,24 +381,32 @@ impl ClusterNode {
     /// a hand-over that drains the gate after seeing the fence waits for every write that
     /// passed the check.
     pub async fn local_shard_for_write(
-        &self,
+        self: &Arc<Self>,
         shard: &ShardName,
         epoch: u64,
-    ) -> Result<(Collection, tokio::sync::OwnedRwLockReadGuard<()>), ApiError> {
+    ) -> Result<ShardWrite, ApiError> {
         self.writable()?;
         let guard = self.gate(&shard.local_name()).read_owned().await;
         let collection = self.local_shard(&self.registry, shard, epoch).await?;
         let state = self.state();
-        let assignment = state
+        let map = state
             .collections
             .get(&shard.collection)
-            .filter(|m| m.def.uid == shard.uid)
-            .and_then(|m| m.shards.get(shard.shard as usize));
-        match assignment {
-            Some(a) if a.takes_writes() && a.epoch == epoch && a.owner == self.node_id => {
-                Ok((collection, guard))
+            .filter(|m| m.def.uid == shard.uid);
+        let assignment = map.and_then(|m| m.shards.get(shard.shard as usize));
+        match (map, assignment) {
+            (Some(map), Some(a))
+                if a.takes_writes() && a.epoch == epoch && a.owner == self.node_id =>
+            {
+                let replication =
+                    self.replication_for_write(shard, a, map.def.min_in_sync, &collection)?;
+                Ok(ShardWrite {
+                    collection,
+                    _gate: guard,
+                    replication,
+                })
             }
-            Some(a) => Err(ApiError::StaleShardMap(format!(
+            (_, Some(a)) => Err(ApiError::StaleShardMap(format!(
                 "shard {} of collection '{}' is being handed over to node {} (epoch {}): \
                  refresh the shard map and retry",
                 shard.shard,
@@ -386,8 +414,44 @@ impl ClusterNode {
                 a.moving_to.as_deref().unwrap_or(&a.owner),
                 a.epoch
             ))),
-            None => Err(ApiError::NotFound(shard.collection.clone())),
+            _ => Err(ApiError::NotFound(shard.collection.clone())),
         }
+    }
+
+    /// This node's copy of a shard it is a replica of (per `assignment`): the local one, or a
+    /// new empty one where the map says this data directory starts it empty (a new
+    /// collection's replicas). The caller holds the copy's lock.
+    pub(crate) async fn replica_copy(
+        &self,
+        shard: &ShardName,
+        assignment: &ShardAssignment,
+    ) -> Result<Collection, ApiError> {
+        let local = shard.local_name();
+        if let Ok(collection) = self.registry.get_shard(&local) {
+            return Ok(collection);
+        }
+        if !assignment.create_replicas_on.contains(&self.incarnation) {
+            return Err(ApiError::ShardUnavailable {
+                collection: shard.collection.clone(),
+                shard: shard.shard,
+                node: self.node_id.clone(),
+                why: "this replica holds no copy of it yet (it needs a copy of the primary's \
+                      data)"
+                    .to_owned(),
+            });
+        }
+        let state = self.state();
+        let def = &state
+            .collections
+            .get(&shard.collection)
+            .filter(|m| m.def.uid == shard.uid)
+            .ok_or_else(|| ApiError::NotFound(shard.collection.clone()))?
+            .def;
+        let config =
+            serde_json::from_value::<CollectionConfig>(def.config.clone()).map_err(|e| {
+                ApiError::Internal(format!("collection '{}' has a bad config: {e}", def.name))
+            })?;
+        self.registry.create_shard(&local, config).await
     }
 
     /// Waits until this node's view of a shard differs from `seen` (or the collection is gone),
@@ -602,6 +666,13 @@ impl ClusterNode {
             }
         };
         let nodes: Vec<NodeInfo> = self.state().nodes.values().cloned().collect();
+        let (replication_factor, min_in_sync) = tarn_cluster::replication_settings(
+            request.replication_factor,
+            request.min_in_sync,
+            self.default_replication_factor,
+            nodes.len(),
+        )
+        .map_err(ApiError::Unsupported)?;
         let def = CollectionDef {
             name: request.name.clone(),
             uid: rand::random::<u64>() | 1,
@@ -609,8 +680,8 @@ impl ClusterNode {
             shard_key,
             config: serde_json::to_value(&config)
                 .map_err(|e| ApiError::Internal(format!("encoding the config: {e}")))?,
-            replication_factor: 1,
-            min_in_sync: 1,
+            replication_factor,
+            min_in_sync,
         };
         let map = CollectionMap {
             shards: initial_placement(&def.name, n_shards, &nodes, def.replication_factor),
@@ -826,7 +897,8 @@ async fn reconcile(node: std::sync::Weak<ClusterNode>) {
                 .filter(|m| m.def.uid == shard.uid)
                 .and_then(|m| m.shards.get(shard.shard as usize))
                 .is_some_and(|a| {
-                    a.owner == node.node_id || a.moving_to.as_deref() == Some(&node.node_id)
+                    a.role_of(&node.node_id).is_some()
+                        || a.moving_to.as_deref() == Some(&node.node_id)
                 });
             if mine || node.incoming.contains_key(&local) {
                 continue;
@@ -853,6 +925,7 @@ async fn reconcile(node: std::sync::Weak<ClusterNode>) {
             }
         }
         node.forget_unused_handles(&current);
+        node.forget_replications(&current);
         drop(node);
         let changed = state.changed();
         if undecided {

@@ -90,6 +90,9 @@ impl Cluster for ClusterAdmin {
                     .to_owned(),
                     moving_to: String::new(),
                     move_problem: String::new(),
+                    in_sync: Vec::new(),
+                    replicas: Vec::new(),
+                    min_in_sync: 0,
                 })
                 .collect(),
             applied: request.confirm,
@@ -148,6 +151,9 @@ impl Cluster for ClusterAdmin {
                             )
                         })
                         .unwrap_or_default(),
+                    replicas: assignment.replicas.clone(),
+                    in_sync: assignment.in_sync().map(str::to_owned).collect(),
+                    min_in_sync: map.def.min_in_sync,
                 });
             }
         }

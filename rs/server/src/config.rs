@@ -43,6 +43,7 @@ struct FileConfig {
     node_id: Option<String>,
     advertise: Option<String>,
     lease_seconds: Option<u64>,
+    replication_factor: Option<u32>,
     cluster_ca: Option<PathBuf>,
 }
 
@@ -123,6 +124,11 @@ impl ServeConfig {
                         .unwrap_or(5)
                         .max(1),
                 ),
+                replication_factor: args
+                    .replication_factor
+                    .or(file.replication_factor)
+                    .unwrap_or(1)
+                    .max(1),
                 store: None,
                 force_new_cluster: args.force_new_cluster,
                 peer_ca: args.cluster_ca.clone().or(file.cluster_ca),

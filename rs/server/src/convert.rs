@@ -115,6 +115,8 @@ pub fn collection_info(
         n_unindexed: stats.n_unindexed,
         shards: 1,
         shard_key: pb::ShardKey::User as i32,
+        replication_factor: 1,
+        min_in_sync: 1,
     }
 }
 

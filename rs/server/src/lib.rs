@@ -18,6 +18,7 @@ mod metrics;
 mod moves;
 mod node_service;
 mod registry;
+mod replication;
 mod routing;
 mod server;
 mod service;

@@ -149,8 +149,7 @@ pub(crate) async fn shard_stream(
             format!("node {} is not a live node of the cluster", request.to_node),
         ));
     }
-    let (collection, _gate) = node.local_shard_for_write(&shard, epoch).await?;
-    drop(_gate);
+    let collection = node.local_shard_for_write(&shard, epoch).await?.collection;
     if node.moves.streams_out.fetch_add(1, Ordering::Relaxed) >= MAX_STREAMS_OUT {
         node.moves.streams_out.fetch_sub(1, Ordering::Relaxed);
         return Err(ApiError::Unavailable(format!(

@@ -157,6 +157,16 @@ impl Node for NodeService {
         Ok(Response::new(response))
     }
 
+    async fn append_entries(
+        &self,
+        request: Request<pb::AppendEntriesRequest>,
+    ) -> Result<Response<pb::AppendEntriesResponse>, Status> {
+        let cluster = self.node()?;
+        cluster.check_node(&request)?;
+        let response = crate::replication::append_entries(cluster, request.into_inner()).await?;
+        Ok(Response::new(response))
+    }
+
     async fn shard_stream(
         &self,
         request: Request<pb::ShardStreamRequest>,

@@ -537,6 +537,8 @@ impl TarnService {
             &tarn_collection::CollectionStats::default(),
         );
         total.shards = map.def.n_shards;
+        total.replication_factor = map.def.replication_factor;
+        total.min_in_sync = map.def.min_in_sync;
         total.shard_key = match map.def.shard_key {
             tarn_cluster::ShardKey::User => pb::ShardKey::User,
             tarn_cluster::ShardKey::Doc => pb::ShardKey::Doc,

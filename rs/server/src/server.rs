@@ -131,6 +131,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
                 node_id: cluster.node_id.clone(),
                 address: cluster.advertise.clone(),
                 lease_ttl: cluster.lease_ttl,
+                replication_factor: cluster.replication_factor,
                 peer_ca: match &cluster.peer_ca {
                     Some(path) => Some(
                         std::fs::read(path)

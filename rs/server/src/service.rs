@@ -74,7 +74,12 @@ impl TarnService {
         let _permit = self.write_permit()?;
         let append_started = Instant::now();
         let seq_no = write(collection, durability).await?;
-        if let (Some(cluster), Some(_)) = (&self.cluster, &gate) {
+        if let (Some(cluster), Some(shard_write)) = (&self.cluster, &gate) {
+            // A shard with replicas acknowledges a write once every in-sync replica has it
+            // durable (a replica that does not answer in time leaves the in-sync set first).
+            if let Some(replication) = &shard_write.replication {
+                replication.replicate(cluster, seq_no).await?;
+            }
             // A shard's write is acknowledged only while this node surely still owns it: a
             // node cut off from etcd meanwhile answers UNAVAILABLE (the write is durable here
             // but not acknowledged: like any failed write, it may or may not be applied).
@@ -138,15 +143,15 @@ impl TarnService {
     ) -> Result<
         (
             tarn_collection::Collection,
-            Option<tokio::sync::OwnedRwLockReadGuard<()>>,
+            Option<crate::cluster::ShardWrite>,
         ),
         ApiError,
     > {
         if let (Some(cluster), Some((shard, Some(epoch)))) =
             (&self.cluster, tarn_cluster::ShardName::parse(name))
         {
-            let (collection, gate) = cluster.local_shard_for_write(&shard, epoch).await?;
-            return Ok((collection, Some(gate)));
+            let write = cluster.local_shard_for_write(&shard, epoch).await?;
+            return Ok((write.collection.clone(), Some(write)));
         }
         Ok((self.registry.get(name)?, None))
     }
@@ -263,6 +268,13 @@ impl Tarn for TarnService {
                     "shards",
                     "a single node holds one shard; start the server with --etcd for more",
                 ));
+            }
+            if request.replication_factor > 1 || request.min_in_sync > 1 {
+                return Err(ApiError::Unsupported(format!(
+                    "replication_factor {} / min_in_sync {}: a single node holds one copy of \
+                     its data (1 live node); replicas need cluster mode (--etcd)",
+                    request.replication_factor, request.min_in_sync
+                )));
             }
             let collection = self.registry.create(&request.name, config).await?;
             Ok(pb::CreateCollectionResponse {

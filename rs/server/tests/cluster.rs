@@ -461,6 +461,7 @@ async fn memory_node_with(
         node_id: format!("n{i}"),
         advertise: listen,
         lease_ttl: Duration::from_secs(2),
+        replication_factor: 1,
         store: Some(store.clone()),
         force_new_cluster: false,
         peer_ca: None,
@@ -1155,6 +1156,237 @@ fn a_read_token_of_a_given_up_shard_fails_at_once() {
 
 /// GetCollection's tenant count over shards: exact with USER sharding, never a tenant counted
 /// once per shard with DOC sharding.
+/// The documents of every local copy of `collection`'s shards in a (stopped) node's data
+/// directory, by shard number.
+fn local_copies(node_dir: &Path, collection: &str) -> BTreeMap<u32, Vec<(u128, u128)>> {
+    let mut copies = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(node_dir.join("collections")) else {
+        return copies;
+    };
+    for entry in entries {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((shard, None)) = tarn_cluster::ShardName::parse(&name) else {
+            continue;
+        };
+        if shard.collection != collection {
+            continue;
+        }
+        let copy = tarn_collection::Collection::open(&entry.path()).unwrap();
+        let mut docs: Vec<(u128, u128)> = copy.export_documents().map(|(u, d, _)| (u, d)).collect();
+        docs.sort_unstable();
+        copy.close();
+        copies.insert(shard.shard, docs);
+    }
+    copies
+}
+
+/// Replicas: a write is acknowledged once every in-sync copy has it durable; a replica that
+/// stops answering leaves the in-sync set (in the store's record) before any write is
+/// acknowledged without it; with fewer copies in sync than `min_in_sync`, writes are refused
+/// (UNAVAILABLE naming both counts) and never acknowledged on fewer; a replica that comes back
+/// catches up from the primary's log and rejoins the in-sync set; afterwards every copy of a
+/// shard holds the same documents, and every acknowledged document is there. Refusals: a
+/// replication factor above the live nodes (FAILED_PRECONDITION naming both numbers).
+#[test]
+fn replicas_acknowledge_on_every_in_sync_copy_and_a_returning_one_rejoins() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let (mut servers, store) = memory_cluster(dir.path(), 3).await;
+        let client = Client::connect(servers[0].grpc_addr()).await.unwrap();
+        const DIM: usize = 4;
+        let error = client
+            .create_collection(CollectionSpec::new("too_many", DIM as u32).replicas(4, 0))
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), Code::FailedPrecondition, "{error}");
+        assert!(
+            error
+                .message()
+                .contains("replication_factor 4 needs 4 live nodes, and the cluster has 3"),
+            "{error}"
+        );
+        // `r`: 2 shards, 3 copies each, 2 needed in sync; `s`: 3 shards, 2 copies, 2 needed.
+        client
+            .create_collection(
+                CollectionSpec::new("r", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(2, ShardKey::Doc)
+                    .replicas(3, 0),
+            )
+            .await
+            .unwrap();
+        client
+            .create_collection(
+                CollectionSpec::new("s", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(3, ShardKey::Doc)
+                    .replicas(2, 2),
+            )
+            .await
+            .unwrap();
+        let info = client.collection_info("r").await.unwrap();
+        assert_eq!((info.replication_factor, info.min_in_sync), (3, 2));
+        let status = client.cluster_status().await.unwrap();
+        for shard in status.shards.iter().filter(|s| s.collection == "r") {
+            assert_eq!(shard.in_sync.len(), 3, "{shard:?}");
+            assert_eq!(shard.in_sync[0], shard.node_id);
+            assert_eq!(shard.replicas.len(), 2, "{shard:?}");
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+        let mut acked: BTreeMap<u128, Vec<f32>> = BTreeMap::new();
+        let v = vectors(&mut rng, 100, DIM);
+        let ids: Vec<u128> = (0..100).collect();
+        client
+            .insert(Insert::new("r", ids.clone(), v.clone()))
+            .await
+            .unwrap();
+        for (i, id) in ids.iter().enumerate() {
+            acked.insert(*id, v[i * DIM..(i + 1) * DIM].to_vec());
+        }
+        // The node that is primary of none of r's shards goes away (no failover is needed).
+        let primaries: Vec<String> = status
+            .shards
+            .iter()
+            .filter(|s| s.collection == "r")
+            .map(|s| s.node_id.clone())
+            .collect();
+        let gone = (1..=3)
+            .map(|i| format!("n{i}"))
+            .find(|n| !primaries.contains(n))
+            .unwrap();
+        let gone_idx: usize = gone[1..].parse::<usize>().unwrap() - 1;
+        let survivor = servers
+            .iter()
+            .enumerate()
+            .find(|(i, _)| *i != gone_idx)
+            .map(|(_, s)| s.grpc_addr())
+            .unwrap();
+        let client = Client::connect(survivor).await.unwrap();
+        // s's shard of which `gone` is the replica (its primary lives).
+        let s_shard = status
+            .shards
+            .iter()
+            .find(|s| s.collection == "s" && s.replicas.contains(&gone) && s.node_id != gone)
+            .unwrap()
+            .shard;
+        servers.remove(gone_idx).shutdown().await.unwrap();
+        store.expire(&gone);
+        // r goes on once `gone` left the in-sync set (within the 2 s bound).
+        let started = Instant::now();
+        let v = vectors(&mut rng, 100, DIM);
+        let ids: Vec<u128> = (100..200).collect();
+        client
+            .insert(Insert::new("r", ids.clone(), v.clone()))
+            .await
+            .unwrap();
+        for (i, id) in ids.iter().enumerate() {
+            acked.insert(*id, v[i * DIM..(i + 1) * DIM].to_vec());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "{:?}",
+            started.elapsed()
+        );
+        let status = client.cluster_status().await.unwrap();
+        for shard in status.shards.iter().filter(|s| s.collection == "r") {
+            assert_eq!(shard.in_sync.len(), 2, "{shard:?}");
+            assert!(!shard.in_sync.contains(&gone), "{shard:?}");
+            assert!(shard.replicas.contains(&gone), "still a replica: {shard:?}");
+        }
+        // s's shard with one copy left in sync refuses writes, the first one after the bound,
+        // later ones at once.
+        let on_shard: Vec<u128> = (1_000u128..)
+            .filter(|id| tarn_cluster::shard_for(*id, 3) == s_shard)
+            .take(5)
+            .collect();
+        for _ in 0..2 {
+            let error = client
+                .insert(Insert::new(
+                    "s",
+                    on_shard.clone(),
+                    vectors(&mut rng, 5, DIM),
+                ))
+                .await
+                .unwrap_err();
+            assert_eq!(error.code(), Code::Unavailable, "{error}");
+            assert!(
+                error
+                    .message()
+                    .contains("1 of the shard's copies are in sync, and writes need 2"),
+                "{error}"
+            );
+        }
+        // `gone` comes back with its data: it catches up from the primaries' logs and rejoins.
+        servers.insert(
+            gone_idx,
+            memory_node(dir.path(), gone_idx + 1, &store).await,
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let status = client.cluster_status().await.unwrap();
+            let rejoined = status
+                .shards
+                .iter()
+                .filter(|s| s.collection == "r")
+                .all(|s| s.in_sync.len() == 3);
+            if rejoined {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never rejoined: {:?}",
+                status.shards
+            );
+            // Writes keep the followers busy meanwhile.
+            let id = 5_000 + rng.random_range(0..1_000u128);
+            let v = vectors(&mut rng, 1, DIM);
+            client
+                .insert(Insert::new("r", vec![id], v.clone()))
+                .await
+                .unwrap();
+            acked.insert(id, v);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // A last write reaches all three copies.
+        let v = vectors(&mut rng, 10, DIM);
+        let ids: Vec<u128> = (200..210).collect();
+        client
+            .insert(Insert::new("r", ids.clone(), v.clone()))
+            .await
+            .unwrap();
+        for (i, id) in ids.iter().enumerate() {
+            acked.insert(*id, v[i * DIM..(i + 1) * DIM].to_vec());
+        }
+        assert_eq!(
+            client.collection_info("r").await.unwrap().n_documents,
+            acked.len() as u64
+        );
+        for server in servers {
+            server.shutdown().await.unwrap();
+        }
+        // Every copy of each shard holds the same documents: every acknowledged one, once.
+        let mut per_shard: BTreeMap<u32, Vec<Vec<(u128, u128)>>> = BTreeMap::new();
+        for i in 1..=3 {
+            for (shard, docs) in local_copies(&dir.path().join(format!("n{i}")), "r") {
+                per_shard.entry(shard).or_default().push(docs);
+            }
+        }
+        let mut all = Vec::new();
+        for (shard, copies) in &per_shard {
+            assert_eq!(copies.len(), 3, "shard {shard}");
+            assert!(
+                copies.iter().all(|c| c == &copies[0]),
+                "shard {shard}: copies differ"
+            );
+            all.extend(copies[0].iter().map(|(_, d)| *d));
+        }
+        all.sort_unstable();
+        assert_eq!(all, acked.keys().copied().collect::<Vec<_>>());
+    });
+}
+
 #[test]
 fn tenant_counts_over_shards_count_each_tenant_once() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,0 +1,655 @@
+//! Replication of a shard's log from its primary to its replicas (docs/CLUSTER.md, "Replicas").
+//!
+//! The primary's side: one [`ShardReplication`] per shard this node is primary of at one epoch,
+//! with one follower task per replica. A follower reads the shard's log (a `WalTail` that keeps
+//! the WAL from the replica's position on) and ships it, in order, with `Node/AppendEntries`;
+//! the replica appends the entries at the same sequence numbers, syncs, and answers where its
+//! log ends. A write is acknowledged once every in-sync replica has it durable
+//! ([`ShardReplication::replicate`]); an in-sync replica that does not have it within
+//! [`IN_SYNC_BOUND`] is first removed from the in-sync set in etcd (a compare-and-swap of the
+//! whole shard record), and only then is the write acknowledged without it. A catching-up
+//! replica that holds everything joins the in-sync set by the same swap, taken while the
+//! shard's write gate is held exclusively so that no write is acknowledged in between
+//! (Patroni's rule: it joins only with everything).
+//!
+//! The replica's side: [`append_entries`], which serves only the shard's primary at the epoch
+//! its own view of the map gives (a primary that lost its place is refused).
+//!
+//! Who waits on whom: a write waits for the followers' acknowledgements (bounded by
+//! [`IN_SYNC_BOUND`] and then by one etcd swap); a follower waits for the replica's answer
+//! (bounded by [`IN_SYNC_BOUND`]) and never for a write; the replica's handler waits for its own
+//! WAL. Nothing waits on a write while holding a shard's gate except a join, which waits at
+//! most [`JOIN_DRAIN_LIMIT`] for the replica to take the last entries.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use std::sync::Mutex as StdMutex;
+use tarn_cluster::{ShardAssignment, ShardName, ShardRecord, ShardSwap};
+use tarn_collection::Collection;
+use tarn_proto::v1 as pb;
+use tokio::sync::watch;
+
+use crate::cluster::ClusterNode;
+use crate::status::ApiError;
+
+/// How long a write waits for an in-sync replica before removing it from the in-sync set (and
+/// how long a follower waits for one answer).
+pub(crate) const IN_SYNC_BOUND: Duration = Duration::from_secs(2);
+/// How long a join holds the shard's writes back at most while the replica takes the last
+/// entries; past it, the join is tried again later.
+const JOIN_DRAIN_LIMIT: Duration = Duration::from_millis(500);
+/// Most payload bytes shipped in one call.
+const MAX_BATCH_BYTES: usize = 4 << 20;
+/// How many entries a follower reads before letting checkpoints truncate what it has shipped.
+const RELEASE_EVERY_ENTRIES: u64 = 4_096;
+
+/// One shard's replication, on its primary, at one epoch.
+pub(crate) struct ShardReplication {
+    shard: ShardName,
+    epoch: u64,
+    min_in_sync: u32,
+    collection: Collection,
+    /// The shard's record as this primary last knew it: its own swaps land here at once (the
+    /// view follows later); changes by others are taken from the view.
+    record: StdMutex<ShardAssignment>,
+    /// The highest sequence number writers want on the replicas.
+    wanted: watch::Sender<u64>,
+    /// Per replica node: the last sequence number it has durable.
+    acked: DashMap<String, watch::Receiver<u64>>,
+    followers: StdMutex<Vec<(String, tokio::task::JoinHandle<()>)>>,
+    /// Serialises this shard's in-sync changes.
+    changing: tokio::sync::Mutex<()>,
+    /// A join is under way (one at a time).
+    joining: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for ShardReplication {
+    fn drop(&mut self) {
+        for (_, task) in self
+            .followers
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            task.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for ShardReplication {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardReplication")
+            .field("shard", &self.shard.local_name())
+            .field("epoch", &self.epoch)
+            .finish()
+    }
+}
+
+impl ClusterNode {
+    /// The replication of `shard` (this node its primary at `epoch`, per `assignment`), started
+    /// on first use: `None` when the shard has no replicas. Refuses a write up front when fewer
+    /// copies than the collection's `min_in_sync` are in sync.
+    pub(crate) fn replication_for_write(
+        self: &Arc<Self>,
+        shard: &ShardName,
+        assignment: &ShardAssignment,
+        min_in_sync: u32,
+        collection: &Collection,
+    ) -> Result<Option<Arc<ShardReplication>>, ApiError> {
+        let local = shard.local_name();
+        let existing = self
+            .replication
+            .get(&local)
+            .map(|r| Arc::clone(r.value()))
+            .filter(|r| r.epoch == assignment.epoch);
+        let replication = match existing {
+            Some(r) => r,
+            None if assignment.replicas.is_empty() && min_in_sync <= 1 => return Ok(None),
+            None => {
+                let (wanted, _) = watch::channel(collection.last_seq_no());
+                let r = Arc::new(ShardReplication {
+                    shard: shard.clone(),
+                    epoch: assignment.epoch,
+                    min_in_sync,
+                    collection: collection.clone(),
+                    record: StdMutex::new(assignment.clone()),
+                    wanted,
+                    acked: DashMap::new(),
+                    followers: StdMutex::new(Vec::new()),
+                    changing: tokio::sync::Mutex::new(()),
+                    joining: std::sync::atomic::AtomicBool::new(false),
+                });
+                self.replication.insert(local, Arc::clone(&r));
+                r
+            }
+        };
+        replication.refresh(self, assignment);
+        let record = replication.record().clone();
+        record
+            .check_in_sync(min_in_sync)
+            .map_err(|why| ApiError::ShardUnavailable {
+                collection: shard.collection.clone(),
+                shard: shard.shard,
+                node: self.node_id.clone(),
+                why: format!("writes are refused: {why}"),
+            })?;
+        Ok(Some(replication))
+    }
+
+    /// Stops the replication of shards this node is no longer primary of (at that epoch).
+    pub(crate) fn forget_replications(&self, state: &tarn_cluster::ClusterState) {
+        self.replication.retain(|_, r| {
+            state
+                .collections
+                .get(&r.shard.collection)
+                .filter(|m| m.def.uid == r.shard.uid)
+                .and_then(|m| m.shards.get(r.shard.shard as usize))
+                .is_some_and(|a| a.owner == self.node_id && a.epoch == r.epoch)
+        });
+    }
+}
+
+impl ShardReplication {
+    /// The shard's record as this primary knows it (a poisoned lock still holds a whole value:
+    /// every write to it is one assignment).
+    fn record(&self) -> std::sync::MutexGuard<'_, ShardAssignment> {
+        self.record.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes changes others made to the record (the view's, at this epoch: replicas added or
+    /// dropped by the coordinator) and starts a follower for each replica that has none.
+    fn refresh(&self, node: &Arc<ClusterNode>, view: &ShardAssignment) {
+        if view.epoch != self.epoch {
+            return;
+        }
+        {
+            let mut record = self.record();
+            if *record != *view {
+                // Replicas come from the view; the in-sync set is this primary's own, except
+                // that a replica the view dropped is gone from it too.
+                let in_sync: Vec<String> = record
+                    .in_sync_replicas
+                    .iter()
+                    .filter(|n| view.replicas.contains(n))
+                    .cloned()
+                    .collect();
+                *record = ShardAssignment {
+                    in_sync_replicas: in_sync,
+                    ..view.clone()
+                };
+            }
+        }
+        let replicas = self.record().replicas.clone();
+        let mut followers = self.followers.lock().unwrap_or_else(|p| p.into_inner());
+        followers.retain(|(n, task)| {
+            let keep = replicas.contains(n);
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        for replica in replicas {
+            if followers.iter().any(|(n, _)| *n == replica) {
+                continue;
+            }
+            let (acked_tx, acked_rx) = watch::channel(0u64);
+            self.acked.insert(replica.clone(), acked_rx);
+            let task = tokio::spawn(follow(
+                Arc::downgrade(node),
+                self.shard.clone(),
+                self.epoch,
+                replica.clone(),
+                self.collection.clone(),
+                self.wanted.subscribe(),
+                acked_tx,
+            ));
+            followers.push((replica, task));
+        }
+    }
+
+    /// Makes sure the write at `seq` is durable on every in-sync replica, removing from the
+    /// in-sync set (in etcd, before answering) any that does not have it within
+    /// [`IN_SYNC_BOUND`]; fails if fewer copies than `min_in_sync` are then left in sync (the
+    /// write is in the primary's log but not acknowledged).
+    pub(crate) async fn replicate(&self, node: &ClusterNode, seq: u64) -> Result<(), ApiError> {
+        self.wanted.send_if_modified(|w| {
+            let more = seq > *w;
+            *w = (*w).max(seq);
+            more
+        });
+        let until = tokio::time::Instant::now() + IN_SYNC_BOUND;
+        loop {
+            let in_sync = self.record().in_sync_replicas.clone();
+            let mut late: Vec<String> = Vec::new();
+            for replica in &in_sync {
+                let Some(mut acked) = self.acked.get(replica).map(|a| a.value().clone()) else {
+                    late.push(replica.clone());
+                    continue;
+                };
+                let reached = tokio::time::timeout_at(until, acked.wait_for(|v| *v >= seq)).await;
+                if !matches!(reached, Ok(Ok(_))) {
+                    late.push(replica.clone());
+                }
+            }
+            if late.is_empty() {
+                break;
+            }
+            for replica in late {
+                self.leave_in_sync(node, &replica).await?;
+            }
+        }
+        let record = self.record().clone();
+        record
+            .check_in_sync(self.min_in_sync)
+            .map_err(|why| ApiError::ShardUnavailable {
+                collection: self.shard.collection.clone(),
+                shard: self.shard.shard,
+                node: node.node_id.clone(),
+                why: format!("the write is not acknowledged: {why}"),
+            })
+    }
+
+    /// Removes `replica` from the in-sync set by a compare-and-swap (nothing to do if it is no
+    /// longer in it).
+    async fn leave_in_sync(&self, node: &ClusterNode, replica: &str) -> Result<(), ApiError> {
+        let _changing = self.changing.lock().await;
+        self.change_record(node, |r| {
+            if r.in_sync_replicas.iter().any(|n| n == replica) {
+                r.without_in_sync(replica).map(Some)
+            } else {
+                Some(None)
+            }
+        })
+        .await?;
+        tracing::warn!(
+            shard = %self.shard.local_name(),
+            %replica,
+            "a replica left the in-sync set (no answer within {:?})",
+            IN_SYNC_BOUND
+        );
+        Ok(())
+    }
+
+    /// Applies `change` to the shard's record by a compare-and-swap of the whole record, reading
+    /// the record again (linearizably) after a lost swap. `change` answers `Some(None)` when
+    /// nothing needs changing, `None` when the change no longer applies. Fails once the shard
+    /// has another epoch (this node is no longer its primary).
+    async fn change_record(
+        &self,
+        node: &ClusterNode,
+        change: impl Fn(&ShardAssignment) -> Option<Option<ShardAssignment>>,
+    ) -> Result<bool, ApiError> {
+        let mut base = self.record().clone();
+        for _ in 0..8 {
+            let Some(next) = change(&base) else {
+                return Ok(false);
+            };
+            let Some(next) = next else {
+                return Ok(true);
+            };
+            let swap = ShardSwap {
+                collection: &self.shard.collection,
+                uid: self.shard.uid,
+                shard: self.shard.shard,
+                expected_epoch: self.epoch,
+                new: &next,
+                unless_registered: None,
+                expected: Some(&base),
+            };
+            let landed = node
+                .store()
+                .compare_and_set_shard(&swap)
+                .await
+                .map_err(|e| ApiError::ClusterStore(e.to_string()))?;
+            if landed {
+                *self.record() = next;
+                return Ok(true);
+            }
+            let record = node
+                .store()
+                .read_shard(&self.shard.collection, self.shard.uid, self.shard.shard)
+                .await
+                .map_err(|e| ApiError::ClusterStore(e.to_string()))?;
+            match record {
+                ShardRecord::Assigned(fresh) if fresh.epoch == self.epoch => {
+                    *self.record() = fresh.clone();
+                    base = fresh;
+                }
+                _ => {
+                    return Err(ApiError::StaleShardMap(format!(
+                        "shard {} of collection '{}' has a new primary (this node's epoch {} is \
+                         over): refresh the shard map and retry",
+                        self.shard.shard, self.shard.collection, self.epoch
+                    )))
+                }
+            }
+        }
+        Err(ApiError::Unavailable(format!(
+            "shard {} of collection '{}': its record kept changing under this node's swaps",
+            self.shard.shard, self.shard.collection
+        )))
+    }
+
+    /// Adds `replica` to the in-sync set once it holds everything: holds the shard's writes
+    /// back (its gate, exclusively), waits until the replica has the last entry (at most
+    /// [`JOIN_DRAIN_LIMIT`]), swaps the record, lets the writes go.
+    async fn join_in_sync(
+        &self,
+        node: &ClusterNode,
+        replica: &str,
+        acked: &watch::Receiver<u64>,
+    ) -> Result<bool, ApiError> {
+        let _changing = self.changing.lock().await;
+        if self.record().role_of(replica) != Some(tarn_cluster::CopyRole::CatchingUp) {
+            return Ok(false);
+        }
+        let gate = node.gate(&self.shard.local_name());
+        let _writes_held = gate.write().await;
+        let last = self.collection.last_seq_no();
+        self.wanted.send_if_modified(|w| {
+            let more = last > *w;
+            *w = (*w).max(last);
+            more
+        });
+        let mut acked = acked.clone();
+        let caught_up = tokio::time::timeout(JOIN_DRAIN_LIMIT, acked.wait_for(|v| *v >= last))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if !caught_up {
+            return Ok(false);
+        }
+        let joined = self
+            .change_record(node, |r| match r.role_of(replica) {
+                Some(tarn_cluster::CopyRole::CatchingUp) => r.with_in_sync(replica).map(Some),
+                Some(tarn_cluster::CopyRole::InSyncReplica) => Some(None),
+                _ => None,
+            })
+            .await?;
+        if joined {
+            tracing::info!(shard = %self.shard.local_name(), %replica, last, "a replica joined the in-sync set");
+        }
+        Ok(joined)
+    }
+}
+
+/// A follower: ships the shard's log to `replica` for as long as this node is the shard's
+/// primary at `epoch` (the task is aborted when its `ShardReplication` goes).
+async fn follow(
+    node: std::sync::Weak<ClusterNode>,
+    shard: ShardName,
+    epoch: u64,
+    replica: String,
+    collection: Collection,
+    mut wanted: watch::Receiver<u64>,
+    acked: watch::Sender<u64>,
+) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let Some(node) = node.upgrade() else {
+            return;
+        };
+        match ship(
+            &node,
+            &shard,
+            epoch,
+            &replica,
+            &collection,
+            &mut wanted,
+            &acked,
+        )
+        .await
+        {
+            Ok(()) => return,
+            Err(error) => {
+                tracing::debug!(shard = %shard.local_name(), %replica, %error, "shipping to a replica failed; retrying");
+            }
+        }
+        drop(node);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// One connection's worth of shipping: probes where the replica's log ends, then sends what
+/// writers want, in order, until a call fails.
+async fn ship(
+    node: &Arc<ClusterNode>,
+    shard: &ShardName,
+    epoch: u64,
+    replica: &str,
+    collection: &Collection,
+    wanted: &mut watch::Receiver<u64>,
+    acked: &watch::Sender<u64>,
+) -> Result<(), ApiError> {
+    let probe = append(node, shard, epoch, replica, 0, Vec::new()).await?;
+    acked.send_replace(probe.durable_seq);
+    let primary_last = collection.last_seq_no();
+    if probe.last_seq > primary_last {
+        return Err(ApiError::Unavailable(format!(
+            "replica {replica} holds entries up to {} and this primary only up to \
+             {primary_last}: it must cut its log back before it can follow",
+            probe.last_seq
+        )));
+    }
+    let Some(mut tail) = collection.wal_tail_from(probe.last_seq + 1) else {
+        return Err(ApiError::Unavailable(format!(
+            "replica {replica} ends at {} and this primary's log no longer holds what follows \
+             (a snapshot copy is needed)",
+            probe.last_seq
+        )));
+    };
+    let mut since_release = 0u64;
+    loop {
+        let next = tail.next_seq();
+        let want = *wanted.borrow_and_update();
+        let have = collection.last_seq_no();
+        if want < next && have < next {
+            // Nothing to ship: wait for a write, or look again for a join now and then.
+            let _ = tokio::time::timeout(Duration::from_millis(500), wanted.changed()).await;
+            try_join(node, shard, epoch, replica, acked).await;
+            continue;
+        }
+        let up_to = want.max(have);
+        if tail.durable_seq() < next {
+            // A tail reads durable entries only: make what was written (WRITTEN) durable.
+            collection.sync_wal().await?;
+        }
+        let (entries, back) = tokio::task::spawn_blocking(move || {
+            let read = tail.read(up_to, MAX_BATCH_BYTES);
+            (read, tail)
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("reading the log to ship: {e}")))?;
+        tail = back;
+        let entries = entries?;
+        if entries.is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            continue;
+        }
+        let first = entries[0].0;
+        let n = entries.len() as u64;
+        let payloads = entries.into_iter().map(|(_, p)| p.to_vec()).collect();
+        let answer = append(node, shard, epoch, replica, first, payloads).await?;
+        acked.send_replace(answer.durable_seq);
+        since_release += n;
+        if since_release >= RELEASE_EVERY_ENTRIES {
+            tail.release_read();
+            since_release = 0;
+        }
+    }
+}
+
+/// Starts a join of `replica` to the in-sync set if it is catching up and has everything, in a
+/// task of its own (the follower goes on shipping meanwhile: the join waits for it).
+async fn try_join(
+    node: &Arc<ClusterNode>,
+    shard: &ShardName,
+    epoch: u64,
+    replica: &str,
+    acked: &watch::Sender<u64>,
+) {
+    let Some(replication) = node
+        .replication
+        .get(&shard.local_name())
+        .map(|r| Arc::clone(r.value()))
+        .filter(|r| r.epoch == epoch)
+    else {
+        return;
+    };
+    if replication.record().role_of(replica) != Some(tarn_cluster::CopyRole::CatchingUp) {
+        return;
+    }
+    if *acked.borrow() < replication.collection.last_seq_no() {
+        return;
+    }
+    if replication
+        .joining
+        .swap(true, std::sync::atomic::Ordering::AcqRel)
+    {
+        return;
+    }
+    let receiver = acked.subscribe();
+    let (node, replica, local) = (Arc::clone(node), replica.to_owned(), shard.local_name());
+    tokio::spawn(async move {
+        if let Err(error) = replication.join_in_sync(&node, &replica, &receiver).await {
+            tracing::warn!(shard = %local, %replica, %error, "a replica could not join the in-sync set");
+        }
+        replication
+            .joining
+            .store(false, std::sync::atomic::Ordering::Release);
+    });
+}
+
+/// One `AppendEntries` call to `replica`, bounded by [`IN_SYNC_BOUND`].
+async fn append(
+    node: &ClusterNode,
+    shard: &ShardName,
+    epoch: u64,
+    replica: &str,
+    first_seq: u64,
+    entries: Vec<Vec<u8>>,
+) -> Result<pb::AppendEntriesResponse, ApiError> {
+    let channel = node.peer(replica).await?;
+    let mut client = pb::node_client::NodeClient::new(channel)
+        .max_decoding_message_size(crate::cluster::MAX_NODE_MESSAGE_BYTES)
+        .max_encoding_message_size(crate::cluster::MAX_NODE_MESSAGE_BYTES);
+    let request = pb::AppendEntriesRequest {
+        shard: Some(pb::ShardRef {
+            collection: shard.collection.clone(),
+            uid: shard.uid,
+            shard: shard.shard,
+            epoch,
+            role: pb::ShardRole::Replica as i32,
+        }),
+        first_seq,
+        entries,
+        sync: true,
+        from_node: node.node_id.clone(),
+    };
+    let started = Instant::now();
+    let answer = client
+        .append_entries(node.internal_request(request, IN_SYNC_BOUND))
+        .await
+        .map_err(|status| {
+            ApiError::Unavailable(format!(
+                "replica {replica} of shard {} did not take entries ({:?}): {}",
+                shard.local_name(),
+                started.elapsed(),
+                status.message()
+            ))
+        })?;
+    Ok(answer.into_inner())
+}
+
+/// The replica's side of `AppendEntries`: appends the primary's entries to this node's copy at
+/// the same sequence numbers. Served only when this node's view gives the shard, at exactly
+/// the request's epoch, to the sender as primary and to this node as a replica; a local copy is
+/// created empty only where the map says this data directory starts it empty.
+pub(crate) async fn append_entries(
+    node: &Arc<ClusterNode>,
+    request: pb::AppendEntriesRequest,
+) -> Result<pb::AppendEntriesResponse, ApiError> {
+    let shard_ref = request
+        .shard
+        .ok_or_else(|| ApiError::invalid("shard", "missing"))?;
+    crate::registry::validate_name(&shard_ref.collection)?;
+    let shard = ShardName {
+        collection: shard_ref.collection.clone(),
+        uid: shard_ref.uid,
+        shard: shard_ref.shard,
+    };
+    let epoch = shard_ref.epoch;
+    let assignment_of = |state: &tarn_cluster::ClusterState| {
+        state
+            .collections
+            .get(&shard.collection)
+            .filter(|m| m.def.uid == shard.uid)
+            .and_then(|m| m.shards.get(shard.shard as usize))
+            .cloned()
+    };
+    if assignment_of(&node.state()).is_none_or(|a| a.epoch < epoch) {
+        // The primary's view may be a moment ahead of this node's.
+        node.wait_for_view(Duration::from_millis(500), |s| {
+            assignment_of(s).is_some_and(|a| a.epoch >= epoch)
+        })
+        .await;
+    }
+    let assignment =
+        assignment_of(&node.state()).ok_or_else(|| ApiError::NotFound(shard.collection.clone()))?;
+    if assignment.epoch != epoch || assignment.owner != request.from_node {
+        return Err(ApiError::StaleShardMap(format!(
+            "shard {} of collection '{}' has primary {} at epoch {} here, not {} at epoch \
+             {epoch}",
+            shard.shard, shard.collection, assignment.owner, assignment.epoch, request.from_node
+        )));
+    }
+    if !matches!(
+        assignment.role_of(&node.node_id),
+        Some(tarn_cluster::CopyRole::InSyncReplica | tarn_cluster::CopyRole::CatchingUp)
+    ) {
+        return Err(ApiError::StaleShardMap(format!(
+            "node {} is not a replica of shard {} of collection '{}' at epoch {epoch}",
+            node.node_id, shard.shard, shard.collection
+        )));
+    }
+    let local = shard.local_name();
+    let lock = node.copy_lock(&local);
+    let _copy = lock.lock().await;
+    let collection = node.replica_copy(&shard, &assignment).await?;
+    let last = collection.last_seq_no();
+    if request.entries.is_empty() {
+        return Ok(pb::AppendEntriesResponse {
+            last_seq: last,
+            durable_seq: collection.sync_wal().await?,
+        });
+    }
+    if request.first_seq == 0 || request.first_seq > last + 1 {
+        return Err(ApiError::Unsupported(format!(
+            "entries from {} do not continue this replica's log, which ends at {last}",
+            request.first_seq
+        )));
+    }
+    // Entries this copy already has (sent again after a lost answer) are the same ones: one
+    // primary per epoch, and this copy follows it.
+    let skip = (last + 1 - request.first_seq) as usize;
+    let entries: Vec<(u64, Arc<[u8]>)> = request
+        .entries
+        .into_iter()
+        .enumerate()
+        .skip(skip)
+        .map(|(i, payload)| (request.first_seq + i as u64, Arc::from(payload)))
+        .collect();
+    let durable = if entries.is_empty() {
+        collection.sync_wal().await?
+    } else {
+        collection
+            .append_copied(entries, tarn_wal::Durability::Fsync)
+            .await?
+    };
+    Ok(pb::AppendEntriesResponse {
+        last_seq: collection.last_seq_no(),
+        durable_seq: durable,
+    })
+}
