@@ -455,8 +455,11 @@ pub fn plan_move(state: &ClusterState) -> Option<PlannedMove> {
                 *n += 1;
             }
         }
-        let least = |load: &BTreeMap<&String, usize>| {
+        // The least loaded taker that holds no copy of the shard (a move never puts two
+        // copies of a shard on one node).
+        let least = |load: &BTreeMap<&String, usize>, shard: &ShardAssignment| {
             load.iter()
+                .filter(|(id, _)| shard.role_of(id).is_none())
                 .min_by_key(|(id, n)| (**n, **id))
                 .map(|(id, _)| (*id).clone())
         };
@@ -469,7 +472,9 @@ pub fn plan_move(state: &ClusterState) -> Option<PlannedMove> {
         };
         for (shard, assignment) in map.shards.iter().enumerate() {
             if state.draining.contains(&assignment.owner) && state.is_alive(&assignment.owner) {
-                return least(&load).map(|to| planned(shard, to));
+                if let Some(to) = least(&load, assignment) {
+                    return Some(planned(shard, to));
+                }
             }
         }
         if balancing.is_some() {
@@ -484,11 +489,28 @@ pub fn plan_move(state: &ClusterState) -> Option<PlannedMove> {
         };
         let least_n = load.values().copied().min().unwrap_or(0);
         if most_n > least_n + 1 {
-            let to = least(&load)?;
-            // The highest-numbered shard of the most loaded node.
-            if let Some(shard) = map.shards.iter().rposition(|a| a.owner == most) {
-                balancing = Some(planned(shard, to));
-            }
+            // The highest-numbered shard of the most loaded node that can go to the least
+            // loaded node holding no copy of it, among the nodes that a move makes more even
+            // (two below the most loaded or more).
+            let mut least_loaded: Vec<(usize, &String)> = load
+                .iter()
+                .filter(|(_, n)| **n + 1 < most_n)
+                .map(|(id, n)| (*n, *id))
+                .collect();
+            least_loaded.sort();
+            let least_loaded: Vec<&String> = least_loaded.into_iter().map(|(_, id)| id).collect();
+            balancing = map
+                .shards
+                .iter()
+                .enumerate()
+                .rev()
+                .filter(|(_, a)| a.owner == most)
+                .find_map(|(shard, a)| {
+                    least_loaded
+                        .iter()
+                        .find(|id| a.role_of(id).is_none())
+                        .map(|to| planned(shard, (*to).clone()))
+                });
         }
     }
     balancing
@@ -866,6 +888,32 @@ mod token_tests {
             "{:?}",
             counts(&state)
         );
+    }
+
+    #[test]
+    fn a_move_never_puts_two_copies_of_a_shard_on_one_node() {
+        // Shards of a, each with a replica on d: balancing onto the new node d must pick
+        // another node, or nothing.
+        let owners = ["a", "a", "a", "b", "c"];
+        let mut state = state_with(&["a", "b", "c", "d"], &owners);
+        for shard in &mut state.collections.get_mut("c").unwrap().shards[..3] {
+            *shard = shard.with_replica("d").unwrap();
+        }
+        let planned = plan_move(&state).unwrap();
+        assert_eq!(planned.from, "a");
+        assert_ne!(planned.to, "d", "{planned:?}");
+        // Draining a: its shards go anywhere but d (which holds their replicas).
+        state.draining.insert("a".into());
+        for _ in 0..3 {
+            let m = plan_move(&state).unwrap();
+            assert_ne!(m.to, "d", "{m:?}");
+            let slot = &mut state.collections.get_mut("c").unwrap().shards[m.shard as usize];
+            *slot = ShardAssignment {
+                owner: m.to.clone(),
+                ..slot.fenced_for(&m.to).handed_over()
+            };
+        }
+        assert_eq!(counts(&state).get("a"), None);
     }
 
     #[test]

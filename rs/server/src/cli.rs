@@ -413,6 +413,14 @@ pub enum CollectionCommand {
         /// Cluster mode: user (a tenant's documents on one shard) or doc (spread by document).
         #[arg(long, default_value = "user")]
         shard_key: String,
+        /// Cluster mode: copies of each shard, the primary included (0 = the server's
+        /// --replication-factor).
+        #[arg(long, default_value_t = 0)]
+        replicas: u32,
+        /// Cluster mode: writes are refused with fewer copies in sync (0 = replicas - 1, at
+        /// least 1).
+        #[arg(long, default_value_t = 0)]
+        min_in_sync: u32,
     },
     List {
         #[command(flatten)]

@@ -98,6 +98,12 @@ fn print_info(info: &CollectionInfo) {
             info.shards, info.shard_key
         );
     }
+    if info.replication_factor > 1 {
+        println!(
+            "copies:             {} per shard, writes need {} in sync",
+            info.replication_factor, info.min_in_sync
+        );
+    }
 }
 
 fn print_cluster_status(status: &tarn_client::ClusterStatus, json: bool) {
@@ -114,7 +120,8 @@ fn print_cluster_status(status: &tarn_client::ClusterStatus, json: bool) {
             "shards": status.shards.iter().map(|s| serde_json::json!({
                 "collection": s.collection, "shard": s.shard, "node_id": s.node_id,
                 "epoch": s.epoch, "state": s.state, "moving_to": s.moving_to,
-                "move_problem": s.move_problem,
+                "move_problem": s.move_problem, "replicas": s.replicas,
+                "in_sync": s.in_sync, "min_in_sync": s.min_in_sync,
             })).collect::<Vec<_>>(),
         });
         println!("{value}");
@@ -165,6 +172,23 @@ fn print_cluster_status(status: &tarn_client::ClusterStatus, json: bool) {
                 format!("{} (moving to {})", shard.state, shard.moving_to)
             }
         );
+        if !shard.replicas.is_empty() {
+            let under = if (shard.in_sync.len() as u32) < shard.min_in_sync {
+                " UNDER-REPLICATED: writes refused"
+            } else if shard.in_sync.len() < shard.replicas.len() + 1 {
+                " (a copy is catching up)"
+            } else {
+                ""
+            };
+            println!(
+                "{:>27} replicas {} ; in sync {} of {} (writes need {}){under}",
+                "",
+                shard.replicas.join(","),
+                shard.in_sync.join(","),
+                shard.replicas.len() + 1,
+                shard.min_in_sync
+            );
+        }
         if !shard.move_problem.is_empty() {
             println!("{:>27} {}", "", shard.move_problem);
         }
@@ -220,12 +244,15 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 durability: d,
                 shards,
                 shard_key,
+                replicas,
+                min_in_sync,
             } => {
                 let metric: Metric = metric.parse()?;
                 let mut spec = CollectionSpec::new(name, dimension)
                     .metric(metric)
                     .hnsw(m, ef_construction, ef_search)
-                    .shards(shards, shard_key.parse()?);
+                    .shards(shards, shard_key.parse()?)
+                    .replicas(replicas, min_in_sync);
                 if let Some(d) = durability(Some(&d))? {
                     spec = spec.default_durability(d);
                 }

@@ -155,6 +155,31 @@ impl Metrics {
                 collections.set_aside_list().map_or(0, |l| l.len()),
                 u8::from(cluster.writable().is_ok()),
             );
+            let replicas = cluster.replication_figures();
+            for (name, help) in [
+                (
+                    "tarn_replication_lag_entries",
+                    "log entries a replica of a shard this node is primary of has not yet made durable",
+                ),
+                (
+                    "tarn_replication_in_sync",
+                    "1 while a replica of a shard this node is primary of is in the in-sync set",
+                ),
+            ] {
+                let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} gauge");
+                for figure in &replicas {
+                    let value = if name == "tarn_replication_lag_entries" {
+                        figure.lag
+                    } else {
+                        u64::from(figure.in_sync)
+                    };
+                    let _ = writeln!(
+                        text,
+                        "{name}{{collection=\"{}\",shard=\"{}\",node=\"{}\"}} {value}",
+                        figure.collection, figure.shard, figure.node
+                    );
+                }
+            }
         }
         let all = collections.all();
         let gauge = |text: &mut String,

@@ -87,7 +87,46 @@ impl std::fmt::Debug for ShardReplication {
     }
 }
 
+/// One replica's figures, for metrics.
+#[derive(Debug, Clone)]
+pub(crate) struct ReplicaFigures {
+    pub collection: String,
+    pub shard: u32,
+    pub node: String,
+    /// Entries the primary holds that the replica has not acknowledged durable.
+    pub lag: u64,
+    pub in_sync: bool,
+}
+
 impl ClusterNode {
+    /// Every replica of the shards this node replicates as primary: its lag and whether it is
+    /// in sync.
+    pub(crate) fn replication_figures(&self) -> Vec<ReplicaFigures> {
+        let mut figures = Vec::new();
+        for entry in self.replication.iter() {
+            let replication = entry.value();
+            let last = replication.collection.last_seq_no();
+            let record = replication.record().clone();
+            for replica in &record.replicas {
+                let acked = replication
+                    .acked
+                    .get(replica)
+                    .map_or(0, |a| *a.value().borrow());
+                figures.push(ReplicaFigures {
+                    collection: replication.shard.collection.clone(),
+                    shard: replication.shard.shard,
+                    node: replica.clone(),
+                    lag: last.saturating_sub(acked),
+                    in_sync: record.in_sync_replicas.contains(replica),
+                });
+            }
+        }
+        figures.sort_by(|a, b| {
+            (&a.collection, a.shard, &a.node).cmp(&(&b.collection, b.shard, &b.node))
+        });
+        figures
+    }
+
     /// The replication of `shard` (this node its primary at `epoch`, per `assignment`), started
     /// on first use: `None` when the shard has no replicas. Refuses a write up front when fewer
     /// copies than the collection's `min_in_sync` are in sync.

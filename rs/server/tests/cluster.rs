@@ -1156,6 +1156,26 @@ fn a_read_token_of_a_given_up_shard_fails_at_once() {
 
 /// GetCollection's tenant count over shards: exact with USER sharding, never a tenant counted
 /// once per shard with DOC sharding.
+/// The port a node advertises, from status.
+fn port_of(status: &tarn_client::ClusterStatus, node_id: &str) -> String {
+    let node = status.nodes.iter().find(|n| n.node_id == node_id).unwrap();
+    node.address.rsplit(':').next().unwrap().to_owned()
+}
+
+/// `GET /metrics` of a node.
+fn http_get(addr: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).unwrap();
+    body
+}
+
 /// The documents of every local copy of `collection`'s shards in a (stopped) node's data
 /// directory, by shard number.
 fn local_copies(node_dir: &Path, collection: &str) -> BTreeMap<u32, Vec<(u128, u128)>> {
@@ -1193,7 +1213,14 @@ fn replicas_acknowledge_on_every_in_sync_copy_and_a_returning_one_rejoins() {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
     rt.block_on(async {
-        let (mut servers, store) = memory_cluster(dir.path(), 3).await;
+        let store = std::sync::Arc::new(tarn_cluster::MemoryStore::default());
+        let with_metrics = |config: &mut tarn_server::ServeConfig| {
+            config.metrics_listen = Some("127.0.0.1:0".to_owned());
+        };
+        let mut servers = Vec::new();
+        for i in 1..=3 {
+            servers.push(memory_node_with(dir.path(), i, &store, with_metrics).await);
+        }
         let client = Client::connect(servers[0].grpc_addr()).await.unwrap();
         const DIM: usize = 4;
         let error = client
@@ -1294,6 +1321,40 @@ fn replicas_acknowledge_on_every_in_sync_copy_and_a_returning_one_rejoins() {
             assert_eq!(shard.in_sync.len(), 2, "{shard:?}");
             assert!(!shard.in_sync.contains(&gone), "{shard:?}");
             assert!(shard.replicas.contains(&gone), "still a replica: {shard:?}");
+            // The primary's metrics say so too.
+            let primary = servers
+                .iter()
+                .find(|s| {
+                    s.grpc_addr()
+                        .ends_with(&format!(":{}", port_of(&status, &shard.node_id)))
+                })
+                .unwrap();
+            let metrics = http_get(primary.metrics_addr().unwrap());
+            let line = |name: &str, node: &str| {
+                format!(
+                    "{name}{{collection=\"r\",shard=\"{}\",node=\"{node}\"}}",
+                    shard.shard
+                )
+            };
+            assert!(
+                metrics.contains(&format!("{} 0", line("tarn_replication_in_sync", &gone))),
+                "{metrics}"
+            );
+            let alive_replica = shard.in_sync.iter().find(|n| **n != shard.node_id).unwrap();
+            assert!(
+                metrics.contains(&format!(
+                    "{} 1",
+                    line("tarn_replication_in_sync", alive_replica)
+                )),
+                "{metrics}"
+            );
+            assert!(
+                metrics.contains(&format!(
+                    "{} 0",
+                    line("tarn_replication_lag_entries", alive_replica)
+                )),
+                "{metrics}"
+            );
         }
         // s's shard with one copy left in sync refuses writes, the first one after the bound,
         // later ones at once.
@@ -1321,7 +1382,7 @@ fn replicas_acknowledge_on_every_in_sync_copy_and_a_returning_one_rejoins() {
         // `gone` comes back with its data: it catches up from the primaries' logs and rejoins.
         servers.insert(
             gone_idx,
-            memory_node(dir.path(), gone_idx + 1, &store).await,
+            memory_node_with(dir.path(), gone_idx + 1, &store, with_metrics).await,
         );
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {

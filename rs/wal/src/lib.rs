@@ -22,6 +22,7 @@ pub use error::{Result, WalError};
 pub use log_writer::{
     AppendObserver, Histogram, Wal, WalStats, GROUP_SIZE_BOUNDS, SYNC_SECONDS_BOUNDS,
 };
+pub use recovery::cut_after;
 pub use replay::{Replay, ReplayPosition};
 pub use write_group::{forbid_ticket_waits, Abandoned, Ticket};
 

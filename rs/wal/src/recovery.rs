@@ -6,9 +6,11 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use crate::config::{RecoveryMode, RecoveryReport, Salvage, TailRepair, WalConfig};
+use crate::entry::check_entry_at;
 use crate::error::{Result, WalError};
 use crate::segment::{
-    decode_segment_header, parse_segment_file_name, scan_segment, sync_dir, Damage, TEMP_SUFFIX,
+    decode_segment_header, parse_segment_file_name, scan_segment, sync_dir, Damage,
+    SEGMENT_HEADER_BYTES, TEMP_SUFFIX,
 };
 
 /// A segment that survived recovery.
@@ -86,6 +88,75 @@ fn quarantine(paths: &[(u64, PathBuf)]) -> Result<Vec<PathBuf>> {
         moved.push(target);
     }
     Ok(moved)
+}
+
+/// Cuts the log in `dir` (not open) after the entry `last_kept`: the entries after it are gone
+/// for good (a copy of a replicated log cutting off what a deposed primary wrote but never had
+/// acknowledged). Later segments are deleted first, then the rest of the segment holding
+/// `last_kept + 1` is zeroed from that entry on (a clean end for recovery, which then appends
+/// there), each step synced, so a crash in between leaves a valid log that the same cut
+/// finishes. Returns how many entries were cut. Refuses a cut before the log's first entry
+/// (the entries it would keep are no longer in the log) and a log that recovery would refuse.
+pub fn cut_after(dir: &Path, config: &WalConfig, last_kept: u64) -> Result<u64> {
+    let strict = WalConfig {
+        recovery_mode: RecoveryMode::Strict,
+        ..config.clone()
+    };
+    let log = recover(dir, &strict)?;
+    let Some(first) = log.segments.first().map(|s| s.first_seq) else {
+        return Ok(0);
+    };
+    let last = log
+        .segments
+        .last()
+        .map_or(0, |s| s.first_seq + s.n_entries - 1);
+    if last_kept >= last {
+        return Ok(0);
+    }
+    if last_kept + 1 < first {
+        return Err(WalError::Corrupt {
+            path: dir.to_path_buf(),
+            offset: 0,
+            reason: format!(
+                "cannot cut the log after entry {last_kept}: it begins at entry {first}"
+            ),
+        });
+    }
+    let cut_from = last_kept + 1;
+    // Segments that begin after the cut go whole, the last one first.
+    for segment in log.segments.iter().rev() {
+        if segment.first_seq >= cut_from && segment.first_seq > first {
+            fs::remove_file(&segment.path)
+                .map_err(|e| WalError::io("remove segment", &segment.path, e))?;
+        }
+    }
+    sync_dir(dir)?;
+    // The segment holding the cut: zero from the first cut entry to its end.
+    let holding = log
+        .segments
+        .iter()
+        .rev()
+        .find(|s| s.first_seq <= cut_from && (s.first_seq < cut_from || s.first_seq == first))
+        .expect("the first segment begins at or before the cut");
+    let bytes =
+        fs::read(&holding.path).map_err(|e| WalError::io("read segment", &holding.path, e))?;
+    let mut offset = SEGMENT_HEADER_BYTES as usize;
+    for seq in holding.first_seq..cut_from {
+        let (_, size) = check_entry_at(&bytes, offset, config.max_entry_bytes, |s| s == seq)
+            .map_err(|defect| WalError::Corrupt {
+                path: holding.path.clone(),
+                offset: offset as u64,
+                reason: format!("{} while looking for entry {cut_from}", defect.describe()),
+            })?;
+        offset += size;
+    }
+    zero_fill(
+        &holding.path,
+        offset as u64,
+        holding.end_offset.max(offset as u64),
+    )?;
+    tracing::warn!(dir = %dir.display(), last_kept, cut = last - last_kept, "cut the log's tail");
+    Ok(last - last_kept)
 }
 
 /// Opens and checks every segment in `dir`.

@@ -2,6 +2,7 @@
 //! fail-point tests live in `tests/failpoints.rs` because fail points are process-global).
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
+mod cut;
 mod model;
 mod process_crash;
 mod recovery;
