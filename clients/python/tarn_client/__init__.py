@@ -10,6 +10,21 @@ Ids are Python ints up to 2**128 - 1 (tarn's u128, sent as two u64 halves); vect
 arrays (or anything numpy can turn into float32). Errors are `grpc.RpcError` with tarn's status
 codes (INVALID_ARGUMENT naming the field, NOT_FOUND, ALREADY_EXISTS, UNAVAILABLE, ...).
 
+Filtered search: a collection declares typed fields (`fields={"section": "keyword", "tags":
+"keywords", "size": "number", "free": "bool"}`), inserts carry one attributes dict per document
+(`attributes=[{"section": "python", "tags": ["a", "b"], "size": 120}, ...]`), and searches and
+removes take a `filter`:
+
+    client.search("docs", query, filter={"section": {"any_of": ["python", "libs"]},
+                                         "size": {"gte": 100},
+                                         "$not": {"architecture": "all"}})
+
+A filter dict ANDs its entries. A field's condition is a string (the keyword equals it, or is
+among a KEYWORDS field's values), a list of strings (any of them), a bool (a BOOL field equals
+it), a number (a NUMBER field equals it), or a dict of `any_of`, `eq`, `gt`, `gte`, `lt`, `lte`
+and `exists` (ANDed). The keys `$and` and `$or` take lists of filters, `$not` one filter. A
+`tarn_pb2.Filter` is accepted as it is. Searches return min(top_k, matching documents) hits.
+
 An overloaded server answers RESOURCE_EXHAUSTED with a `retry-after-ms` hint: `retry_after(error)`
 reads it (in seconds), and `Client(..., overload_retries=N)` makes every call wait that long and
 try again, up to N times (off by default; inserts and removes are safe to repeat).
@@ -20,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dc_field
 from typing import Iterable, Optional, Sequence, Union
 
 import grpc
@@ -28,7 +43,10 @@ import numpy as np
 
 from tarn_client._gen import tarn_pb2, tarn_pb2_grpc
 
-__all__ = ["Client", "Hit", "Document", "CollectionInfo", "to_id", "from_id", "retry_after"]
+__all__ = [
+    "Client", "Hit", "Document", "CollectionInfo", "to_id", "from_id", "retry_after",
+    "to_filter", "to_attributes",
+]
 
 RETRY_AFTER_MS = "retry-after-ms"
 
@@ -88,6 +106,115 @@ def _matrix(vectors, dimension: Optional[int] = None) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
+_FIELD_TYPES = {
+    "keyword": tarn_pb2.FIELD_TYPE_KEYWORD,
+    "keywords": tarn_pb2.FIELD_TYPE_KEYWORDS,
+    "number": tarn_pb2.FIELD_TYPE_NUMBER,
+    "bool": tarn_pb2.FIELD_TYPE_BOOL,
+}
+_FIELD_TYPE_NAMES = {v: k for k, v in _FIELD_TYPES.items()}
+
+
+def _field_specs(fields) -> list:
+    """`{"name": "keyword", ...}` or `[("name", "keyword"), ...]` as FieldSpec messages."""
+    if fields is None:
+        return []
+    items = fields.items() if isinstance(fields, dict) else fields
+    specs = []
+    for name, kind in items:
+        if kind not in _FIELD_TYPES:
+            raise ValueError(f"field {name!r}: type {kind!r} is not one of {sorted(_FIELD_TYPES)}")
+        specs.append(tarn_pb2.FieldSpec(name=name, type=_FIELD_TYPES[kind]))
+    return specs
+
+
+def _value(field: str, value) -> Optional[tarn_pb2.Value]:
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return tarn_pb2.Value(boolean=bool(value))
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return tarn_pb2.Value(number=float(value))
+    if isinstance(value, str):
+        return tarn_pb2.Value(keyword=value)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tarn_pb2.Value(keywords=tarn_pb2.KeywordList(values=list(value)))
+    raise ValueError(f"attribute {field!r}: {value!r} is not a string, a list of strings, a number or a bool")
+
+
+def to_attributes(attributes: Optional[dict]) -> tarn_pb2.Attributes:
+    """One document's attributes as the wire message: a string is a keyword, a list of strings
+    keywords, a bool a bool, an int or float a number; None values are left out."""
+    message = tarn_pb2.Attributes()
+    for field, value in (attributes or {}).items():
+        wire = _value(field, value)
+        if wire is not None:
+            message.values[field].CopyFrom(wire)
+    return message
+
+
+def _from_value(value: tarn_pb2.Value):
+    kind = value.WhichOneof("kind")
+    if kind == "keywords":
+        return list(value.keywords.values)
+    return getattr(value, kind) if kind else None
+
+
+def _node(**kind) -> tarn_pb2.Filter:
+    return tarn_pb2.Filter(**kind)
+
+
+def _condition(field: str, condition) -> tarn_pb2.Filter:
+    if isinstance(condition, (bool, np.bool_)):
+        return _node(match=tarn_pb2.Match(field=field, boolean=bool(condition)))
+    if isinstance(condition, (int, float, np.integer, np.floating)):
+        return _node(range=tarn_pb2.Range(field=field, gte=float(condition), lte=float(condition)))
+    if isinstance(condition, str):
+        return _node(match=tarn_pb2.Match(field=field, any_of=[condition]))
+    if isinstance(condition, (list, tuple)):
+        return _node(match=tarn_pb2.Match(field=field, any_of=list(condition)))
+    if not isinstance(condition, dict) or not condition:
+        raise ValueError(f"filter on {field!r}: {condition!r} is not a value, a list or a non-empty dict")
+    parts = []
+    bounds = {}
+    for op, operand in condition.items():
+        if op in ("gt", "gte", "lt", "lte"):
+            bounds[op] = float(operand)
+        elif op in ("any_of", "eq"):
+            parts.append(_condition(field, operand))
+        elif op == "exists":
+            node = _node(exists=field)
+            parts.append(node if operand else _node(**{"not": node}))
+        else:
+            raise ValueError(f"filter on {field!r}: unknown operator {op!r} "
+                             "(any_of, eq, gt, gte, lt, lte, exists)")
+    if bounds:
+        parts.append(_node(range=tarn_pb2.Range(field=field, **bounds)))
+    return parts[0] if len(parts) == 1 else _node(all=tarn_pb2.FilterList(filters=parts))
+
+
+def to_filter(spec) -> tarn_pb2.Filter:
+    """A filter dict (see the module's help) as the wire message; a `tarn_pb2.Filter` as it is."""
+    if isinstance(spec, tarn_pb2.Filter):
+        return spec
+    if not isinstance(spec, dict):
+        raise ValueError(f"a filter is a dict or a tarn_pb2.Filter, not {type(spec).__name__}")
+    parts = []
+    for key, value in spec.items():
+        if key in ("$and", "$or"):
+            if not isinstance(value, (list, tuple)):
+                raise ValueError(f"filter {key}: a list of filters, not {value!r}")
+            inner = tarn_pb2.FilterList(filters=[to_filter(v) for v in value])
+            parts.append(_node(all=inner) if key == "$and" else _node(any=inner))
+        elif key == "$not":
+            parts.append(_node(**{"not": to_filter(value)}))
+        elif key.startswith("$"):
+            raise ValueError(f"filter: unknown operator {key!r} ($and, $or, $not)")
+        else:
+            parts.append(_condition(key, value))
+    return parts[0] if len(parts) == 1 else _node(all=tarn_pb2.FilterList(filters=parts))
+
+
 @dataclass(frozen=True)
 class Hit:
     doc_id: int
@@ -100,6 +227,8 @@ class Document:
     doc_id: int
     user_id: int
     vector: np.ndarray
+    # The document's attributes (field -> str, list of str, float or bool).
+    attributes: dict = dc_field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -116,6 +245,11 @@ class CollectionInfo:
     # Stored vectors still searched by exact scan because they wait for a graph (a load that
     # outran indexing); 0 once the collection is indexed.
     n_unindexed: int
+    # Copies of each shard and how many must be in sync for writes (1 and 1 on one node).
+    replication_factor: int = 1
+    min_in_sync: int = 1
+    # The declared attribute fields: name -> "keyword" | "keywords" | "number" | "bool".
+    fields: dict = dc_field(default_factory=dict)
 
     @staticmethod
     def from_pb(info: tarn_pb2.CollectionInfo) -> "CollectionInfo":
@@ -130,6 +264,9 @@ class CollectionInfo:
             checkpoint_seq_no=info.checkpoint_seq_no,
             n_tenants=info.n_tenants,
             n_unindexed=info.n_unindexed,
+            replication_factor=info.replication_factor,
+            min_in_sync=info.min_in_sync,
+            fields={f.name: _FIELD_TYPE_NAMES.get(f.type, "unspecified") for f in info.fields},
         )
 
 
@@ -140,6 +277,8 @@ class WriteAck:
 
     seq_no: int
     read_token: bytes
+    # Removes by filter: the (tenant, document) pairs removed.
+    n_removed: int = 0
 
 
 class Client:
@@ -206,9 +345,15 @@ class Client:
         durability: Optional[str] = None,
         shards: int = 0,
         shard_key: str = "user",
+        fields=None,
+        replication_factor: int = 0,
+        min_in_sync: int = 0,
     ) -> CollectionInfo:
         """Creates a collection. In cluster mode, `shards` (0: 8) and `shard_key` ("user": a
-        tenant's documents on one shard; "doc": spread by document) say how it is split."""
+        tenant's documents on one shard; "doc": spread by document) say how it is split, and
+        `replication_factor` (0: the server's default) and `min_in_sync` (0: one less, at least
+        1) how many copies each shard has. `fields` declares attribute fields for filtered
+        search: `{"name": "keyword" | "keywords" | "number" | "bool"}` (every one is indexed)."""
         request = tarn_pb2.CreateCollectionRequest(
             name=name,
             dimension=dimension,
@@ -217,12 +362,20 @@ class Client:
             default_durability=_DURABILITY[durability],
             shards=shards,
             shard_key={"user": tarn_pb2.SHARD_KEY_USER, "doc": tarn_pb2.SHARD_KEY_DOC}[shard_key.lower()],
+            fields=_field_specs(fields),
+            replication_factor=replication_factor,
+            min_in_sync=min_in_sync,
         )
         return CollectionInfo.from_pb(self._call(self.stub.CreateCollection, request).collection)
 
     def collection(self, name: str) -> CollectionInfo:
         request = tarn_pb2.GetCollectionRequest(name=name)
         return CollectionInfo.from_pb(self._call(self.stub.GetCollection, request).collection)
+
+    def add_fields(self, name: str, fields) -> CollectionInfo:
+        """Declares more attribute fields (documents written before have no value for them)."""
+        request = tarn_pb2.AddFieldsRequest(collection=name, fields=_field_specs(fields))
+        return CollectionInfo.from_pb(self._call(self.stub.AddFields, request).collection)
 
     def list_collections(self) -> list:
         return list(self._call(self.stub.ListCollections, tarn_pb2.ListCollectionsRequest()).names)
@@ -239,10 +392,12 @@ class Client:
         vectors,
         user_ids: Optional[Ids] = None,
         durability: Optional[str] = None,
+        attributes: Optional[Sequence[dict]] = None,
     ) -> int:
-        """Inserts (or replaces) documents for each of `user_ids` (tenant 0 when None).
-        Returns the operation's sequence number (pass it as `min_seq_no` to read the write)."""
-        return self.insert_acked(collection, doc_ids, vectors, user_ids, durability).seq_no
+        """Inserts (or replaces) documents for each of `user_ids` (tenant 0 when None), with
+        one attributes dict per document when given. Returns the operation's sequence number
+        (pass it as `min_seq_no` to read the write)."""
+        return self.insert_acked(collection, doc_ids, vectors, user_ids, durability, attributes).seq_no
 
     def insert_acked(
         self,
@@ -251,6 +406,7 @@ class Client:
         vectors,
         user_ids: Optional[Ids] = None,
         durability: Optional[str] = None,
+        attributes: Optional[Sequence[dict]] = None,
     ) -> "WriteAck":
         """`insert`, returning a `WriteAck` whose `read_token` a later `search(read_token=...)`
         waits for on every shard the write touched (cluster mode; works on one node too)."""
@@ -258,12 +414,15 @@ class Client:
         matrix = _matrix(vectors)
         if len(ids) != matrix.shape[0]:
             raise ValueError(f"{len(ids)} doc_ids for {matrix.shape[0]} vectors")
+        if attributes is not None and len(attributes) != len(ids):
+            raise ValueError(f"{len(attributes)} attributes for {len(ids)} doc_ids")
         request = tarn_pb2.InsertRequest(
             collection=collection,
             doc_ids=ids,
             user_ids=_ids(user_ids),
             vectors=matrix.ravel().tolist(),
             durability=_DURABILITY[durability],
+            attributes=[to_attributes(a) for a in attributes or ()],
         )
         reply = self._call(self.stub.Insert, request)
         return WriteAck(reply.seq_no, reply.read_token)
@@ -287,7 +446,21 @@ class Client:
             durability=_DURABILITY[durability],
         )
         reply = self._call(self.stub.Remove, request)
-        return WriteAck(reply.seq_no, reply.read_token)
+        return WriteAck(reply.seq_no, reply.read_token, reply.n_removed)
+
+    def remove_matching(self, collection: str, filter, user_ids: Optional[Ids] = None,
+                        durability: Optional[str] = None) -> "WriteAck":
+        """Removes every document of `user_ids` (tenant 0 when None) that matches `filter` when
+        the server handles the call; the answer's `n_removed` counts the (tenant, document)
+        pairs removed."""
+        request = tarn_pb2.RemoveRequest(
+            collection=collection,
+            user_ids=_ids(user_ids),
+            durability=_DURABILITY[durability],
+            filter=to_filter(filter),
+        )
+        reply = self._call(self.stub.Remove, request)
+        return WriteAck(reply.seq_no, reply.read_token, reply.n_removed)
 
     def flush(self, collection: str) -> int:
         """Checkpoints everything logged so far; returns the last sequence number included."""
@@ -306,8 +479,10 @@ class Client:
         min_seq_no: int = 0,
         read_token: bytes = b"",
         allow_partial: bool = False,
+        filter=None,
     ) -> list:
-        """The `top_k` nearest documents of the given tenants (tenant 0 when None), best first."""
+        """The `top_k` nearest documents of the given tenants (tenant 0 when None), best first;
+        with `filter`, only documents matching it (min(top_k, matches) hits)."""
         query = _matrix(vector)
         if query.shape[0] != 1:
             raise ValueError("search takes one vector")
@@ -321,6 +496,7 @@ class Client:
             min_seq_no=min_seq_no,
             read_token=read_token,
             allow_partial=allow_partial,
+            filter=to_filter(filter) if filter is not None else None,
         )
         response = self._call(self.stub.Search, request)
         return [Hit(from_id(h.doc_id), from_id(h.user_id), h.score) for h in response.hits]
@@ -330,7 +506,12 @@ class Client:
         request = tarn_pb2.GetRequest(collection=collection, user_id=to_id(user_id), doc_ids=_ids(doc_ids))
         response = self._call(self.stub.Get, request)
         return [
-            Document(from_id(d.doc_id), from_id(d.user_id), np.asarray(d.vector, dtype=np.float32))
+            Document(
+                from_id(d.doc_id),
+                from_id(d.user_id),
+                np.asarray(d.vector, dtype=np.float32),
+                {k: _from_value(v) for k, v in d.attributes.values.items()},
+            )
             for d in response.docs
         ]
 

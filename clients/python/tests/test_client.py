@@ -211,3 +211,92 @@ def test_retry_after_reads_the_hint_and_overload_retries_honour_it():
     with pytest.raises(grpc.RpcError):
         Client("localhost:1", overload_retries=2)._call(always, "req")
     assert len(calls) == 3
+
+
+def _matches(attrs, section=None, min_size=None, tag=None, free=None):
+    if section is not None and attrs.get("section") not in section:
+        return False
+    if min_size is not None and not ("size" in attrs and attrs["size"] >= min_size):
+        return False
+    if tag is not None and tag not in attrs.get("tags", []):
+        return False
+    if free is not None and attrs.get("free") != free:
+        return False
+    return True
+
+
+def test_filtered_search_remove_by_filter_and_attributes(client):
+    rng = np.random.default_rng(11)
+    name = "py_filtered"
+    info = client.create_collection(
+        name, dimension=8, fields={"section": "keyword", "tags": "keywords", "size": "number"}
+    )
+    assert info.fields == {"section": "keyword", "tags": "keywords", "size": "number"}
+    n = 300
+    vectors = unit_rows(rng, n, 8)
+    sections = ["python", "libs", "web", "devel"]
+    attributes = []
+    for i in range(n):
+        attrs = {"section": sections[i % 4], "tags": [f"a{i % 7}", f"b{i % 11}"]}
+        if i % 3:
+            attrs["size"] = float(i)
+        attributes.append(attrs)
+    seq = client.insert(name, doc_ids=range(n), vectors=vectors, user_ids=5, attributes=attributes)
+
+    cases = [
+        ({"section": {"any_of": ["python", "libs"]}, "size": {"gte": 100}},
+         dict(section={"python", "libs"}, min_size=100)),
+        ({"tags": "a3"}, dict(tag="a3")),
+        ({"section": "web", "tags": "b5", "size": {"gte": 200}},
+         dict(section={"web"}, tag="b5", min_size=200)),
+        ({"section": "nothing"}, dict(section={"nothing"})),
+    ]
+    for spec, oracle in cases:
+        expected = [i for i in range(n) if _matches(attributes[i], **oracle)]
+        for exact in (True, False):
+            hits = client.search(name, vectors[0], top_k=10, user_ids=5, min_seq_no=seq,
+                                 filter=spec, exact=exact)
+            assert len(hits) == min(10, len(expected)), (spec, exact)
+            assert all(h.doc_id in expected for h in hits), (spec, exact)
+        # The exact path's answer is the brute-force top 10 among the matches.
+        truth = sorted(expected, key=lambda i: -float(vectors[i] @ vectors[0]))[:10]
+        hits = client.search(name, vectors[0], top_k=10, user_ids=5, filter=spec, exact=True)
+        assert [h.doc_id for h in hits] == truth
+
+    # $or, $not and exists.
+    spec = {"$or": [{"section": "python"}, {"$not": {"size": {"exists": True}}}]}
+    expected = {i for i in range(n) if attributes[i]["section"] == "python" or "size" not in attributes[i]}
+    hits = client.search(name, vectors[1], top_k=n, user_ids=5, filter=spec, exact=True)
+    assert {h.doc_id for h in hits} == expected
+
+    docs = client.get(name, [1, 3], user_id=5)
+    assert docs[0].attributes == {"section": "libs", "tags": ["a1", "b1"], "size": 1.0}
+    assert docs[1].attributes == {"section": "devel", "tags": ["a3", "b3"]}
+
+    # Remove by filter: counted, gone, the rest untouched.
+    doomed = {i for i in range(n) if attributes[i]["section"] == "devel"}
+    ack = client.remove_matching(name, {"section": "devel"}, user_ids=5)
+    assert ack.n_removed == len(doomed)
+    hits = client.search(name, vectors[3], top_k=n, user_ids=5, exact=True, read_token=ack.read_token)
+    assert {h.doc_id for h in hits} == set(range(n)) - doomed
+
+    # Added fields are usable at once; documents written before have no value.
+    info = client.add_fields(name, {"free": "bool"})
+    assert info.fields["free"] == "bool"
+    seq = client.insert(name, doc_ids=[1000, 1001], vectors=unit_rows(rng, 2, 8), user_ids=5,
+                        attributes=[{"free": True}, {"free": False}])
+    hits = client.search(name, vectors[0], top_k=10, user_ids=5, min_seq_no=seq, filter={"free": True})
+    assert [h.doc_id for h in hits] == [1000]
+
+    # Bad input names the field.
+    with pytest.raises(grpc.RpcError) as err:
+        client.search(name, vectors[0], filter={"colour": "red"})
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "colour" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        client.insert(name, doc_ids=[5000], vectors=unit_rows(rng, 1, 8), attributes=[{"size": "big"}])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "size" in err.value.details()
+    with pytest.raises(ValueError):
+        client.search(name, vectors[0], filter={"size": {"near": 3}})
+    with pytest.raises(ValueError):
+        client.insert(name, doc_ids=[1, 2], vectors=unit_rows(rng, 2, 8), attributes=[{}])
+    client.drop_collection(name)

@@ -11,6 +11,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use crate::attributes::{FieldSpec, FieldType};
 use crate::connect::{open_channel, Address, TlsOptions};
 use crate::error::{Code, Error, Result};
 use crate::snapshot::{feed_restore, Restored, SnapshotStream};
@@ -309,9 +310,40 @@ impl Client {
             .await?;
         Ok(WriteAck {
             seq_no: reply.seq_no,
-            n_written: 0,
+            n_written: reply.n_removed,
             token: reply.read_token,
         })
+    }
+
+    /// Appends attribute fields to a collection (every shard of it, in cluster mode); documents
+    /// written before have no value for them. Returns the collection's info, every field
+    /// declared. INVALID_ARGUMENT naming `fields`, changing nothing, for an empty list, a bad
+    /// or repeated name, or one already declared.
+    ///
+    /// ```no_run
+    /// # async fn example(client: tarn_client::Client) -> tarn_client::Result<()> {
+    /// use tarn_client::FieldType;
+    /// client.add_fields("debian", [("priority", FieldType::Keyword)]).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn add_fields<N: Into<String>>(
+        &self,
+        collection: &str,
+        fields: impl IntoIterator<Item = (N, FieldType)>,
+    ) -> Result<CollectionInfo> {
+        let request = pb::AddFieldsRequest {
+            collection: collection.to_owned(),
+            fields: fields
+                .into_iter()
+                .map(|(name, field_type)| FieldSpec::new(name, field_type).to_wire())
+                .collect(),
+        };
+        let reply = self
+            .call(request, None, |mut stub, request| async move {
+                stub.add_fields(request).await
+            })
+            .await?;
+        CollectionInfo::from_wire(reply.collection)
     }
 
     /// The nearest documents, best first.
@@ -452,7 +484,8 @@ impl Client {
             .n_documents)
     }
 
-    /// The stored documents of one tenant among `doc_ids`; ids not stored are absent.
+    /// The stored documents of one tenant among `doc_ids`, with their attributes; ids not
+    /// stored are absent.
     pub async fn get(
         &self,
         collection: &str,

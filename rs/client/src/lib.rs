@@ -24,19 +24,28 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Filtered search: declare typed attribute fields when creating the collection
+//! ([`CollectionSpec::field`]), give each document its [`Attributes`] ([`Insert::attributes`]),
+//! and search with a [`Filter`] ([`Search::filter`]); remove by filter with
+//! [`Remove::matching`].
+//!
 //! `examples/quickstart.rs` runs the whole cycle against a server given on its command line.
 
 #![warn(missing_docs)]
 
+mod attributes;
 mod client;
 mod coalesce;
 mod connect;
 mod error;
+mod filter;
 mod snapshot;
 mod types;
 
+pub use attributes::{Attributes, FieldSpec, FieldType, Value};
 pub use client::{Client, ClientBuilder};
 pub use error::{retry_overloaded, Code, Error, Result, RETRY_AFTER_MS};
+pub use filter::{Field, Filter, Range};
 pub use snapshot::{Restored, SnapshotStream};
 pub use types::{
     ClusterStatus, CollectionInfo, CollectionSpec, Document, Durability, Hit, Insert, Metric,

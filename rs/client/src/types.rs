@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use tarn_proto::v1 as pb;
 
+use crate::attributes::{Attributes, FieldSpec, FieldType};
 use crate::error::{Error, Result};
+use crate::filter::Filter;
 
 /// How vectors are compared. Fixed when the collection is created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -177,15 +179,17 @@ impl std::str::FromStr for ShardKey {
 }
 
 /// A collection to create: name, dimension and metric, and optionally the HNSW parameters, the
-/// default durability and (cluster mode) the shards (zero and `None` take the server's
-/// defaults).
+/// default durability, the attribute fields documents may carry (filtered search) and
+/// (cluster mode) the shards (zero and `None` take the server's defaults).
 ///
 /// ```
-/// use tarn_client::{CollectionSpec, Durability, Metric};
+/// use tarn_client::{CollectionSpec, Durability, FieldType, Metric};
 /// let spec = CollectionSpec::new("docs", 384)
 ///     .metric(Metric::L2)
 ///     .hnsw(16, 200, 64)
-///     .default_durability(Durability::Written);
+///     .default_durability(Durability::Written)
+///     .field("section", FieldType::Keyword)
+///     .field("installed_size_kb", FieldType::Number);
 /// assert_eq!(spec.name(), "docs");
 /// ```
 #[derive(Debug, Clone)]
@@ -201,6 +205,7 @@ pub struct CollectionSpec {
     shard_key: ShardKey,
     replication_factor: u32,
     min_in_sync: u32,
+    fields: Vec<FieldSpec>,
 }
 
 impl CollectionSpec {
@@ -218,7 +223,15 @@ impl CollectionSpec {
             shard_key: ShardKey::User,
             replication_factor: 0,
             min_in_sync: 0,
+            fields: Vec::new(),
         }
+    }
+
+    /// Declares an attribute field documents may carry (and filters test); every declared field
+    /// is indexed. More can be added later ([`crate::Client::add_fields`]).
+    pub fn field(mut self, name: impl Into<String>, field_type: FieldType) -> CollectionSpec {
+        self.fields.push(FieldSpec::new(name, field_type));
+        self
     }
 
     /// Cluster mode: copies of each shard, the primary included (0: the server's
@@ -275,6 +288,7 @@ impl CollectionSpec {
             shard_key: self.shard_key.to_wire(),
             replication_factor: self.replication_factor,
             min_in_sync: self.min_in_sync,
+            fields: self.fields.iter().map(FieldSpec::to_wire).collect(),
         }
     }
 }
@@ -327,6 +341,8 @@ pub struct CollectionInfo {
     pub replication_factor: u32,
     /// Cluster mode: the fewest copies in sync that writes need (1 on a single node).
     pub min_in_sync: u32,
+    /// The declared attribute fields, in declaration order.
+    pub fields: Vec<FieldSpec>,
 }
 
 impl CollectionInfo {
@@ -360,6 +376,7 @@ impl CollectionInfo {
             shard_key: ShardKey::from_wire(info.shard_key),
             replication_factor: info.replication_factor.max(1),
             min_in_sync: info.min_in_sync.max(1),
+            fields: FieldSpec::list_from_wire(info.fields),
         })
     }
 }
@@ -401,7 +418,8 @@ impl ReadToken {
 pub struct WriteAck {
     /// The write's sequence number in its collection (0 for a write to several shards).
     pub seq_no: u64,
-    /// For an insert, the (tenant, document) pairs stored; 0 for a remove.
+    /// For an insert, the (tenant, document) pairs stored; for a remove by filter, the pairs
+    /// removed; 0 for a remove by ids.
     pub n_written: u64,
     pub(crate) token: Vec<u8>,
 }
@@ -432,6 +450,7 @@ pub struct Insert {
     doc_ids: Vec<u128>,
     user_ids: Vec<u128>,
     vectors: Vec<f32>,
+    attributes: Vec<Attributes>,
     durability: Option<Durability>,
     timeout: Option<Duration>,
 }
@@ -449,6 +468,7 @@ impl Insert {
             doc_ids: doc_ids.into(),
             user_ids: Vec::new(),
             vectors: vectors.into(),
+            attributes: Vec::new(),
             durability: None,
             timeout: None,
         }
@@ -457,6 +477,21 @@ impl Insert {
     /// The tenants that own the documents.
     pub fn users(mut self, user_ids: impl Into<Vec<u128>>) -> Insert {
         self.user_ids = user_ids.into();
+        self
+    }
+
+    /// The documents' attributes: one per document, in `doc_ids` order (the same for every
+    /// tenant), each valid for the collection's declared fields. None set: no attributes.
+    ///
+    /// ```
+    /// use tarn_client::{Attributes, Insert};
+    /// let insert = Insert::new("docs", [1u128, 2], vec![0.0f32; 2 * 4]).attributes([
+    ///     Attributes::new().with("section", "python").with("installed_size_kb", 120),
+    ///     Attributes::new().with("section", "libs"),
+    /// ]);
+    /// ```
+    pub fn attributes(mut self, attributes: impl IntoIterator<Item = Attributes>) -> Insert {
+        self.attributes = attributes.into_iter().collect();
         self
     }
 
@@ -479,17 +514,26 @@ impl Insert {
             user_ids: self.user_ids.into_iter().map(id_to_wire).collect(),
             vectors: self.vectors,
             durability: Durability::to_wire(self.durability),
+            attributes: self.attributes.iter().map(Attributes::to_wire).collect(),
         };
         (request, self.timeout)
     }
 }
 
-/// Removes documents from tenants (none listed: tenant 0). Ids that are not stored are ignored.
+/// Removes documents from tenants (none listed: tenant 0): listed ones (ids that are not
+/// stored are ignored), or every one matching a filter ([`Remove::matching`]).
+///
+/// ```
+/// use tarn_client::{Filter, Remove};
+/// let by_ids = Remove::new("docs", [1u128, 2]).users([7u128]);
+/// let by_filter = Remove::matching("docs", Filter::field("section").eq("oldlibs")).users([7u128]);
+/// ```
 #[derive(Debug, Clone)]
 pub struct Remove {
     collection: String,
     doc_ids: Vec<u128>,
     user_ids: Vec<u128>,
+    filter: Option<Filter>,
     durability: Option<Durability>,
     timeout: Option<Duration>,
 }
@@ -501,8 +545,19 @@ impl Remove {
             collection: collection.into(),
             doc_ids: doc_ids.into(),
             user_ids: Vec::new(),
+            filter: None,
             durability: None,
             timeout: None,
+        }
+    }
+
+    /// Removes every document of the tenants (tenant 0 unless [`Remove::users`] says
+    /// otherwise) that matches `filter` when the server handles the call (every write
+    /// acknowledged before it included); [`WriteAck::n_written`] counts them.
+    pub fn matching(collection: impl Into<String>, filter: impl Into<Filter>) -> Remove {
+        Remove {
+            filter: Some(filter.into()),
+            ..Remove::new(collection, Vec::new())
         }
     }
 
@@ -530,6 +585,7 @@ impl Remove {
             doc_ids: self.doc_ids.into_iter().map(id_to_wire).collect(),
             user_ids: self.user_ids.into_iter().map(id_to_wire).collect(),
             durability: Durability::to_wire(self.durability),
+            filter: self.filter.as_ref().map(Filter::to_wire),
         };
         (request, self.timeout)
     }
@@ -556,6 +612,7 @@ pub struct Search {
     exact: bool,
     after: ReadToken,
     allow_partial: bool,
+    filter: Option<Filter>,
     timeout: Option<Duration>,
 }
 
@@ -571,8 +628,22 @@ impl Search {
             exact: false,
             after: ReadToken::default(),
             allow_partial: false,
+            filter: None,
             timeout: None,
         }
+    }
+
+    /// Only documents matching `filter`; the answer still has `min(top_k, matching
+    /// documents)` hits, with or without [`Search::exact`].
+    ///
+    /// ```
+    /// use tarn_client::{Filter, Search};
+    /// let search = Search::new("debian", vec![0.0f32; 384])
+    ///     .filter(Filter::field("section").any_of(["python", "libs"]) & Filter::range("installed_size_kb").gte(100.0));
+    /// ```
+    pub fn filter(mut self, filter: impl Into<Filter>) -> Search {
+        self.filter = Some(filter.into());
+        self
     }
 
     /// How many hits, at most (1..10,000).
@@ -636,6 +707,7 @@ impl Search {
             },
             read_token: self.after.bytes,
             allow_partial: self.allow_partial,
+            filter: self.filter.as_ref().map(Filter::to_wire),
         };
         (request, self.timeout)
     }
@@ -674,6 +746,8 @@ pub struct Document {
     pub user_id: u128,
     /// As stored: unit length in a cosine collection.
     pub vector: Vec<f32>,
+    /// Its attributes (empty if it was stored without any).
+    pub attributes: Attributes,
 }
 
 impl Document {
@@ -682,6 +756,7 @@ impl Document {
             doc_id: id_from_wire(doc.doc_id.as_ref()),
             user_id: id_from_wire(doc.user_id.as_ref()),
             vector: doc.vector,
+            attributes: Attributes::from_wire(doc.attributes),
         }
     }
 }

@@ -28,7 +28,7 @@ pub enum Command {
     Insert(InsertArgs),
     /// Search with the vectors of an fvecs file; with --ivecs, report recall@k.
     Search(SearchArgs),
-    /// Print stored vectors.
+    /// Print stored vectors and their attributes.
     Get {
         #[command(flatten)]
         client: ClientArgs,
@@ -39,7 +39,7 @@ pub enum Command {
         #[arg(long = "doc-id", required = true)]
         doc_ids: Vec<u128>,
     },
-    /// Remove documents.
+    /// Remove documents: listed ones (--doc-id), or every one matching --filter.
     Remove {
         #[command(flatten)]
         client: ClientArgs,
@@ -47,8 +47,16 @@ pub enum Command {
         collection: String,
         #[arg(long = "user-id")]
         user_ids: Vec<u128>,
-        #[arg(long = "doc-id", required = true)]
+        #[arg(
+            long = "doc-id",
+            required_unless_present = "filter",
+            conflicts_with = "filter"
+        )]
         doc_ids: Vec<u128>,
+        /// Remove every document of the tenants matching this filter (the grammar of
+        /// `tarn search --filter`).
+        #[arg(long)]
+        filter: Option<String>,
     },
     /// Checkpoint a collection.
     Flush {
@@ -421,6 +429,19 @@ pub enum CollectionCommand {
         /// least 1).
         #[arg(long, default_value_t = 0)]
         min_in_sync: u32,
+        /// An attribute field documents may carry, NAME:TYPE with TYPE keyword, keywords
+        /// (a list, e.g. tags), number or bool (repeat the flag). Every field is indexed.
+        #[arg(long = "field", value_name = "NAME:TYPE")]
+        fields: Vec<String>,
+    },
+    /// Add attribute fields to a collection (documents written before have no value for them).
+    AddField {
+        #[command(flatten)]
+        client: ClientArgs,
+        name: String,
+        /// NAME:TYPE, as for `collection create` (repeat the flag).
+        #[arg(long = "field", value_name = "NAME:TYPE", required = true)]
+        fields: Vec<String>,
     },
     List {
         #[command(flatten)]
@@ -469,6 +490,12 @@ pub struct InsertArgs {
     /// them (until then, searches scan the unindexed vectors exactly).
     #[arg(long)]
     pub no_wait: bool,
+    /// The rows' attributes: a JSON-lines file (gzipped or not), one object per fvecs row.
+    /// Keys the collection declares are converted to their field's type (keyword: a string;
+    /// keywords: a list of strings, or one string; number; bool); null and undeclared keys
+    /// are left out.
+    #[arg(long, value_name = "FILE.jsonl[.gz]")]
+    pub attributes: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -499,4 +526,11 @@ pub struct SearchArgs {
     /// Queries sent first and not timed (connection set-up, first touches of memory).
     #[arg(long, default_value_t = 10)]
     pub warmup: usize,
+    /// Only documents matching this filter, e.g. 'section in (python, libs) and
+    /// installed_size_kb >= 100 and not architecture = all'. Conditions: FIELD in (V, ...),
+    /// FIELD = V, FIELD != V, FIELD < N (<=, >, >=), FIELD exists; combined with and, or,
+    /// not and parentheses (not binds tightest, then and, then or). Values: numbers, bare
+    /// words (letters, digits, _ . - : + / @) or quoted strings.
+    #[arg(long)]
+    pub filter: Option<String>,
 }

@@ -1,13 +1,14 @@
 //! The client commands of the `tarn` binary.
 
-use std::io::{BufReader, Read};
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use tarn_client::{
-    Client, CollectionInfo, CollectionSpec, Durability, Insert, Metric, Remove, Search,
+    Attributes, Client, CollectionInfo, CollectionSpec, Durability, FieldSpec, FieldType, Filter,
+    Insert, Metric, Remove, Search, Value,
 };
 
 use crate::cli::{
@@ -104,6 +105,141 @@ fn print_info(info: &CollectionInfo) {
             info.replication_factor, info.min_in_sync
         );
     }
+    if !info.fields.is_empty() {
+        let fields: Vec<String> = info
+            .fields
+            .iter()
+            .map(|f| format!("{} ({})", f.name, f.field_type))
+            .collect();
+        println!("fields:             {}", fields.join(", "));
+    }
+}
+
+/// `NAME:TYPE` of `--field`.
+fn parse_field(text: &str) -> anyhow::Result<(String, FieldType)> {
+    let Some((name, field_type)) = text.rsplit_once(':') else {
+        bail!("--field {text:?}: expected NAME:TYPE, e.g. section:keyword");
+    };
+    let field_type: FieldType = field_type
+        .parse()
+        .with_context(|| format!("--field {text:?}"))?;
+    Ok((name.to_owned(), field_type))
+}
+
+/// The `--filter` text as a filter over the collection's declared fields.
+async fn parse_filter(client: &Client, collection: &str, text: &str) -> anyhow::Result<Filter> {
+    let info = client.collection_info(collection).await?;
+    let declared: Vec<String> = info.fields.iter().map(|f| f.name.clone()).collect();
+    let field_type = |name: &str| {
+        info.fields
+            .iter()
+            .find(|f| f.name == name)
+            .map(|f| f.field_type)
+    };
+    crate::filter_expr::parse(text, &field_type, &declared)
+        .map_err(|error| anyhow::anyhow!("--filter: {}", error.show(text)))
+}
+
+/// Reads `rows` documents' attributes from a JSON-lines file (gzipped when it starts with
+/// gzip's magic bytes): one object per row, keys converted by the declared `fields`' types,
+/// null values and undeclared keys left out (the undeclared ones are named once on stderr).
+fn read_attributes(
+    path: &Path,
+    rows: usize,
+    fields: &[FieldSpec],
+) -> anyhow::Result<Vec<Attributes>> {
+    let shown = path.display();
+    let mut file =
+        BufReader::new(std::fs::File::open(path).with_context(|| format!("opening {shown}"))?);
+    let gzipped = file
+        .fill_buf()
+        .with_context(|| format!("reading {shown}"))?
+        .starts_with(&[0x1f, 0x8b]);
+    let reader: Box<dyn BufRead> = if gzipped {
+        Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(file)))
+    } else {
+        Box::new(file)
+    };
+    let mut ignored = std::collections::BTreeSet::new();
+    let mut documents = Vec::with_capacity(rows);
+    for (row, line) in reader.lines().enumerate() {
+        let line = line.with_context(|| format!("reading {shown}"))?;
+        if row >= rows {
+            if line.trim().is_empty() {
+                continue;
+            }
+            bail!("{shown} has more rows than the {rows} vectors inserted");
+        }
+        let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&line)
+            .with_context(|| format!("{shown}: row {row} is not a JSON object"))?;
+        let mut attributes = Attributes::new();
+        for (key, json) in object {
+            let Some(spec) = fields.iter().find(|f| f.name == key) else {
+                ignored.insert(key);
+                continue;
+            };
+            if json.is_null() {
+                continue;
+            }
+            let value = json_value(spec.field_type, &json).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{shown}: row {row}: field {key:?} is a {} field but holds {json}",
+                    spec.field_type
+                )
+            })?;
+            attributes.insert(key, value);
+        }
+        documents.push(attributes);
+    }
+    if documents.len() < rows {
+        bail!(
+            "{shown} has {} rows for {rows} vectors: one JSON object per vector",
+            documents.len()
+        );
+    }
+    if !ignored.is_empty() {
+        let keys: Vec<String> = ignored.into_iter().collect();
+        eprintln!(
+            "note: keys the collection does not declare are left out: {}",
+            keys.join(", ")
+        );
+    }
+    Ok(documents)
+}
+
+/// A JSON value as a field's value; None if it does not fit the type.
+fn json_value(field_type: FieldType, json: &serde_json::Value) -> Option<Value> {
+    use serde_json::Value as Json;
+    match (field_type, json) {
+        (FieldType::Keyword, Json::String(text)) => Some(Value::Keyword(text.clone())),
+        (FieldType::Keywords, Json::String(text)) => Some(Value::Keywords(vec![text.clone()])),
+        (FieldType::Keywords, Json::Array(items)) => items
+            .iter()
+            .map(|item| item.as_str().map(str::to_owned))
+            .collect::<Option<Vec<String>>>()
+            .map(Value::Keywords),
+        (FieldType::Number, Json::Number(number)) => number.as_f64().map(Value::Number),
+        (FieldType::Bool, Json::Bool(boolean)) => Some(Value::Bool(*boolean)),
+        _ => None,
+    }
+}
+
+/// One document's attributes as a JSON object (for `tarn get`).
+fn attributes_json(attributes: &Attributes) -> serde_json::Value {
+    let object = attributes
+        .iter()
+        .map(|(name, value)| {
+            let value = match value {
+                Value::Keyword(text) => serde_json::json!(text),
+                Value::Keywords(list) => serde_json::json!(list),
+                Value::Number(number) => serde_json::json!(number),
+                Value::Bool(boolean) => serde_json::json!(boolean),
+                _ => serde_json::Value::Null,
+            };
+            (name.to_owned(), value)
+        })
+        .collect();
+    serde_json::Value::Object(object)
 }
 
 fn print_cluster_status(status: &tarn_client::ClusterStatus, json: bool) {
@@ -246,6 +382,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 shard_key,
                 replicas,
                 min_in_sync,
+                fields,
             } => {
                 let metric: Metric = metric.parse()?;
                 let mut spec = CollectionSpec::new(name, dimension)
@@ -253,10 +390,26 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                     .hnsw(m, ef_construction, ef_search)
                     .shards(shards, shard_key.parse()?)
                     .replicas(replicas, min_in_sync);
+                for field in &fields {
+                    let (name, field_type) = parse_field(field)?;
+                    spec = spec.field(name, field_type);
+                }
                 if let Some(d) = durability(Some(&d))? {
                     spec = spec.default_durability(d);
                 }
                 let info = connect(&client).await?.create_collection(spec).await?;
+                print_info(&info);
+            }
+            CollectionCommand::AddField {
+                client,
+                name,
+                fields,
+            } => {
+                let fields = fields
+                    .iter()
+                    .map(|f| parse_field(f))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let info = connect(&client).await?.add_fields(&name, fields).await?;
                 print_info(&info);
             }
             CollectionCommand::List { client } => {
@@ -382,7 +535,16 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 .get(&collection, user_id, &doc_ids)
                 .await?;
             for doc in docs {
-                println!("{}\t{:?}", doc.doc_id, doc.vector);
+                if doc.attributes.is_empty() {
+                    println!("{}\t{:?}", doc.doc_id, doc.vector);
+                } else {
+                    println!(
+                        "{}\t{:?}\t{}",
+                        doc.doc_id,
+                        doc.vector,
+                        attributes_json(&doc.attributes)
+                    );
+                }
             }
         }
         Command::Remove {
@@ -390,12 +552,27 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             collection,
             user_ids,
             doc_ids,
+            filter,
         } => {
-            let ack = connect(&client)
-                .await?
-                .remove(Remove::new(collection, doc_ids).users(user_ids))
-                .await?;
-            println!("seq_no {}", ack.seq_no);
+            let client = connect(&client).await?;
+            match filter {
+                Some(text) => {
+                    let filter = parse_filter(&client, &collection, &text).await?;
+                    let ack = client
+                        .remove(Remove::matching(collection, filter).users(user_ids))
+                        .await?;
+                    println!(
+                        "removed {} documents (seq_no {})",
+                        ack.n_written, ack.seq_no
+                    );
+                }
+                None => {
+                    let ack = client
+                        .remove(Remove::new(collection, doc_ids).users(user_ids))
+                        .await?;
+                    println!("seq_no {}", ack.seq_no);
+                }
+            }
         }
         Command::Flush { client, collection } => {
             let flushed = connect(&client).await?.flush(&collection).await?;
@@ -410,6 +587,14 @@ async fn insert(args: InsertArgs) -> anyhow::Result<()> {
     let vectors: Vec<f32> = words.into_iter().map(f32::from_bits).collect();
     let n_rows = vectors.len() / dim.max(1);
     let client = connect(&args.client).await?;
+    let attributes = match &args.attributes {
+        Some(path) => {
+            let info = client.collection_info(&args.collection).await?;
+            read_attributes(path, n_rows, &info.fields)?
+        }
+        None => Vec::new(),
+    };
+    let attributes = Arc::new(attributes);
     let durability = durability(args.durability.as_deref())?;
     let user_ids = args.user_ids.clone();
     let batch = args.batch.max(1);
@@ -426,17 +611,21 @@ async fn insert(args: InsertArgs) -> anyhow::Result<()> {
     for start in (0..n_rows).step_by(batch) {
         let end = (start + batch).min(n_rows);
         let permit = Arc::clone(&limit).acquire_owned().await?;
-        let (client, vectors, user_ids, progress) = (
+        let (client, vectors, user_ids, progress, attributes) = (
             client.clone(),
             Arc::clone(&vectors),
             user_ids.clone(),
             progress.clone(),
+            Arc::clone(&attributes),
         );
         let (collection, first_id) = (args.collection.clone(), args.first_id);
         tasks.spawn(async move {
             let doc_ids: Vec<u128> = (start..end).map(|r| first_id + r as u128).collect();
             let mut request =
                 Insert::new(collection, doc_ids, &vectors[start * dim..end * dim]).users(user_ids);
+            if !attributes.is_empty() {
+                request = request.attributes(attributes[start..end].iter().cloned());
+            }
             if let Some(durability) = durability {
                 request = request.durability(durability);
             }
@@ -501,13 +690,21 @@ async fn search(args: SearchArgs) -> anyhow::Result<()> {
         None => None,
     };
     let client = connect(&args.client).await?;
+    let filter = match &args.filter {
+        Some(text) => Some(parse_filter(&client, &args.collection, text).await?),
+        None => None,
+    };
     let k = args.top_k as usize;
     let request = |vector: &[f32]| {
-        Search::new(args.collection.as_str(), vector)
+        let search = Search::new(args.collection.as_str(), vector)
             .users(args.user_ids.clone())
             .top_k(args.top_k)
             .ef(args.ef)
-            .exact(args.exact)
+            .exact(args.exact);
+        match &filter {
+            Some(filter) => search.filter(filter.clone()),
+            None => search,
+        }
     };
     for vector in queries.chunks_exact(dim).take(args.warmup) {
         client.search(request(vector)).await?;

@@ -1,6 +1,9 @@
 //! Protobuf <-> domain conversions; protobuf types stop here.
 
-use tarn_collection::{CollectionConfig, CollectionStats, DurabilityName, HnswConfig, MetricName};
+use tarn_collection::{
+    Attributes, CollectionConfig, CollectionStats, DurabilityName, FieldSpec, FieldType, Filter,
+    HnswConfig, MetricName, Value,
+};
 use tarn_proto::v1 as pb;
 use tarn_wal::Durability;
 
@@ -78,12 +81,18 @@ pub fn collection_config(
         None | Some(Durability::Fsync) => DurabilityName::Fsync,
         Some(Durability::Written) => DurabilityName::Written,
     };
+    config.fields = field_specs(&request.fields)?;
+    // Bad names, repeats, too many fields: refused here, before a cluster records the config.
+    config.schema()?;
     Ok(config)
 }
 
+/// A collection's info; `fields` are its declared fields now (`Collection::schema`, which
+/// follows `add_fields`; the config's are as of open).
 pub fn collection_info(
     name: &str,
     config: &CollectionConfig,
+    fields: &[FieldSpec],
     stats: &CollectionStats,
 ) -> pb::CollectionInfo {
     pb::CollectionInfo {
@@ -117,7 +126,199 @@ pub fn collection_info(
         shard_key: pb::ShardKey::User as i32,
         replication_factor: 1,
         min_in_sync: 1,
+        fields: fields_to_wire(fields),
     }
+}
+
+/// A name as error messages show it: verbatim up to 80 bytes, then cut (it ends up in a gRPC
+/// status header).
+fn shown(name: &str) -> String {
+    const SHOWN_BYTES: usize = 80;
+    if name.len() <= SHOWN_BYTES {
+        return name.to_owned();
+    }
+    let mut end = SHOWN_BYTES;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &name[..end])
+}
+
+/// Declared fields from the wire (`fields` of CreateCollection and AddFields). Names are checked
+/// by the schema, not here; the type must be one of the four.
+pub fn field_specs(fields: &[pb::FieldSpec]) -> Result<Vec<FieldSpec>, ApiError> {
+    fields
+        .iter()
+        .map(|spec| {
+            let field_type = match pb::FieldType::try_from(spec.r#type) {
+                Ok(pb::FieldType::Keyword) => FieldType::Keyword,
+                Ok(pb::FieldType::Keywords) => FieldType::Keywords,
+                Ok(pb::FieldType::Number) => FieldType::Number,
+                Ok(pb::FieldType::Bool) => FieldType::Bool,
+                Ok(pb::FieldType::Unspecified) => {
+                    return Err(ApiError::invalid(
+                        "fields",
+                        format!(
+                            "field {:?}: type must be KEYWORD, KEYWORDS, NUMBER or BOOL",
+                            shown(&spec.name)
+                        ),
+                    ))
+                }
+                Err(_) => {
+                    return Err(ApiError::invalid(
+                        "fields",
+                        format!(
+                            "field {:?}: unknown type {}",
+                            shown(&spec.name),
+                            spec.r#type
+                        ),
+                    ))
+                }
+            };
+            Ok(FieldSpec::new(spec.name.clone(), field_type))
+        })
+        .collect()
+}
+
+pub fn field_type_to_wire(field_type: FieldType) -> pb::FieldType {
+    match field_type {
+        FieldType::Keyword => pb::FieldType::Keyword,
+        FieldType::Keywords => pb::FieldType::Keywords,
+        FieldType::Number => pb::FieldType::Number,
+        FieldType::Bool => pb::FieldType::Bool,
+    }
+}
+
+pub fn fields_to_wire(fields: &[FieldSpec]) -> Vec<pb::FieldSpec> {
+    fields
+        .iter()
+        .map(|spec| pb::FieldSpec {
+            name: spec.name.clone(),
+            r#type: field_type_to_wire(spec.field_type) as i32,
+        })
+        .collect()
+}
+
+/// `InsertRequest.attributes` from the wire: structure only (every value has a kind, numbers
+/// are finite); the collection checks them against its fields. Errors name the document and
+/// the attribute field.
+pub fn attributes(documents: &[pb::Attributes]) -> Result<Vec<Attributes>, ApiError> {
+    documents
+        .iter()
+        .enumerate()
+        .map(|(doc_idx, document)| document_attributes(doc_idx, document))
+        .collect()
+}
+
+fn document_attributes(doc_idx: usize, document: &pb::Attributes) -> Result<Attributes, ApiError> {
+    let mut attributes = Attributes::new();
+    for (name, value) in &document.values {
+        let problem = |what: &str| {
+            ApiError::invalid(
+                "attributes",
+                format!("document {doc_idx}: field {:?} {what}", shown(name)),
+            )
+        };
+        let value = match &value.kind {
+            None => return Err(problem("has no value (Value.kind is not set)")),
+            Some(pb::value::Kind::Keyword(keyword)) => Value::Keyword(keyword.clone()),
+            Some(pb::value::Kind::Keywords(list)) => Value::Keywords(list.values.clone()),
+            Some(pb::value::Kind::Number(number)) if !number.is_finite() => {
+                return Err(problem("has a NaN or infinite number"))
+            }
+            Some(pb::value::Kind::Number(number)) => Value::Number(*number),
+            Some(pb::value::Kind::Boolean(boolean)) => Value::Bool(*boolean),
+        };
+        attributes.insert(name.clone(), value);
+    }
+    Ok(attributes)
+}
+
+/// One document's attributes for the wire (None when it has none).
+pub fn attributes_to_wire(attributes: &Attributes) -> Option<pb::Attributes> {
+    if attributes.is_empty() {
+        return None;
+    }
+    let values = attributes
+        .iter()
+        .map(|(name, value)| {
+            let kind = match value {
+                Value::Keyword(keyword) => pb::value::Kind::Keyword(keyword.clone()),
+                Value::Keywords(keywords) => pb::value::Kind::Keywords(pb::KeywordList {
+                    values: keywords.clone(),
+                }),
+                Value::Number(number) => pb::value::Kind::Number(*number),
+                Value::Bool(boolean) => pb::value::Kind::Boolean(*boolean),
+            };
+            (name.to_owned(), pb::Value { kind: Some(kind) })
+        })
+        .collect();
+    Some(pb::Attributes { values })
+}
+
+/// A filter from the wire (`filter` of Search and Remove): structure only (every node has a
+/// kind, bounds are not NaN, at most 32 levels and 1,024 nodes, counted before anything
+/// deeper is read); the collection checks fields and types against its schema.
+pub fn filter(filter: &pb::Filter) -> Result<Filter, ApiError> {
+    let mut n_nodes = 0;
+    filter_node(filter, 1, &mut n_nodes)
+}
+
+fn filter_node(filter: &pb::Filter, depth: usize, n_nodes: &mut usize) -> Result<Filter, ApiError> {
+    if depth > Filter::MAX_DEPTH {
+        return Err(ApiError::invalid(
+            "filter",
+            format!("nested deeper than {} levels", Filter::MAX_DEPTH),
+        ));
+    }
+    *n_nodes += 1;
+    if *n_nodes > Filter::MAX_NODES {
+        return Err(ApiError::invalid(
+            "filter",
+            format!("more than {} nodes", Filter::MAX_NODES),
+        ));
+    }
+    let children = |list: &pb::FilterList, n_nodes: &mut usize| {
+        list.filters
+            .iter()
+            .map(|child| filter_node(child, depth + 1, n_nodes))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    Ok(match &filter.kind {
+        None => {
+            return Err(ApiError::invalid(
+                "filter",
+                "a Filter has no kind: set one of all, any, not, match, range, exists",
+            ))
+        }
+        Some(pb::filter::Kind::All(list)) => Filter::All(children(list, n_nodes)?),
+        Some(pb::filter::Kind::Any(list)) => Filter::Any(children(list, n_nodes)?),
+        Some(pb::filter::Kind::Not(child)) => {
+            Filter::Not(Box::new(filter_node(child, depth + 1, n_nodes)?))
+        }
+        Some(pb::filter::Kind::Match(matching)) => Filter::Match {
+            field: matching.field.clone(),
+            any_of: matching.any_of.clone(),
+            boolean: matching.boolean,
+        },
+        Some(pb::filter::Kind::Range(range)) => {
+            let bounds = [range.gt, range.gte, range.lt, range.lte];
+            if bounds.iter().flatten().any(|bound| bound.is_nan()) {
+                return Err(ApiError::invalid(
+                    "filter",
+                    format!("Range on field {:?} has a NaN bound", shown(&range.field)),
+                ));
+            }
+            Filter::Range {
+                field: range.field.clone(),
+                gt: range.gt,
+                gte: range.gte,
+                lt: range.lt,
+                lte: range.lte,
+            }
+        }
+        Some(pb::filter::Kind::Exists(field)) => Filter::Exists(field.clone()),
+    })
 }
 
 #[cfg(test)]
@@ -128,6 +329,171 @@ mod tests {
     fn ids_round_trip() {
         for value in [0u128, 1, u64::MAX as u128, (7u128 << 64) | 9, u128::MAX] {
             assert_eq!(id_to_u128(&u128_to_id(value)), value);
+        }
+    }
+
+    fn refused(error: ApiError) -> (&'static str, String) {
+        match error {
+            ApiError::InvalidArgument { field, reason } => (field, reason),
+            other => panic!("not INVALID_ARGUMENT: {other}"),
+        }
+    }
+
+    fn exists(field: &str) -> pb::Filter {
+        pb::Filter {
+            kind: Some(pb::filter::Kind::Exists(field.into())),
+        }
+    }
+
+    #[test]
+    fn filters_convert_and_bad_ones_are_refused_naming_the_filter() {
+        let wire = pb::Filter {
+            kind: Some(pb::filter::Kind::All(pb::FilterList {
+                filters: vec![
+                    pb::Filter {
+                        kind: Some(pb::filter::Kind::Match(pb::Match {
+                            field: "section".into(),
+                            any_of: vec!["python".into()],
+                            boolean: None,
+                        })),
+                    },
+                    pb::Filter {
+                        kind: Some(pb::filter::Kind::Not(Box::new(pb::Filter {
+                            kind: Some(pb::filter::Kind::Range(pb::Range {
+                                field: "size".into(),
+                                gte: Some(100.0),
+                                ..Default::default()
+                            })),
+                        }))),
+                    },
+                    exists("tags"),
+                ],
+            })),
+        };
+        assert_eq!(
+            filter(&wire).unwrap(),
+            Filter::All(vec![
+                Filter::Match {
+                    field: "section".into(),
+                    any_of: vec!["python".into()],
+                    boolean: None,
+                },
+                Filter::Not(Box::new(Filter::Range {
+                    field: "size".into(),
+                    gt: None,
+                    gte: Some(100.0),
+                    lt: None,
+                    lte: None,
+                })),
+                Filter::Exists("tags".into()),
+            ])
+        );
+
+        let (field, reason) = refused(filter(&pb::Filter::default()).unwrap_err());
+        assert_eq!(field, "filter");
+        assert!(reason.contains("no kind"), "{reason}");
+
+        let nan = pb::Filter {
+            kind: Some(pb::filter::Kind::Range(pb::Range {
+                field: "size".into(),
+                lt: Some(f64::NAN),
+                ..Default::default()
+            })),
+        };
+        let (field, reason) = refused(filter(&nan).unwrap_err());
+        assert_eq!(field, "filter");
+        assert!(
+            reason.contains("\"size\"") && reason.contains("NaN"),
+            "{reason}"
+        );
+
+        // 33 levels: refused before the 33rd is read; 32 are fine.
+        let mut deep = exists("a");
+        for _ in 1..32 {
+            deep = pb::Filter {
+                kind: Some(pb::filter::Kind::Not(Box::new(deep))),
+            };
+        }
+        assert!(filter(&deep).is_ok());
+        let deeper = pb::Filter {
+            kind: Some(pb::filter::Kind::Not(Box::new(deep))),
+        };
+        let (_, reason) = refused(filter(&deeper).unwrap_err());
+        assert!(reason.contains("deeper than 32"), "{reason}");
+
+        let wide = pb::Filter {
+            kind: Some(pb::filter::Kind::Any(pb::FilterList {
+                filters: vec![exists("a"); 1024],
+            })),
+        };
+        let (_, reason) = refused(filter(&wide).unwrap_err());
+        assert!(reason.contains("1024 nodes"), "{reason}");
+    }
+
+    #[test]
+    fn attributes_and_fields_convert_and_bad_ones_name_the_document_and_field() {
+        let mut document = pb::Attributes::default();
+        for (name, kind) in [
+            ("section", pb::value::Kind::Keyword("python".into())),
+            (
+                "tags",
+                pb::value::Kind::Keywords(pb::KeywordList {
+                    values: vec!["a".into(), "b".into()],
+                }),
+            ),
+            ("size", pb::value::Kind::Number(12.5)),
+            ("essential", pb::value::Kind::Boolean(true)),
+        ] {
+            document
+                .values
+                .insert(name.into(), pb::Value { kind: Some(kind) });
+        }
+        let converted = attributes(std::slice::from_ref(&document)).unwrap();
+        assert_eq!(converted[0].len(), 4);
+        assert_eq!(
+            converted[0].get("size"),
+            Some(&tarn_collection::Value::Number(12.5))
+        );
+        assert_eq!(attributes_to_wire(&converted[0]), Some(document.clone()));
+        assert_eq!(attributes_to_wire(&Attributes::new()), None);
+
+        let mut no_kind = document.clone();
+        no_kind.values.insert("x".into(), pb::Value { kind: None });
+        let (field, reason) = refused(attributes(&[document.clone(), no_kind]).unwrap_err());
+        assert_eq!(field, "attributes");
+        assert!(
+            reason.starts_with("document 1: field \"x\"") && reason.contains("no value"),
+            "{reason}"
+        );
+        let mut nan = document;
+        nan.values.insert(
+            "size".into(),
+            pb::Value {
+                kind: Some(pb::value::Kind::Number(f64::NAN)),
+            },
+        );
+        let (_, reason) = refused(attributes(&[nan]).unwrap_err());
+        assert!(
+            reason.contains("\"size\"") && reason.contains("NaN"),
+            "{reason}"
+        );
+
+        let spec = |name: &str, r#type: i32| pb::FieldSpec {
+            name: name.into(),
+            r#type,
+        };
+        let fields = field_specs(&[
+            spec("section", 1),
+            spec("tags", 2),
+            spec("n", 3),
+            spec("b", 4),
+        ])
+        .unwrap();
+        assert_eq!(fields_to_wire(&fields)[3], spec("b", 4));
+        for bad in [0, 9, -1] {
+            let (field, reason) = refused(field_specs(&[spec("size", bad)]).unwrap_err());
+            assert_eq!(field, "fields");
+            assert!(reason.contains("\"size\""), "{reason}");
         }
     }
 }

@@ -14,6 +14,7 @@ mod cluster;
 mod cluster_admin;
 mod config;
 mod convert;
+mod filter_expr;
 mod metrics;
 mod moves;
 mod node_service;

@@ -147,6 +147,20 @@ impl Node for NodeService {
         self.tarn.flush(request).await
     }
 
+    async fn add_fields(
+        &self,
+        request: Request<pb::ShardAddFieldsRequest>,
+    ) -> Result<Response<pb::AddFieldsResponse>, Status> {
+        let request = self.inner(request, |m| {
+            let mut inner = m
+                .request
+                .ok_or_else(|| ApiError::invalid("request", "missing"))?;
+            inner.collection = address(m.shard)?;
+            Ok(inner)
+        })?;
+        self.tarn.add_fields(request).await
+    }
+
     async fn pull_shard(
         &self,
         request: Request<pb::PullShardRequest>,

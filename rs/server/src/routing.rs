@@ -26,7 +26,9 @@ fn wire_durability(value: i32) -> Result<Option<Durability>, ApiError> {
 }
 
 /// Awaits every future, concurrently, in order (a small `join_all` without another crate).
-async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+pub(crate) async fn join_all<F: std::future::Future>(
+    futures: impl IntoIterator<Item = F>,
+) -> Vec<F::Output> {
     let mut pinned: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
     let mut out: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
     std::future::poll_fn(|cx| {
@@ -171,6 +173,19 @@ impl TarnService {
             ));
         }
         wire_durability(request.durability)?;
+        // Attributes go with their documents: checked here for their number and structure,
+        // by each shard against the collection's fields.
+        if !request.attributes.is_empty() && request.attributes.len() != doc_ids.len() {
+            return Err(ApiError::invalid(
+                "attributes",
+                format!(
+                    "expected none or one per document ({}), got {}",
+                    doc_ids.len(),
+                    request.attributes.len()
+                ),
+            ));
+        }
+        let attributes = convert::attributes(&request.attributes)?;
         let timeout = cluster::forward_deadline(deadline);
         let parts = cluster::split(&map.def, &doc_ids, &user_ids);
         let answers = self
@@ -184,12 +199,23 @@ impl TarnService {
                             .copied()
                     })
                     .collect();
+                let part_attributes: Vec<tarn_collection::Attributes> = match attributes.is_empty()
+                {
+                    true => Vec::new(),
+                    false => docs.iter().map(|&i| attributes[i].clone()).collect(),
+                };
                 let n_pairs = (part_docs.len() * users.len()) as u64;
                 let map = &map;
+                let request = &request;
                 async move {
                     let call = |target, map: Arc<CollectionMap>| {
-                        let (part_docs, users, part_vectors) =
-                            (part_docs.clone(), users.clone(), part_vectors.clone());
+                        let (part_docs, users, part_vectors, part_attributes) = (
+                            part_docs.clone(),
+                            users.clone(),
+                            part_vectors.clone(),
+                            part_attributes.clone(),
+                        );
+                        let docs = &docs;
                         async move {
                             match target {
                                 Target::Local(name) => {
@@ -198,12 +224,20 @@ impl TarnService {
                                         part_docs,
                                         users,
                                         part_vectors,
+                                        part_attributes,
                                         request.durability,
                                     )
                                     .await
                                 }
                                 Target::Remote(mut client, shard_ref) => {
                                     self.count_forwarded("Insert");
+                                    let wire_attributes = match request.attributes.is_empty() {
+                                        true => Vec::new(),
+                                        false => docs
+                                            .iter()
+                                            .map(|&i| request.attributes[i].clone())
+                                            .collect(),
+                                    };
                                     let request = pb::ShardInsertRequest {
                                         shard: Some(shard_ref),
                                         request: Some(pb::InsertRequest {
@@ -211,6 +245,7 @@ impl TarnService {
                                             user_ids: convert::to_ids(&users),
                                             vectors: part_vectors,
                                             durability: request.durability,
+                                            attributes: wire_attributes,
                                             ..Default::default()
                                         }),
                                     };
@@ -256,6 +291,11 @@ impl TarnService {
         let doc_ids = convert::ids(&request.doc_ids);
         let user_ids = convert::ids(&request.user_ids);
         wire_durability(request.durability)?;
+        if let Some(filter) = &request.filter {
+            return self
+                .routed_remove_matching(cluster, &map, &request, filter, deadline, api_key)
+                .await;
+        }
         let timeout = cluster::forward_deadline(deadline);
         let parts = cluster::split(&map.def, &doc_ids, &user_ids);
         let answers = self
@@ -301,6 +341,82 @@ impl TarnService {
         Ok(pb::RemoveResponse {
             seq_no: single_position(&map, &positions),
             read_token: cluster::read_token(&map, positions),
+            n_removed: 0,
+        })
+    }
+
+    /// A remove by filter: every shard the tenants' documents may be on resolves its own
+    /// matches and logs their removal (`TarnService::local_remove_matching`); the answer counts
+    /// every shard's removals.
+    async fn routed_remove_matching(
+        &self,
+        cluster: &ClusterNode,
+        map: &CollectionMap,
+        request: &pb::RemoveRequest,
+        filter: &pb::Filter,
+        deadline: Option<Duration>,
+        api_key: Option<&str>,
+    ) -> Result<pb::RemoveResponse, ApiError> {
+        let user_ids = convert::ids(&request.user_ids);
+        let domain_filter =
+            crate::service::removal_filter(filter, &convert::ids(&request.doc_ids))?;
+        let timeout = cluster::forward_deadline(deadline);
+        let parts = cluster::search_shards(&map.def, &user_ids)
+            .into_iter()
+            .map(|shard| (shard, ()))
+            .collect();
+        let answers = self
+            .fan_out("Remove", parts, |shard, ()| {
+                let (users, domain_filter) = (user_ids.clone(), domain_filter.clone());
+                let call = move |target, map: Arc<CollectionMap>| {
+                    let (users, domain_filter) = (users.clone(), domain_filter.clone());
+                    async move {
+                        match target {
+                            Target::Local(name) => {
+                                self.local_remove_matching(
+                                    &name,
+                                    users,
+                                    domain_filter,
+                                    request.durability,
+                                    Some(timeout),
+                                )
+                                .await
+                            }
+                            Target::Remote(mut client, shard_ref) => {
+                                self.count_forwarded("Remove");
+                                let request = pb::ShardRemoveRequest {
+                                    shard: Some(shard_ref),
+                                    request: Some(pb::RemoveRequest {
+                                        user_ids: convert::to_ids(&users),
+                                        durability: request.durability,
+                                        filter: Some(filter.clone()),
+                                        ..Default::default()
+                                    }),
+                                };
+                                let answer = client
+                                    .remove(cluster.node_request(request, api_key, timeout))
+                                    .await
+                                    .map_err(|s| cluster::forwarded_status(&map, shard, s))?
+                                    .into_inner();
+                                Ok((answer.seq_no, answer.n_removed))
+                            }
+                        }
+                    }
+                };
+                self.on_shard(cluster, map, shard, Access::Write, timeout, call)
+            })
+            .await;
+        let mut positions = Vec::new();
+        let mut n_removed = 0;
+        for (shard, answer) in answers {
+            let (seq, n) = answer?;
+            positions.push((shard, seq));
+            n_removed += n;
+        }
+        Ok(pb::RemoveResponse {
+            seq_no: single_position(map, &positions),
+            read_token: cluster::read_token(map, positions),
+            n_removed,
         })
     }
 
@@ -332,6 +448,8 @@ impl TarnService {
             ));
         }
         let user_ids = convert::ids(&request.user_ids);
+        // Checked for its structure here; every shard checks it against the fields and filters.
+        let filter = request.filter.as_ref().map(convert::filter).transpose()?;
         let timeout = cluster::forward_deadline(deadline);
         let top_k = request.top_k;
         let shards = cluster::search_shards(&map.def, &user_ids);
@@ -357,6 +475,7 @@ impl TarnService {
             .fan_out("Search", parts, |shard, ()| {
                 let min_seq = token.position(shard).max(request.min_seq_no);
                 let (vector, users, map) = (request.vector.clone(), user_ids.clone(), &map);
+                let (filter, request) = (&filter, &request);
                 let call = move |target, map: Arc<CollectionMap>| {
                     let (vector, users) = (vector.clone(), users.clone());
                     async move {
@@ -369,7 +488,7 @@ impl TarnService {
                                     ef: request.ef as usize,
                                     exact: request.exact,
                                     min_seq,
-                                    filter: None,
+                                    filter: filter.clone(),
                                 };
                                 let hits = self.local_search(&name, search, Some(timeout)).await?;
                                 Ok(cluster::shard_hits(
@@ -387,6 +506,7 @@ impl TarnService {
                                         ef: request.ef,
                                         exact: request.exact,
                                         min_seq_no: min_seq,
+                                        filter: request.filter.clone(),
                                         ..Default::default()
                                     }),
                                 };
@@ -436,7 +556,7 @@ impl TarnService {
         doc_ids: &[u128],
         deadline: Option<Duration>,
         api_key: Option<&str>,
-    ) -> Result<Vec<(u128, Vec<f32>)>, ApiError> {
+    ) -> Result<Vec<crate::service::StoredDocument>, ApiError> {
         let map = cluster.map(collection).await?;
         let timeout = cluster::forward_deadline(deadline);
         let parts = cluster::split(&map.def, doc_ids, &[user_id]);
@@ -468,7 +588,11 @@ impl TarnService {
                                 Ok(docs
                                     .into_iter()
                                     .map(|d| {
-                                        (d.doc_id.as_ref().map_or(0, convert::id_to_u128), d.vector)
+                                        (
+                                            d.doc_id.as_ref().map_or(0, convert::id_to_u128),
+                                            d.vector,
+                                            d.attributes,
+                                        )
                                     })
                                     .collect())
                             }
@@ -485,7 +609,7 @@ impl TarnService {
         // In the order asked for, as a single node answers.
         let order: std::collections::HashMap<u128, usize> =
             doc_ids.iter().enumerate().map(|(i, d)| (*d, i)).collect();
-        docs.sort_by_key(|(doc, _)| order.get(doc).copied().unwrap_or(usize::MAX));
+        docs.sort_by_key(|(doc, _, _)| order.get(doc).copied().unwrap_or(usize::MAX));
         Ok(docs)
     }
 
@@ -498,6 +622,59 @@ impl TarnService {
         api_key: Option<&str>,
         deadline: Option<Duration>,
     ) -> Result<pb::CollectionInfo, ApiError> {
+        let infos = self.shard_infos(cluster, map, api_key, deadline).await?;
+        let config: tarn_collection::CollectionConfig =
+            serde_json::from_value(map.def.config.clone())
+                .map_err(|e| ApiError::Internal(format!("bad collection config: {e}")))?;
+        let mut total = convert::collection_info(
+            &map.def.name,
+            &config,
+            &config.fields,
+            &tarn_collection::CollectionStats::default(),
+        );
+        total.shards = map.def.n_shards;
+        total.replication_factor = map.def.replication_factor;
+        total.min_in_sync = map.def.min_in_sync;
+        total.shard_key = match map.def.shard_key {
+            tarn_cluster::ShardKey::User => pb::ShardKey::User,
+            tarn_cluster::ShardKey::Doc => pb::ShardKey::Doc,
+        } as i32;
+        for info in infos {
+            // The fields: the shards' (AddFields reaches each of them; the map keeps those the
+            // collection was created with). Fields are only appended, so the longest list is
+            // the most recent.
+            if info.fields.len() > total.fields.len() {
+                total.fields = info.fields.clone();
+            }
+            total.n_documents += info.n_documents;
+            total.last_seq_no += info.last_seq_no;
+            total.applied_seq_no += info.applied_seq_no;
+            total.checkpoint_seq_no += info.checkpoint_seq_no;
+            total.durable_seq_no += info.durable_seq_no;
+            total.bytes_on_disk += info.bytes_on_disk;
+            total.n_sealed_segments += info.n_sealed_segments;
+            total.n_removed_not_compacted += info.n_removed_not_compacted;
+            // USER sharding: a tenant lives on one shard, so the sum is exact. DOC sharding: a
+            // tenant's documents spread over shards, so a sum counts it once per shard; the
+            // largest shard's count is a lower bound that never overcounts.
+            total.n_tenants = match map.def.shard_key {
+                tarn_cluster::ShardKey::User => total.n_tenants + info.n_tenants,
+                tarn_cluster::ShardKey::Doc => total.n_tenants.max(info.n_tenants),
+            };
+            total.n_unindexed += info.n_unindexed;
+        }
+        Ok(total)
+    }
+
+    /// Every shard's `CollectionInfo`, in shard order. Within the client's deadline (or
+    /// [`INFO_DEADLINE`]).
+    async fn shard_infos(
+        &self,
+        cluster: &ClusterNode,
+        map: &CollectionMap,
+        api_key: Option<&str>,
+        deadline: Option<Duration>,
+    ) -> Result<Vec<pb::CollectionInfo>, ApiError> {
         let deadline = deadline.unwrap_or(INFO_DEADLINE);
         let parts = (0..map.def.n_shards).map(|shard| (shard, ())).collect();
         let answers = self
@@ -528,41 +705,91 @@ impl TarnService {
                 self.on_shard(cluster, map, shard, Access::Read, deadline, call)
             })
             .await;
-        let config: tarn_collection::CollectionConfig =
-            serde_json::from_value(map.def.config.clone())
-                .map_err(|e| ApiError::Internal(format!("bad collection config: {e}")))?;
-        let mut total = convert::collection_info(
-            &map.def.name,
-            &config,
-            &tarn_collection::CollectionStats::default(),
-        );
-        total.shards = map.def.n_shards;
-        total.replication_factor = map.def.replication_factor;
-        total.min_in_sync = map.def.min_in_sync;
-        total.shard_key = match map.def.shard_key {
-            tarn_cluster::ShardKey::User => pb::ShardKey::User,
-            tarn_cluster::ShardKey::Doc => pb::ShardKey::Doc,
-        } as i32;
-        for (_, answer) in answers {
-            let info = answer?;
-            total.n_documents += info.n_documents;
-            total.last_seq_no += info.last_seq_no;
-            total.applied_seq_no += info.applied_seq_no;
-            total.checkpoint_seq_no += info.checkpoint_seq_no;
-            total.durable_seq_no += info.durable_seq_no;
-            total.bytes_on_disk += info.bytes_on_disk;
-            total.n_sealed_segments += info.n_sealed_segments;
-            total.n_removed_not_compacted += info.n_removed_not_compacted;
-            // USER sharding: a tenant lives on one shard, so the sum is exact. DOC sharding: a
-            // tenant's documents spread over shards, so a sum counts it once per shard; the
-            // largest shard's count is a lower bound that never overcounts.
-            total.n_tenants = match map.def.shard_key {
-                tarn_cluster::ShardKey::User => total.n_tenants + info.n_tenants,
-                tarn_cluster::ShardKey::Doc => total.n_tenants.max(info.n_tenants),
-            };
-            total.n_unindexed += info.n_unindexed;
+        answers.into_iter().map(|(_, answer)| answer).collect()
+    }
+
+    /// `AddFields` of a sharded collection: every shard appends the fields (a shard that has
+    /// some of them from an interrupted earlier call skips those), like Flush reaches every
+    /// shard; answers the collection's info. Refused before any shard changes for a bad list,
+    /// a field every shard already declares, or one declared with another type.
+    pub(crate) async fn routed_add_fields(
+        &self,
+        cluster: &ClusterNode,
+        collection: &str,
+        fields: Vec<tarn_collection::FieldSpec>,
+        api_key: Option<&str>,
+        deadline: Option<Duration>,
+    ) -> Result<pb::CollectionInfo, ApiError> {
+        if fields.is_empty() {
+            return Err(ApiError::invalid("fields", "must not be empty"));
         }
-        Ok(total)
+        tarn_collection::Schema::new(fields.clone()).map_err(|error| {
+            let message = error.to_string();
+            ApiError::invalid(
+                "fields",
+                message.strip_prefix("schema: ").unwrap_or(&message),
+            )
+        })?;
+        let map = cluster.map(collection).await?;
+        let infos = self.shard_infos(cluster, &map, api_key, deadline).await?;
+        let wire = convert::fields_to_wire(&fields);
+        for spec in &wire {
+            let declared: Vec<&pb::FieldSpec> = infos
+                .iter()
+                .filter_map(|info| info.fields.iter().find(|f| f.name == spec.name))
+                .collect();
+            if let Some(other) = declared.iter().find(|f| f.r#type != spec.r#type) {
+                return Err(ApiError::invalid(
+                    "fields",
+                    format!(
+                        "field {:?} is already declared as {}",
+                        spec.name,
+                        pb::FieldType::try_from(other.r#type).map_or("another type", |t| t
+                            .as_str_name()
+                            .trim_start_matches("FIELD_TYPE_"))
+                    ),
+                ));
+            }
+            if declared.len() == infos.len() {
+                return Err(ApiError::invalid(
+                    "fields",
+                    format!("field {:?} is declared more than once", spec.name),
+                ));
+            }
+        }
+        let deadline = deadline.unwrap_or(FLUSH_DEADLINE);
+        let parts = (0..map.def.n_shards).map(|shard| (shard, ())).collect();
+        let answers = self
+            .fan_out("AddFields", parts, |shard, ()| {
+                let (map, fields, wire) = (&map, &fields, &wire);
+                let call = move |target, map: Arc<CollectionMap>| async move {
+                    match target {
+                        Target::Local(name) => self.local_add_fields(&name, fields.clone()).await,
+                        Target::Remote(mut client, shard_ref) => {
+                            self.count_forwarded("AddFields");
+                            let request = pb::ShardAddFieldsRequest {
+                                shard: Some(shard_ref),
+                                request: Some(pb::AddFieldsRequest {
+                                    fields: wire.clone(),
+                                    ..Default::default()
+                                }),
+                            };
+                            client
+                                .add_fields(cluster.node_request(request, api_key, deadline))
+                                .await
+                                .map_err(|s| cluster::forwarded_status(&map, shard, s))?;
+                            Ok(())
+                        }
+                    }
+                };
+                self.on_shard(cluster, map, shard, Access::Write, deadline, call)
+            })
+            .await;
+        for (_, answer) in answers {
+            answer?;
+        }
+        self.routed_info(cluster, &map, api_key, Some(deadline))
+            .await
     }
 
     /// `Flush` of a sharded collection: every shard checkpoints; the answer is the sum of their
@@ -755,12 +982,13 @@ impl TarnService {
         copy: &tarn_collection::Collection,
         api_key: Option<&str>,
     ) -> Result<u64, ApiError> {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<(u128, Vec<u128>, Vec<f32>)>(4);
+        type Batch = (u128, Vec<u128>, Vec<f32>, Vec<pb::Attributes>);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Batch>(4);
         let reader = {
             let copy = copy.clone();
             tokio::task::spawn_blocking(move || {
-                let mut batch: Option<(u128, Vec<u128>, Vec<f32>)> = None;
-                for (user, doc, vector) in copy.export_documents() {
+                let mut batch: Option<Batch> = None;
+                for (user, doc, vector, attributes) in copy.export_documents_with_attributes() {
                     if batch
                         .as_ref()
                         .is_some_and(|b| b.0 != user || b.1.len() >= IMPORT_BATCH)
@@ -771,9 +999,13 @@ impl TarnService {
                             }
                         }
                     }
-                    let entry = batch.get_or_insert_with(|| (user, Vec::new(), Vec::new()));
+                    let entry =
+                        batch.get_or_insert_with(|| (user, Vec::new(), Vec::new(), Vec::new()));
                     entry.1.push(doc);
                     entry.2.extend_from_slice(&vector);
+                    entry
+                        .3
+                        .push(convert::attributes_to_wire(&attributes).unwrap_or_default());
                 }
                 if let Some(last) = batch {
                     let _ = tx.blocking_send(last);
@@ -781,14 +1013,20 @@ impl TarnService {
             })
         };
         let mut n_copied = 0u64;
-        while let Some((user, doc_ids, vectors)) = rx.recv().await {
+        while let Some((user, doc_ids, vectors, attributes)) = rx.recv().await {
             n_copied += doc_ids.len() as u64;
+            // A batch of documents without attributes is sent without them.
+            let attributes = match attributes.iter().all(|a| a.values.is_empty()) {
+                true => Vec::new(),
+                false => attributes,
+            };
             let request = pb::InsertRequest {
                 collection: name.to_owned(),
                 doc_ids: doc_ids.into_iter().map(convert::u128_to_id).collect(),
                 user_ids: vec![convert::u128_to_id(user)],
                 vectors,
                 durability: pb::Durability::Fsync as i32,
+                attributes,
             };
             self.routed_insert(cluster, request, None, api_key).await?;
         }

@@ -69,15 +69,39 @@ impl TarnService {
         F: FnOnce(tarn_collection::Collection, Option<tarn_wal::Durability>) -> Fut,
         Fut: std::future::Future<Output = tarn_collection::Result<u64>>,
     {
+        self.logged_op(
+            collection,
+            durability,
+            |collection, durability| async move {
+                let seq_no = write(collection, durability).await?;
+                Ok((seq_no, seq_no))
+            },
+        )
+        .await
+    }
+
+    /// [`TarnService::logged_write`] for writes that log zero or more entries and answer more
+    /// than a sequence number: `write` returns the last sequence number it logged (0: none)
+    /// and its answer. The last entry is replicated and acknowledged as one write's.
+    async fn logged_op<T, F, Fut>(
+        &self,
+        collection: &str,
+        durability: i32,
+        write: F,
+    ) -> Result<T, ApiError>
+    where
+        F: FnOnce(tarn_collection::Collection, Option<tarn_wal::Durability>) -> Fut,
+        Fut: std::future::Future<Output = Result<(u64, T), ApiError>>,
+    {
         let (collection, gate) = self.resolve_for_write(collection).await?;
         let durability = convert::durability(durability)?;
         let _permit = self.write_permit()?;
         let append_started = Instant::now();
-        let seq_no = write(collection, durability).await?;
+        let (seq_no, answer) = write(collection, durability).await?;
         if let (Some(cluster), Some(shard_write)) = (&self.cluster, &gate) {
             // A shard with replicas acknowledges a write once every in-sync replica has it
             // durable (a replica that does not answer in time leaves the in-sync set first).
-            if let Some(replication) = &shard_write.replication {
+            if let (Some(replication), true) = (&shard_write.replication, seq_no > 0) {
                 replication.replicate(cluster, seq_no).await?;
             }
             // A shard's write is acknowledged only while this node surely still owns it: a
@@ -88,7 +112,7 @@ impl TarnService {
         self.metrics
             .append_ack
             .observe(append_started.elapsed().as_secs_f64());
-        Ok(seq_no)
+        Ok(answer)
     }
 
     /// A shard address (`<collection>.<uid>.<shard>@<epoch>`) is for the cluster's own
@@ -234,6 +258,7 @@ impl Tarn for TarnService {
                 collection: Some(convert::collection_info(
                     &name,
                     collection.config(),
+                    collection.schema().fields(),
                     &collection.stats(),
                 )),
                 seq_no: info.seq_no,
@@ -281,6 +306,7 @@ impl Tarn for TarnService {
                 collection: Some(convert::collection_info(
                     &request.name,
                     collection.config(),
+                    collection.schema().fields(),
                     &collection.stats(),
                 )),
             })
@@ -366,12 +392,14 @@ impl Tarn for TarnService {
             }
             let doc_ids = convert::ids(&request.doc_ids);
             let user_ids = convert::ids(&request.user_ids);
+            let attributes = convert::attributes(&request.attributes)?;
             let seq_no = self
                 .local_insert(
                     &request.collection,
                     doc_ids,
                     user_ids,
                     request.vectors,
+                    attributes,
                     request.durability,
                 )
                 .await?;
@@ -400,12 +428,30 @@ impl Tarn for TarnService {
             }
             let doc_ids = convert::ids(&request.doc_ids);
             let user_ids = convert::ids(&request.user_ids);
+            if let Some(filter) = &request.filter {
+                let filter = removal_filter(filter, &doc_ids)?;
+                let (seq_no, n_removed) = self
+                    .local_remove_matching(
+                        &request.collection,
+                        user_ids,
+                        filter,
+                        request.durability,
+                        deadline,
+                    )
+                    .await?;
+                return Ok(pb::RemoveResponse {
+                    seq_no,
+                    read_token: single_node_token(seq_no),
+                    n_removed,
+                });
+            }
             let seq_no = self
                 .local_remove(&request.collection, doc_ids, user_ids, request.durability)
                 .await?;
             Ok(pb::RemoveResponse {
                 seq_no,
                 read_token: single_node_token(seq_no),
+                n_removed: 0,
             })
         }
         .await;
@@ -444,7 +490,7 @@ impl Tarn for TarnService {
                 ef: request.ef as usize,
                 exact: request.exact,
                 min_seq,
-                filter: None,
+                filter: request.filter.as_ref().map(convert::filter).transpose()?,
             };
             let hits = self
                 .local_search(&request.collection, search, deadline)
@@ -498,10 +544,11 @@ impl Tarn for TarnService {
             Ok(pb::GetResponse {
                 docs: docs
                     .into_iter()
-                    .map(|(doc_id, vector)| pb::Document {
+                    .map(|(doc_id, vector, attributes)| pb::Document {
                         doc_id: Some(convert::u128_to_id(doc_id)),
                         user_id: Some(convert::u128_to_id(user_id)),
                         vector,
+                        attributes,
                     })
                     .collect(),
             })
@@ -530,6 +577,69 @@ impl Tarn for TarnService {
         .await;
         self.observe("Flush", started, result)
     }
+
+    async fn add_fields(
+        &self,
+        request: Request<pb::AddFieldsRequest>,
+    ) -> RpcResult<pb::AddFieldsResponse> {
+        let started = Instant::now();
+        let result = async {
+            self.keys.check(&request, Access::Write)?;
+            self.check_shard_address(&request, &request.get_ref().collection)?;
+            let api_key = crate::auth::api_key(&request);
+            let deadline = client_deadline(&request);
+            let request = request.into_inner();
+            let fields = convert::field_specs(&request.fields)?;
+            let name = &request.collection;
+            if let Some(cluster) = self.router(name) {
+                let info = self
+                    .routed_add_fields(cluster, name, fields, api_key.as_deref(), deadline)
+                    .await?;
+                return Ok(pb::AddFieldsResponse {
+                    collection: Some(info),
+                });
+            }
+            self.local_add_fields(name, fields).await?;
+            Ok(pb::AddFieldsResponse {
+                collection: Some(self.local_info(name).await?),
+            })
+        }
+        .await;
+        self.observe("AddFields", started, result)
+    }
+}
+
+/// The filter of a remove by filter, which lists no documents.
+pub(crate) fn removal_filter(
+    filter: &pb::Filter,
+    doc_ids: &[u128],
+) -> Result<tarn_collection::Filter, ApiError> {
+    if !doc_ids.is_empty() {
+        return Err(ApiError::invalid(
+            "filter",
+            "a remove takes either doc_ids or a filter, not both",
+        ));
+    }
+    convert::filter(filter)
+}
+
+/// A document as Get answers it: its id, vector and attributes (None when it has none).
+pub(crate) type StoredDocument = (u128, Vec<f32>, Option<pb::Attributes>);
+
+/// How long a `min_seq_no` wait may take: until a little before the client's deadline, so
+/// that the DEADLINE_EXCEEDED status is ours and not the transport's cancellation.
+fn min_seq_wait(deadline: Option<Duration>) -> Duration {
+    deadline.map_or(DEFAULT_MIN_SEQ_WAIT, |d| {
+        d.saturating_sub((d / 5).clamp(Duration::from_millis(20), Duration::from_millis(200)))
+    })
+}
+
+/// A filter the collection's schema refuses, as INVALID_ARGUMENT naming `filter` (the
+/// engine's message already says "filter: ...").
+fn filter_error(error: &tarn_collection::AttributeError) -> ApiError {
+    let message = error.to_string();
+    let reason = message.strip_prefix("filter: ").unwrap_or(&message);
+    ApiError::invalid("filter", reason)
 }
 
 /// The read token of a single-node write: its sequence number as shard 0's position.
@@ -554,12 +664,80 @@ impl TarnService {
         doc_ids: Vec<u128>,
         user_ids: Vec<u128>,
         vectors: Vec<f32>,
+        attributes: Vec<tarn_collection::Attributes>,
         durability: i32,
     ) -> Result<u64, ApiError> {
         self.logged_write(name, durability, |collection, durability| async move {
             collection
-                .insert(&doc_ids, &user_ids, &vectors, durability)
+                .insert_with_attributes(&doc_ids, &user_ids, &vectors, &attributes, durability)
                 .await
+        })
+        .await
+    }
+
+    /// Removes every document of `user_ids` (tenant 0 when none) matching `filter` when the
+    /// request is handled: once every operation logged before it is applied, the matches are
+    /// resolved to ids and logged as ordinary removes, one per tenant (a remove entry applies
+    /// each of its ids to each of its tenants), so replay and replicas repeat exactly these
+    /// removals. Returns the last sequence number logged (0 when nothing matched) and the
+    /// number of (tenant, document) pairs removed.
+    pub(crate) async fn local_remove_matching(
+        &self,
+        name: &str,
+        user_ids: Vec<u128>,
+        filter: tarn_collection::Filter,
+        durability: i32,
+        deadline: Option<Duration>,
+    ) -> Result<(u64, u64), ApiError> {
+        let wait = min_seq_wait(deadline);
+        self.logged_op(name, durability, |collection, durability| async move {
+            filter
+                .validate(&collection.schema())
+                .map_err(|error| filter_error(&error))?;
+            // Read the writes acknowledged before this request: they must be applied to be
+            // matched.
+            let logged = collection.stats().last_appended_seq;
+            collection.wait_applied(logged, wait).await?;
+            let matches = collection.matching_documents(&user_ids, &filter)?;
+            let n_removed = matches.len() as u64;
+            let mut removes = Vec::new();
+            for tenant in matches.chunk_by(|a, b| a.0 == b.0) {
+                let docs: Vec<u128> = tenant.iter().map(|&(_, doc)| doc).collect();
+                for part in docs.chunks(tarn_collection::MAX_PAIRS_PER_REQUEST) {
+                    let (collection, user, part) = (collection.clone(), tenant[0].0, part.to_vec());
+                    removes
+                        .push(async move { collection.remove(&part, &[user], durability).await });
+                }
+            }
+            // Concurrently: they share group commits.
+            let mut last_seq = 0;
+            for seq in crate::routing::join_all(removes).await {
+                last_seq = last_seq.max(seq?);
+            }
+            Ok((last_seq, (last_seq, n_removed)))
+        })
+        .await
+    }
+
+    /// Appends fields to a local collection. On a shard (a router's call), fields it already
+    /// declares with the same type are skipped, so a retried AddFields completes where an
+    /// earlier one stopped; the rest must be new.
+    pub(crate) async fn local_add_fields(
+        &self,
+        name: &str,
+        fields: Vec<tarn_collection::FieldSpec>,
+    ) -> Result<(), ApiError> {
+        let on_shard = tarn_cluster::ShardName::parse(name).is_some();
+        self.logged_op(name, 0, |collection, _| async move {
+            let mut fields = fields;
+            if on_shard {
+                let schema = collection.schema();
+                fields.retain(|spec| schema.field(&spec.name) != Some(spec));
+                if fields.is_empty() {
+                    return Ok((0, ()));
+                }
+            }
+            Ok((collection.add_fields(fields).await?, ()))
         })
         .await
     }
@@ -584,11 +762,7 @@ impl TarnService {
         search: SearchRequest,
         deadline: Option<Duration>,
     ) -> Result<Vec<tarn_collection::SearchHit>, ApiError> {
-        // Answer DEADLINE_EXCEEDED a little before the client's deadline, so that the
-        // status is ours and not the transport's cancellation.
-        let wait = deadline.map_or(DEFAULT_MIN_SEQ_WAIT, |d| {
-            d.saturating_sub((d / 5).clamp(Duration::from_millis(20), Duration::from_millis(200)))
-        });
+        let wait = min_seq_wait(deadline);
         let collection = self.resolve(name).await?;
         collection.validate_search(&search)?;
         if search.min_seq > 0 {
@@ -633,13 +807,22 @@ impl TarnService {
         .map_err(ApiError::from)
     }
 
+    /// The stored documents among `doc_ids` of one tenant: (doc, vector, attributes).
     pub(crate) async fn local_get(
         &self,
         name: &str,
         user_id: u128,
         doc_ids: &[u128],
-    ) -> Result<Vec<(u128, Vec<f32>)>, ApiError> {
-        Ok(self.resolve(name).await?.get(user_id, doc_ids))
+    ) -> Result<Vec<StoredDocument>, ApiError> {
+        Ok(self
+            .resolve(name)
+            .await?
+            .get_with_attributes(user_id, doc_ids)
+            .into_iter()
+            .map(|(doc_id, vector, attributes)| {
+                (doc_id, vector, convert::attributes_to_wire(&attributes))
+            })
+            .collect())
     }
 
     pub(crate) async fn local_info(&self, name: &str) -> Result<pb::CollectionInfo, ApiError> {
@@ -647,6 +830,7 @@ impl TarnService {
         Ok(convert::collection_info(
             name,
             collection.config(),
+            collection.schema().fields(),
             &collection.stats(),
         ))
     }

@@ -1448,6 +1448,279 @@ fn replicas_acknowledge_on_every_in_sync_copy_and_a_returning_one_rejoins() {
     });
 }
 
+/// Filtered search over an in-memory cluster: a collection with fields, sharded by document
+/// over 4 shards on 3 nodes; an insert's attributes travel with their documents to each
+/// shard, every shard filters and the merged answer of an exact search equals a brute-force
+/// filtered oracle, through every node, never short; Get returns attributes from remote
+/// shards; remove by filter counts every shard's removals; AddFields reaches every shard;
+/// bad input is refused naming the field.
+#[test]
+fn filtered_search_over_shards_is_exact_and_remove_and_add_fields_reach_every_shard() {
+    use tarn_client::{Attributes, FieldType, Filter, Value};
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let (servers, _store) = memory_cluster(dir.path(), 3).await;
+        let mut clients = Vec::new();
+        for server in &servers {
+            clients.push(Client::connect(server.grpc_addr()).await.unwrap());
+        }
+        const DIM: usize = 8;
+        const SECTIONS: [&str; 5] = ["python", "libs", "devel", "games", "net"];
+        clients[0]
+            .create_collection(
+                CollectionSpec::new("pkgs", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(4, ShardKey::Doc)
+                    .field("section", FieldType::Keyword)
+                    .field("size", FieldType::Number)
+                    .field("tags", FieldType::Keywords),
+            )
+            .await
+            .unwrap();
+        let info = clients[1].collection_info("pkgs").await.unwrap();
+        assert_eq!(info.fields.len(), 3, "{:?}", info.fields);
+        // Document i: section i % 5, size i, tag even/odd; every tenth has no attributes.
+        let attributes_of = |i: u128| {
+            if i % 10 == 9 {
+                return Attributes::new();
+            }
+            Attributes::new()
+                .with("section", SECTIONS[(i % 5) as usize])
+                .with("size", i as f64)
+                .with("tags", [if i.is_multiple_of(2) { "even" } else { "odd" }])
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(28);
+        let v = vectors(&mut rng, 400, DIM);
+        let ids: Vec<u128> = (0..400).collect();
+        let mut data: BTreeMap<u128, Vec<f32>> = ids
+            .iter()
+            .map(|&i| (i, v[i as usize * DIM..(i as usize + 1) * DIM].to_vec()))
+            .collect();
+        let ack = clients[1]
+            .insert(
+                Insert::new("pkgs", ids.clone(), v.clone())
+                    .users([7u128])
+                    .attributes(ids.iter().map(|&i| attributes_of(i))),
+            )
+            .await
+            .unwrap();
+        type Predicate = Box<dyn Fn(u128) -> bool>;
+        let has = |i: u128| i % 10 != 9;
+        let filters: Vec<(&str, Filter, Predicate)> = vec![
+            (
+                "section = python",
+                Filter::field("section").eq("python"),
+                Box::new(move |i| has(i) && i % 5 == 0),
+            ),
+            (
+                "section in (libs, devel) and size >= 200",
+                Filter::field("section").any_of(["libs", "devel"])
+                    & Filter::range("size").gte(200.0),
+                Box::new(move |i| has(i) && matches!(i % 5, 1 | 2) && i >= 200),
+            ),
+            (
+                "not tags = even",
+                !Filter::field("tags").eq("even"),
+                Box::new(move |i| !(has(i) && i % 2 == 0)),
+            ),
+            (
+                "size < 3",
+                Filter::range("size").lt(3.0).into(),
+                Box::new(move |i| has(i) && i < 3),
+            ),
+            (
+                "nothing",
+                Filter::field("section").eq("none"),
+                Box::new(|_| false),
+            ),
+        ];
+        let check = |data: BTreeMap<u128, Vec<f32>>,
+                     token: tarn_client::ReadToken,
+                     rng_seed: u64| {
+            let (clients, filters) = (&clients, &filters);
+            async move {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(rng_seed);
+                for (name, filter, predicate) in filters {
+                    let matching: BTreeMap<u128, Vec<f32>> = data
+                        .iter()
+                        .filter(|(d, _)| predicate(**d))
+                        .map(|(d, v)| (*d, v.clone()))
+                        .collect();
+                    for client in clients {
+                        let query = vectors(&mut rng, 1, DIM);
+                        for exact in [true, false] {
+                            let hits = client
+                                .search(
+                                    Search::new("pkgs", query.clone())
+                                        .users([7u128])
+                                        .top_k(10)
+                                        .exact(exact)
+                                        .filter(filter.clone())
+                                        .after(token.clone()),
+                                )
+                                .await
+                                .unwrap();
+                            assert_eq!(hits.len(), matching.len().min(10), "{name}: never short");
+                            assert!(hits.iter().all(|h| predicate(h.doc_id)), "{name}");
+                            if exact {
+                                let want: Vec<u128> = brute_force(&matching, &query, 10)
+                                    .iter()
+                                    .map(|t| t.1)
+                                    .collect();
+                                let got: Vec<u128> = hits.iter().map(|h| h.doc_id).collect();
+                                assert_eq!(got, want, "{name}: the merge is exact");
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        check(data.clone(), ack.read_token(), 1).await;
+
+        // Get through a node that owns few of the shards: the attributes come back.
+        let wanted: Vec<u128> = (0..12).collect();
+        let docs = clients[2].get("pkgs", 7, &wanted).await.unwrap();
+        assert_eq!(docs.len(), 12);
+        for doc in &docs {
+            assert_eq!(
+                doc.attributes,
+                attributes_of(doc.doc_id),
+                "doc {}",
+                doc.doc_id
+            );
+        }
+
+        // Bad input, refused naming the field: at the router (the count) and on the shards.
+        let error = clients[0]
+            .insert(
+                Insert::new("pkgs", [1u128, 2], vec![0.5f32; 2 * DIM])
+                    .attributes([Attributes::new()]),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), Code::InvalidArgument);
+        assert!(error.message().contains("attributes"), "{error}");
+        let error = clients[0]
+            .insert(
+                Insert::new("pkgs", [1u128, 2, 3], vec![0.5f32; 3 * DIM])
+                    .attributes((0..3).map(|_| Attributes::new().with("size", "big"))),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), Code::InvalidArgument);
+        assert!(error.message().contains("\"size\""), "{error}");
+        let error = clients[2]
+            .search(Search::new("pkgs", vec![0.5f32; DIM]).filter(Filter::field("color").eq("red")))
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), Code::InvalidArgument);
+        assert!(
+            error.message().contains("filter") && error.message().contains("\"color\""),
+            "{error}"
+        );
+        assert_eq!(
+            clients[0].get("pkgs", 7, &[1, 2, 3]).await.unwrap()[0].vector,
+            data[&1]
+        );
+
+        // Remove by filter: every shard removes its matches; the answer counts them all.
+        let python = Filter::field("section").eq("python");
+        let doomed: Vec<u128> = data
+            .keys()
+            .copied()
+            .filter(|&i| has(i) && i % 5 == 0)
+            .collect();
+        let removed = clients[2]
+            .remove(Remove::matching("pkgs", python.clone()).users([7u128]))
+            .await
+            .unwrap();
+        assert_eq!(removed.n_written, doomed.len() as u64);
+        for doc in &doomed {
+            data.remove(doc);
+        }
+        let hits = clients[0]
+            .search(
+                Search::new("pkgs", vec![0.0f32; DIM])
+                    .users([7u128])
+                    .exact(true)
+                    .filter(python)
+                    .after(removed.read_token()),
+            )
+            .await
+            .unwrap();
+        assert!(hits.is_empty(), "{hits:?}");
+        check(data.clone(), removed.read_token(), 2).await;
+
+        // AddFields reaches every shard: documents on every shard can use the field at once.
+        let info = clients[0]
+            .add_fields("pkgs", [("priority", FieldType::Keyword)])
+            .await
+            .unwrap();
+        assert_eq!(info.fields.len(), 4);
+        assert_eq!(
+            clients[2].collection_info("pkgs").await.unwrap().fields,
+            info.fields
+        );
+        let new_docs: Vec<u128> = (1000..1032).collect();
+        let shards: std::collections::BTreeSet<u32> = new_docs
+            .iter()
+            .map(|d| tarn_cluster::shard_for(*d, 4))
+            .collect();
+        assert_eq!(shards.len(), 4, "the new documents are on every shard");
+        let ack = clients[1]
+            .insert(
+                Insert::new(
+                    "pkgs",
+                    new_docs.clone(),
+                    vectors(&mut rng, new_docs.len(), DIM),
+                )
+                .users([7u128])
+                .attributes(
+                    new_docs
+                        .iter()
+                        .map(|_| Attributes::new().with("priority", "required")),
+                ),
+            )
+            .await
+            .unwrap();
+        let mut hits: Vec<u128> = clients[2]
+            .search(
+                Search::new("pkgs", vec![0.0f32; DIM])
+                    .users([7u128])
+                    .top_k(100)
+                    .filter(Filter::field("priority").eq("required"))
+                    .after(ack.read_token()),
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|h| h.doc_id)
+            .collect();
+        hits.sort_unstable();
+        assert_eq!(hits, new_docs);
+        assert_eq!(
+            clients[1].get("pkgs", 7, &[1000]).await.unwrap()[0]
+                .attributes
+                .get("priority"),
+            Some(&Value::Keyword("required".into()))
+        );
+        let error = clients[1]
+            .add_fields("pkgs", [("priority", FieldType::Keyword)])
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), Code::InvalidArgument);
+        assert!(error.message().contains("\"priority\""), "{error}");
+        let error = clients[1]
+            .add_fields("pkgs", [("priority", FieldType::Number)])
+            .await
+            .unwrap_err();
+        assert!(error.message().contains("KEYWORD"), "{error}");
+        for server in servers {
+            server.shutdown().await.unwrap();
+        }
+    });
+}
+
 #[test]
 fn tenant_counts_over_shards_count_each_tenant_once() {
     let dir = tempfile::tempdir().unwrap();

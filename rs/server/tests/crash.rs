@@ -147,6 +147,7 @@ async fn send(
                 doc_ids: docs.iter().map(|d| id(*d)).collect(),
                 user_ids: vec![id(*tenant)],
                 durability: *durability as i32,
+                ..Default::default()
             })
             .await
             .map(|_| ()),

@@ -88,6 +88,7 @@ async fn load(server: &Server, rng: &mut StdRng, n: usize, tag: u64) -> Vec<(u64
                         doc_ids: docs.iter().map(|d| id(*d)).collect(),
                         user_ids: vec![id(*tenant)],
                         durability: 0,
+                        ..Default::default()
                     })
                     .await
                     .unwrap()

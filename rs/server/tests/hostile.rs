@@ -232,6 +232,7 @@ async fn send(
                 user_ids: vec![],
                 vectors,
                 durability: 0,
+                ..Default::default()
             })
             .await
             .map(|_| ()),
@@ -242,6 +243,7 @@ async fn send(
                 user_ids: vec![],
                 vectors: vec![0.5; rows * DIM],
                 durability: 0,
+                ..Default::default()
             })
             .await
             .map(|_| ()),
@@ -252,6 +254,7 @@ async fn send(
                 user_ids: vec![],
                 vectors: vec![],
                 durability: 0,
+                ..Default::default()
             })
             .await
             .map(|_| ()),
@@ -270,6 +273,7 @@ async fn send(
                 doc_ids: ids(docs),
                 user_ids: vec![],
                 durability: 0,
+                ..Default::default()
             })
             .await
             .map(|_| ()),

@@ -180,6 +180,7 @@ fn every_rpc_and_every_error_code() {
                 doc_ids: vec![id(2)],
                 user_ids: vec![id(7)],
                 durability: 0,
+                ..Default::default()
             })
             .await
             .unwrap()

@@ -142,6 +142,7 @@ pub fn insert(
         user_ids: users.iter().map(|u| id(*u)).collect(),
         vectors,
         durability: 0,
+        attributes: Vec::new(),
     }
 }
 

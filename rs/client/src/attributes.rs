@@ -1,0 +1,340 @@
+//! Document attributes on the client side: the field types a collection declares
+//! ([`FieldSpec`], [`FieldType`]) and the values a document carries ([`Attributes`] of
+//! [`Value`]s), with their conversions to and from the wire.
+
+use std::collections::BTreeMap;
+
+use tarn_proto::v1 as pb;
+
+use crate::error::{Error, Result};
+
+/// The type of a declared attribute field. Every declared field is indexed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FieldType {
+    /// One string per document (at most 256 bytes), e.g. a section.
+    Keyword,
+    /// A list of strings per document (at most 1,024), e.g. tags.
+    Keywords,
+    /// One number per document (an `f64`; integers are exact up to 2^53).
+    Number,
+    /// One boolean per document.
+    Bool,
+}
+
+impl FieldType {
+    /// `keyword`, `keywords`, `number` or `bool`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FieldType::Keyword => "keyword",
+            FieldType::Keywords => "keywords",
+            FieldType::Number => "number",
+            FieldType::Bool => "bool",
+        }
+    }
+
+    pub(crate) fn to_wire(self) -> i32 {
+        let field_type = match self {
+            FieldType::Keyword => pb::FieldType::Keyword,
+            FieldType::Keywords => pb::FieldType::Keywords,
+            FieldType::Number => pb::FieldType::Number,
+            FieldType::Bool => pb::FieldType::Bool,
+        };
+        field_type as i32
+    }
+
+    fn from_wire(value: i32) -> Option<FieldType> {
+        match pb::FieldType::try_from(value) {
+            Ok(pb::FieldType::Keyword) => Some(FieldType::Keyword),
+            Ok(pb::FieldType::Keywords) => Some(FieldType::Keywords),
+            Ok(pb::FieldType::Number) => Some(FieldType::Number),
+            Ok(pb::FieldType::Bool) => Some(FieldType::Bool),
+            _ => None,
+        }
+    }
+}
+
+impl std::str::FromStr for FieldType {
+    type Err = Error;
+
+    /// `keyword`, `keywords`, `number` or `bool` (also `boolean`), in any case.
+    fn from_str(name: &str) -> Result<FieldType> {
+        match name.to_ascii_lowercase().as_str() {
+            "keyword" => Ok(FieldType::Keyword),
+            "keywords" => Ok(FieldType::Keywords),
+            "number" => Ok(FieldType::Number),
+            "bool" | "boolean" => Ok(FieldType::Bool),
+            _ => Err(Error::invalid(
+                "fields",
+                format!("unknown field type {name:?} (keyword, keywords, number or bool)"),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for FieldType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A declared attribute field: its name (`[A-Za-z0-9_.-]{1,64}`) and type.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct FieldSpec {
+    /// The field's name.
+    pub name: String,
+    /// The field's type.
+    pub field_type: FieldType,
+}
+
+impl FieldSpec {
+    /// The field `name` of type `field_type`.
+    pub fn new(name: impl Into<String>, field_type: FieldType) -> FieldSpec {
+        FieldSpec {
+            name: name.into(),
+            field_type,
+        }
+    }
+
+    pub(crate) fn to_wire(&self) -> pb::FieldSpec {
+        pb::FieldSpec {
+            name: self.name.clone(),
+            r#type: self.field_type.to_wire(),
+        }
+    }
+
+    /// The fields a server reports; a type this client does not know (a newer server's) is
+    /// left out.
+    pub(crate) fn list_from_wire(fields: Vec<pb::FieldSpec>) -> Vec<FieldSpec> {
+        fields
+            .into_iter()
+            .filter_map(|spec| {
+                FieldType::from_wire(spec.r#type).map(|field_type| FieldSpec {
+                    name: spec.name,
+                    field_type,
+                })
+            })
+            .collect()
+    }
+}
+
+/// One document's value for one field; its kind must be the field's declared type.
+///
+/// ```
+/// use tarn_client::Value;
+/// assert_eq!(Value::from("python"), Value::Keyword("python".into()));
+/// assert_eq!(Value::from(120), Value::Number(120.0));
+/// assert_eq!(Value::from(["a", "b"]), Value::Keywords(vec!["a".into(), "b".into()]));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Value {
+    /// For a KEYWORD field.
+    Keyword(String),
+    /// For a KEYWORDS field (an empty list is a value: `exists` holds, no match does).
+    Keywords(Vec<String>),
+    /// For a NUMBER field: finite.
+    Number(f64),
+    /// For a BOOL field.
+    Bool(bool),
+}
+
+impl From<&str> for Value {
+    fn from(keyword: &str) -> Value {
+        Value::Keyword(keyword.to_owned())
+    }
+}
+
+impl From<String> for Value {
+    fn from(keyword: String) -> Value {
+        Value::Keyword(keyword)
+    }
+}
+
+impl From<f64> for Value {
+    fn from(number: f64) -> Value {
+        Value::Number(number)
+    }
+}
+
+impl From<i32> for Value {
+    fn from(number: i32) -> Value {
+        Value::Number(f64::from(number))
+    }
+}
+
+impl From<u32> for Value {
+    fn from(number: u32) -> Value {
+        Value::Number(f64::from(number))
+    }
+}
+
+impl From<bool> for Value {
+    fn from(boolean: bool) -> Value {
+        Value::Bool(boolean)
+    }
+}
+
+impl From<Vec<String>> for Value {
+    fn from(keywords: Vec<String>) -> Value {
+        Value::Keywords(keywords)
+    }
+}
+
+impl From<Vec<&str>> for Value {
+    fn from(keywords: Vec<&str>) -> Value {
+        Value::Keywords(keywords.into_iter().map(str::to_owned).collect())
+    }
+}
+
+impl<const N: usize> From<[&str; N]> for Value {
+    fn from(keywords: [&str; N]) -> Value {
+        Value::Keywords(keywords.into_iter().map(str::to_owned).collect())
+    }
+}
+
+impl Value {
+    fn to_wire(&self) -> pb::Value {
+        let kind = match self {
+            Value::Keyword(keyword) => pb::value::Kind::Keyword(keyword.clone()),
+            Value::Keywords(keywords) => pb::value::Kind::Keywords(pb::KeywordList {
+                values: keywords.clone(),
+            }),
+            Value::Number(number) => pb::value::Kind::Number(*number),
+            Value::Bool(boolean) => pb::value::Kind::Boolean(*boolean),
+        };
+        pb::Value { kind: Some(kind) }
+    }
+
+    fn from_wire(value: pb::Value) -> Option<Value> {
+        Some(match value.kind? {
+            pb::value::Kind::Keyword(keyword) => Value::Keyword(keyword),
+            pb::value::Kind::Keywords(list) => Value::Keywords(list.values),
+            pb::value::Kind::Number(number) => Value::Number(number),
+            pb::value::Kind::Boolean(boolean) => Value::Bool(boolean),
+        })
+    }
+}
+
+/// One document's attributes: field name to value (at most 64 fields, each declared by the
+/// collection).
+///
+/// ```
+/// use tarn_client::{Attributes, Value};
+/// let attributes = Attributes::new()
+///     .with("section", "python")
+///     .with("tags", ["devel::lang:python", "role::program"])
+///     .with("installed_size_kb", 120)
+///     .with("essential", false);
+/// assert_eq!(attributes.get("installed_size_kb"), Some(&Value::Number(120.0)));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Attributes {
+    values: BTreeMap<String, Value>,
+}
+
+impl Attributes {
+    /// No attributes.
+    pub fn new() -> Attributes {
+        Attributes::default()
+    }
+
+    /// These attributes with `field` set to `value`.
+    pub fn with(mut self, field: impl Into<String>, value: impl Into<Value>) -> Attributes {
+        self.insert(field, value);
+        self
+    }
+
+    /// Sets a field's value, returning the value it replaces.
+    pub fn insert(&mut self, field: impl Into<String>, value: impl Into<Value>) -> Option<Value> {
+        self.values.insert(field.into(), value.into())
+    }
+
+    /// The value of a field, if the document has one.
+    pub fn get(&self, field: &str) -> Option<&Value> {
+        self.values.get(field)
+    }
+
+    /// The fields and values, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Value)> {
+        self.values
+            .iter()
+            .map(|(name, value)| (name.as_str(), value))
+    }
+
+    /// How many fields have a value.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether no field has a value.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    pub(crate) fn to_wire(&self) -> pb::Attributes {
+        pb::Attributes {
+            values: self
+                .values
+                .iter()
+                .map(|(name, value)| (name.clone(), value.to_wire()))
+                .collect(),
+        }
+    }
+
+    pub(crate) fn from_wire(attributes: Option<pb::Attributes>) -> Attributes {
+        let values = attributes
+            .map(|a| a.values)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(name, value)| Value::from_wire(value).map(|value| (name, value)))
+            .collect();
+        Attributes { values }
+    }
+}
+
+impl<K: Into<String>, V: Into<Value>> FromIterator<(K, V)> for Attributes {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(pairs: I) -> Attributes {
+        let mut attributes = Attributes::new();
+        for (field, value) in pairs {
+            attributes.insert(field, value);
+        }
+        attributes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attributes_round_trip_through_the_wire_form() {
+        let attributes = Attributes::new()
+            .with("section", "python")
+            .with("tags", vec!["a", "b"])
+            .with("size", 12.5)
+            .with("essential", true);
+        assert_eq!(
+            Attributes::from_wire(Some(attributes.to_wire())),
+            attributes
+        );
+        assert!(Attributes::from_wire(None).is_empty());
+    }
+
+    #[test]
+    fn field_types_parse_and_unknown_ones_name_the_field() {
+        assert_eq!("KEYWORDS".parse::<FieldType>(), Ok(FieldType::Keywords));
+        assert_eq!("boolean".parse::<FieldType>(), Ok(FieldType::Bool));
+        let error = "date".parse::<FieldType>().unwrap_err();
+        assert!(error.message().starts_with("fields:"), "{error}");
+        for field_type in [
+            FieldType::Keyword,
+            FieldType::Keywords,
+            FieldType::Number,
+            FieldType::Bool,
+        ] {
+            assert_eq!(FieldType::from_wire(field_type.to_wire()), Some(field_type));
+        }
+    }
+}

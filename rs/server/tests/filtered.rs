@@ -1,0 +1,895 @@
+//! Filtered search through the real `tarn` binary and a tonic client on a real port: collections
+//! declare typed fields, inserts carry attributes, searches and removes take a filter. Exact
+//! filtered searches equal a brute-force filtered oracle and no search comes back short; every
+//! bad input is INVALID_ARGUMENT naming the request field and the attribute field, and nothing
+//! is stored; remove by filter, AddFields and Get's attributes, across a restart; the CLI's
+//! `--field`, `--attributes` and `--filter`.
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{code, id, run_cli, runtime, Server};
+use rand::{Rng, SeedableRng};
+use tarn_proto::v1 as pb;
+use tarn_proto::v1::tarn_client::TarnClient;
+use tonic::transport::Channel;
+use tonic::Code;
+
+const DIM: usize = 8;
+const SECTIONS: [&str; 6] = ["python", "libs", "devel", "games", "net", "doc"];
+const TAGS: [&str; 8] = ["t0", "t1", "t2", "t3", "t4", "t5", "t6", "t7"];
+
+/// One test document's attributes (any may be missing).
+#[derive(Debug, Clone, Default)]
+struct Doc {
+    section: Option<String>,
+    tags: Option<Vec<String>>,
+    size: Option<f64>,
+    essential: Option<bool>,
+}
+
+fn random_doc(rng: &mut rand::rngs::StdRng) -> Doc {
+    Doc {
+        section: rng
+            .random_bool(0.9)
+            .then(|| SECTIONS[rng.random_range(0..SECTIONS.len())].to_owned()),
+        tags: rng.random_bool(0.8).then(|| {
+            (0..rng.random_range(0..4))
+                .map(|_| TAGS[rng.random_range(0..TAGS.len())].to_owned())
+                .collect()
+        }),
+        size: rng
+            .random_bool(0.85)
+            .then(|| rng.random_range(0.0..1000.0f64)),
+        essential: rng.random_bool(0.7).then(|| rng.random_bool(0.2)),
+    }
+}
+
+fn value(kind: pb::value::Kind) -> pb::Value {
+    pb::Value { kind: Some(kind) }
+}
+
+fn wire_attributes(doc: &Doc) -> pb::Attributes {
+    let mut values = std::collections::HashMap::new();
+    if let Some(section) = &doc.section {
+        values.insert(
+            "section".into(),
+            value(pb::value::Kind::Keyword(section.clone())),
+        );
+    }
+    if let Some(tags) = &doc.tags {
+        values.insert(
+            "tags".into(),
+            value(pb::value::Kind::Keywords(pb::KeywordList {
+                values: tags.clone(),
+            })),
+        );
+    }
+    if let Some(size) = doc.size {
+        values.insert("size".into(), value(pb::value::Kind::Number(size)));
+    }
+    if let Some(essential) = doc.essential {
+        values.insert(
+            "essential".into(),
+            value(pb::value::Kind::Boolean(essential)),
+        );
+    }
+    pb::Attributes { values }
+}
+
+fn spec(name: &str, field_type: pb::FieldType) -> pb::FieldSpec {
+    pb::FieldSpec {
+        name: name.into(),
+        r#type: field_type as i32,
+    }
+}
+
+fn fields() -> Vec<pb::FieldSpec> {
+    vec![
+        spec("section", pb::FieldType::Keyword),
+        spec("tags", pb::FieldType::Keywords),
+        spec("size", pb::FieldType::Number),
+        spec("essential", pb::FieldType::Bool),
+    ]
+}
+
+fn node(kind: pb::filter::Kind) -> pb::Filter {
+    pb::Filter { kind: Some(kind) }
+}
+
+fn any_of(field: &str, values: &[&str]) -> pb::Filter {
+    node(pb::filter::Kind::Match(pb::Match {
+        field: field.into(),
+        any_of: values.iter().map(|v| v.to_string()).collect(),
+        boolean: None,
+    }))
+}
+
+fn is(field: &str, boolean: bool) -> pb::Filter {
+    node(pb::filter::Kind::Match(pb::Match {
+        field: field.into(),
+        any_of: Vec::new(),
+        boolean: Some(boolean),
+    }))
+}
+
+fn range(field: &str, gt: Option<f64>, gte: Option<f64>, lt: Option<f64>) -> pb::Filter {
+    node(pb::filter::Kind::Range(pb::Range {
+        field: field.into(),
+        gt,
+        gte,
+        lt,
+        lte: None,
+    }))
+}
+
+fn all(filters: Vec<pb::Filter>) -> pb::Filter {
+    node(pb::filter::Kind::All(pb::FilterList { filters }))
+}
+
+fn any(filters: Vec<pb::Filter>) -> pb::Filter {
+    node(pb::filter::Kind::Any(pb::FilterList { filters }))
+}
+
+fn not(filter: pb::Filter) -> pb::Filter {
+    node(pb::filter::Kind::Not(Box::new(filter)))
+}
+
+fn exists(field: &str) -> pb::Filter {
+    node(pb::filter::Kind::Exists(field.into()))
+}
+
+type Predicate = Box<dyn Fn(&Doc) -> bool>;
+
+/// Filters over the test schema, each with its meaning written out independently of the
+/// server (the oracle). `sizes` are every stored size, to build filters matching exactly 1 and
+/// `k - 1` documents.
+fn filters(sizes: &[f64], k: usize) -> Vec<(&'static str, pb::Filter, Predicate)> {
+    let mut sorted = sizes.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let second_largest = sorted[sorted.len() - 2];
+    let k_minus_one_bound = sorted[sorted.len() - k];
+    let has_tag = |doc: &Doc, tag: &str| {
+        doc.tags
+            .as_ref()
+            .is_some_and(|t| t.iter().any(|x| x == tag))
+    };
+    vec![
+        (
+            "section = python",
+            any_of("section", &["python"]),
+            Box::new(|d: &Doc| d.section.as_deref() == Some("python")),
+        ),
+        (
+            "section in (libs, devel) and size >= 500",
+            all(vec![
+                any_of("section", &["libs", "devel"]),
+                range("size", None, Some(500.0), None),
+            ]),
+            Box::new(|d: &Doc| {
+                matches!(d.section.as_deref(), Some("libs" | "devel"))
+                    && d.size.is_some_and(|s| s >= 500.0)
+            }),
+        ),
+        (
+            "tags has t3",
+            any_of("tags", &["t3"]),
+            Box::new(move |d: &Doc| has_tag(d, "t3")),
+        ),
+        (
+            "not essential = true",
+            not(is("essential", true)),
+            Box::new(|d: &Doc| d.essential != Some(true)),
+        ),
+        (
+            "essential = true and tags has t1 and t2",
+            all(vec![
+                is("essential", true),
+                any_of("tags", &["t1"]),
+                any_of("tags", &["t2"]),
+            ]),
+            Box::new(move |d: &Doc| {
+                d.essential == Some(true) && has_tag(d, "t1") && has_tag(d, "t2")
+            }),
+        ),
+        (
+            "section = games or size < 20",
+            any(vec![
+                any_of("section", &["games"]),
+                range("size", None, None, Some(20.0)),
+            ]),
+            Box::new(|d: &Doc| {
+                d.section.as_deref() == Some("games") || d.size.is_some_and(|s| s < 20.0)
+            }),
+        ),
+        (
+            "not exists size",
+            not(exists("size")),
+            Box::new(|d: &Doc| d.size.is_none()),
+        ),
+        (
+            "matches nothing",
+            any_of("section", &["no-such-section"]),
+            Box::new(|_: &Doc| false),
+        ),
+        (
+            "matches exactly one",
+            range("size", Some(second_largest), None, None),
+            Box::new(move |d: &Doc| d.size.is_some_and(|s| s > second_largest)),
+        ),
+        (
+            "matches k - 1",
+            range("size", Some(k_minus_one_bound), None, None),
+            Box::new(move |d: &Doc| d.size.is_some_and(|s| s > k_minus_one_bound)),
+        ),
+        (
+            "empty all: everything",
+            all(Vec::new()),
+            Box::new(|_: &Doc| true),
+        ),
+    ]
+}
+
+/// The stored documents: (tenant, doc) -> (vector, attributes).
+type Stored = BTreeMap<(u128, u128), (Vec<f32>, Doc)>;
+
+/// Exact top-k by L2 among the documents of `tenants` that match: (tenant, doc) best first.
+fn oracle(
+    stored: &Stored,
+    tenants: &[u128],
+    query: &[f32],
+    k: usize,
+    matches: &dyn Fn(&Doc) -> bool,
+) -> Vec<(u128, u128)> {
+    let mut scored: Vec<(f32, (u128, u128))> = stored
+        .iter()
+        .filter(|((tenant, _), (_, doc))| tenants.contains(tenant) && matches(doc))
+        .map(|(key, (vector, _))| {
+            let distance: f32 = vector
+                .iter()
+                .zip(query)
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum();
+            (distance, *key)
+        })
+        .collect();
+    scored.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    scored.into_iter().take(k).map(|(_, key)| key).collect()
+}
+
+fn random_vectors(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<f32> {
+    (0..n * DIM)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect()
+}
+
+/// Creates "docs" (L2, the test fields) and inserts `n` documents for each of tenants 1 and 2
+/// with seeded random attributes, in batches.
+async fn load(client: &mut TarnClient<Channel>, n: usize, seed: u64) -> Stored {
+    let mut create = common::create("docs", DIM as u32, pb::Metric::L2);
+    create.fields = fields();
+    client.create_collection(create).await.unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut stored = Stored::new();
+    for tenant in [1u128, 2] {
+        for first in (0..n).step_by(100) {
+            let docs: Vec<u128> = (first..(first + 100).min(n)).map(|d| d as u128).collect();
+            let vectors = random_vectors(&mut rng, docs.len());
+            let attributes: Vec<Doc> = docs.iter().map(|_| random_doc(&mut rng)).collect();
+            let mut insert = common::insert("docs", &docs, &[tenant], vectors.clone());
+            insert.attributes = attributes.iter().map(wire_attributes).collect();
+            client.insert(insert).await.unwrap();
+            for (i, doc) in docs.iter().enumerate() {
+                stored.insert(
+                    (tenant, *doc),
+                    (
+                        vectors[i * DIM..(i + 1) * DIM].to_vec(),
+                        attributes[i].clone(),
+                    ),
+                );
+            }
+        }
+    }
+    stored
+}
+
+/// Every filter and a few queries, over tenant 1 and over both: exact searches equal the
+/// oracle; graph searches answer min(k, matches) hits, every one matching.
+async fn check_filtered_searches(client: &mut TarnClient<Channel>, stored: &Stored, seed: u64) {
+    const K: usize = 10;
+    let sizes: Vec<f64> = stored.values().filter_map(|(_, d)| d.size).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for (name, filter, predicate) in filters(&sizes, K) {
+        for tenants in [vec![1u128], vec![1, 2]] {
+            let n_matches = stored
+                .iter()
+                .filter(|((t, _), (_, d))| tenants.contains(t) && predicate(d))
+                .count();
+            for _ in 0..3 {
+                let query = random_vectors(&mut rng, 1);
+                for exact in [true, false] {
+                    let mut search = common::search("docs", &tenants, query.clone(), K as u32);
+                    search.exact = exact;
+                    search.filter = Some(filter.clone());
+                    let hits = client.search(search).await.unwrap().into_inner().hits;
+                    let got: Vec<(u128, u128)> = hits
+                        .iter()
+                        .map(|h| {
+                            (
+                                common_u128(h.user_id.as_ref()),
+                                common_u128(h.doc_id.as_ref()),
+                            )
+                        })
+                        .collect();
+                    assert_eq!(
+                        got.len(),
+                        K.min(n_matches),
+                        "{name}, tenants {tenants:?}, exact {exact}: never short"
+                    );
+                    for key in &got {
+                        assert!(predicate(&stored[key].1), "{name}: {key:?} does not match");
+                    }
+                    if exact {
+                        let want = oracle(stored, &tenants, &query, K, &predicate);
+                        assert_eq!(got, want, "{name}, tenants {tenants:?}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn common_u128(value: Option<&pb::Id>) -> u128 {
+    value.map_or(0, |v| (u128::from(v.high) << 64) | u128::from(v.low))
+}
+
+#[test]
+fn filtered_searches_equal_a_brute_force_oracle_and_never_come_back_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    runtime().block_on(async {
+        let mut client = server.client().await;
+        let stored = load(&mut client, 700, 1).await;
+        // In the mutable segment, then sealed by a checkpoint.
+        check_filtered_searches(&mut client, &stored, 2).await;
+        client
+            .flush(pb::FlushRequest {
+                collection: "docs".into(),
+            })
+            .await
+            .unwrap();
+        check_filtered_searches(&mut client, &stored, 3).await;
+    });
+}
+
+/// Asserts INVALID_ARGUMENT whose message names every one of `words`.
+fn assert_refused<T: std::fmt::Debug>(result: Result<T, tonic::Status>, words: &[&str]) {
+    let status = result.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    for word in words {
+        assert!(
+            status.message().contains(word),
+            "{word:?} not in {:?}",
+            status.message()
+        );
+    }
+}
+
+#[test]
+fn bad_filtered_input_is_refused_naming_the_field_and_nothing_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    runtime().block_on(async {
+        let mut c = server.client().await;
+        // Creating with bad fields: nothing created.
+        for (bad, words) in [
+            (
+                vec![spec("size", pb::FieldType::Unspecified)],
+                &["fields", "\"size\""][..],
+            ),
+            (
+                vec![pb::FieldSpec {
+                    name: "size".into(),
+                    r#type: 42,
+                }],
+                &["fields", "\"size\"", "42"],
+            ),
+            (
+                vec![spec("bad name", pb::FieldType::Keyword)],
+                &["fields", "bad name"],
+            ),
+            (
+                vec![
+                    spec("a", pb::FieldType::Keyword),
+                    spec("a", pb::FieldType::Bool),
+                ],
+                &["fields", "\"a\""],
+            ),
+        ] {
+            let mut create = common::create("bad", DIM as u32, pb::Metric::L2);
+            create.fields = bad;
+            assert_refused(c.create_collection(create).await, words);
+        }
+        let names = c
+            .list_collections(pb::ListCollectionsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .names;
+        assert!(names.is_empty(), "{names:?}");
+
+        let mut create = common::create("docs", DIM as u32, pb::Metric::L2);
+        create.fields = fields();
+        c.create_collection(create).await.unwrap();
+        let before = common::collection_info(&mut c, "docs").await;
+
+        // Inserts with bad attributes: refused, nothing logged.
+        let good = wire_attributes(&Doc {
+            section: Some("python".into()),
+            ..Doc::default()
+        });
+        let with = |name: &str, kind: Option<pb::value::Kind>| {
+            let mut attributes = good.clone();
+            attributes.values.insert(name.into(), pb::Value { kind });
+            attributes
+        };
+        let many_fields = pb::Attributes {
+            values: (0..65)
+                .map(|i| (format!("f{i}"), value(pb::value::Kind::Boolean(true))))
+                .collect(),
+        };
+        let cases: Vec<(Vec<pb::Attributes>, Vec<&str>)> = vec![
+            (
+                vec![good.clone()],
+                vec!["attributes", "one per document (2)", "got 1"],
+            ),
+            (
+                vec![
+                    good.clone(),
+                    with("color", Some(pb::value::Kind::Keyword("red".into()))),
+                ],
+                vec!["attributes", "document 1", "\"color\"", "not declared"],
+            ),
+            (
+                vec![
+                    good.clone(),
+                    with("size", Some(pb::value::Kind::Keyword("big".into()))),
+                ],
+                vec!["attributes", "document 1", "\"size\"", "NUMBER"],
+            ),
+            (
+                vec![
+                    with("size", Some(pb::value::Kind::Number(f64::NAN))),
+                    good.clone(),
+                ],
+                vec!["attributes", "document 0", "\"size\"", "NaN"],
+            ),
+            (
+                vec![
+                    with("size", Some(pb::value::Kind::Number(f64::INFINITY))),
+                    good.clone(),
+                ],
+                vec!["attributes", "\"size\"", "infinite"],
+            ),
+            (
+                vec![
+                    good.clone(),
+                    with("section", Some(pb::value::Kind::Keyword("x".repeat(257)))),
+                ],
+                vec!["attributes", "\"section\"", "257 bytes"],
+            ),
+            (
+                vec![good.clone(), with("section", None)],
+                vec!["attributes", "document 1", "\"section\"", "no value"],
+            ),
+            (
+                vec![good.clone(), many_fields],
+                vec!["attributes", "65 fields", "64"],
+            ),
+            (
+                vec![
+                    good.clone(),
+                    with(
+                        "tags",
+                        Some(pb::value::Kind::Keywords(pb::KeywordList {
+                            values: vec!["t".into(); 1025],
+                        })),
+                    ),
+                ],
+                vec!["attributes", "\"tags\"", "1025 keywords"],
+            ),
+        ];
+        for (attributes, words) in cases {
+            let mut insert = common::insert("docs", &[1, 2], &[], vec![0.5; 2 * DIM]);
+            insert.attributes = attributes;
+            assert_refused(c.insert(insert).await, &words);
+        }
+        let after = common::collection_info(&mut c, "docs").await;
+        assert_eq!(after.last_seq_no, before.last_seq_no, "nothing was logged");
+        assert_eq!(after.n_documents, 0);
+
+        // Searches and removes with bad filters.
+        let deep = (0..32).fold(exists("size"), |f, _| not(f));
+        let wide = any(vec![exists("size"); 1024]);
+        let cases: Vec<(pb::Filter, Vec<&str>)> = vec![
+            (pb::Filter::default(), vec!["filter", "no kind"]),
+            (
+                any_of("color", &["red"]),
+                vec!["filter", "\"color\"", "not declared"],
+            ),
+            (any_of("size", &["1"]), vec!["filter", "\"size\""]),
+            (
+                range("section", Some(1.0), None, None),
+                vec!["filter", "\"section\""],
+            ),
+            (
+                range("size", None, None, Some(f64::NAN)),
+                vec!["filter", "\"size\"", "NaN"],
+            ),
+            (range("size", None, None, None), vec!["filter", "\"size\""]),
+            (any_of("section", &[]), vec!["filter", "\"section\""]),
+            (
+                node(pb::filter::Kind::Match(pb::Match {
+                    field: "section".into(),
+                    any_of: vec!["x".into(); 1025],
+                    boolean: None,
+                })),
+                vec!["filter", "\"section\"", "1024"],
+            ),
+            (deep, vec!["filter", "deeper than 32"]),
+            (wide, vec!["filter", "1024 nodes"]),
+        ];
+        for (filter, words) in cases {
+            let mut search = common::search("docs", &[], vec![0.5; DIM], 5);
+            search.filter = Some(filter.clone());
+            assert_refused(c.search(search).await, &words);
+            let remove = pb::RemoveRequest {
+                collection: "docs".into(),
+                filter: Some(filter),
+                ..Default::default()
+            };
+            assert_refused(c.remove(remove).await, &words);
+        }
+        let both = pb::RemoveRequest {
+            collection: "docs".into(),
+            doc_ids: vec![id(1)],
+            filter: Some(exists("size")),
+            ..Default::default()
+        };
+        assert_refused(c.remove(both).await, &["filter", "not both"]);
+
+        // AddFields: bad lists change nothing.
+        for (fields, words) in [
+            (Vec::new(), &["fields", "empty"][..]),
+            (
+                vec![spec("section", pb::FieldType::Keyword)],
+                &["fields", "\"section\""],
+            ),
+            (
+                vec![spec("new", pb::FieldType::Unspecified)],
+                &["fields", "\"new\""],
+            ),
+            (
+                vec![
+                    spec("x", pb::FieldType::Bool),
+                    spec("x", pb::FieldType::Bool),
+                ],
+                &["fields", "\"x\""],
+            ),
+        ] {
+            assert_refused(
+                c.add_fields(pb::AddFieldsRequest {
+                    collection: "docs".into(),
+                    fields,
+                })
+                .await,
+                words,
+            );
+        }
+        let after = common::collection_info(&mut c, "docs").await;
+        assert_eq!(after.last_seq_no, before.last_seq_no, "nothing was logged");
+        assert_eq!(after.fields, fields());
+        assert_eq!(
+            code(
+                c.add_fields(pb::AddFieldsRequest {
+                    collection: "nope".into(),
+                    fields: fields(),
+                })
+                .await
+            ),
+            Code::NotFound
+        );
+    });
+}
+
+#[test]
+fn remove_by_filter_add_fields_and_get_attributes_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let stored = runtime().block_on(async {
+        let mut c = server.client().await;
+        let mut stored = load(&mut c, 300, 7).await;
+        // Get returns the attributes as inserted (none for a document without any).
+        let docs = c
+            .get(pb::GetRequest {
+                collection: "docs".into(),
+                user_id: Some(id(2)),
+                doc_ids: vec![id(5), id(6), id(100_000)],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .docs;
+        assert_eq!(docs.len(), 2);
+        for doc in &docs {
+            let want = wire_attributes(&stored[&(2, common_u128(doc.doc_id.as_ref()))].1);
+            let got = doc.attributes.clone().unwrap_or_default();
+            assert_eq!(got, want);
+        }
+
+        // Remove by filter, tenant 1 only: the count is the oracle's, tenant 2 keeps its own.
+        let filter = all(vec![
+            any_of("section", &["python", "libs"]),
+            range("size", None, Some(300.0), None),
+        ]);
+        let predicate = |d: &Doc| {
+            matches!(d.section.as_deref(), Some("python" | "libs"))
+                && d.size.is_some_and(|s| s >= 300.0)
+        };
+        let doomed: Vec<(u128, u128)> = stored
+            .iter()
+            .filter(|((t, _), (_, d))| *t == 1 && predicate(d))
+            .map(|(key, _)| *key)
+            .collect();
+        assert!(doomed.len() > 5, "{}", doomed.len());
+        let answer = c
+            .remove(pb::RemoveRequest {
+                collection: "docs".into(),
+                user_ids: vec![id(1)],
+                filter: Some(filter.clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(answer.n_removed, doomed.len() as u64);
+        assert!(answer.seq_no > 0);
+        for key in &doomed {
+            stored.remove(key);
+        }
+        let mut search = common::search("docs", &[1, 2], vec![0.0; DIM], 1000);
+        search.exact = true;
+        search.filter = Some(filter.clone());
+        search.min_seq_no = answer.seq_no;
+        let hits = c.search(search).await.unwrap().into_inner().hits;
+        assert!(hits.iter().all(|h| common_u128(h.user_id.as_ref()) == 2));
+        let tenant_two = stored
+            .iter()
+            .filter(|((t, _), (_, d))| *t == 2 && predicate(d))
+            .count();
+        assert_eq!(hits.len(), tenant_two);
+        // Nothing left to match: nothing logged, nothing counted.
+        let again = c
+            .remove(pb::RemoveRequest {
+                collection: "docs".into(),
+                user_ids: vec![id(1)],
+                filter: Some(filter),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!((again.seq_no, again.n_removed), (0, 0));
+
+        // AddFields: the new field is listed, usable at once; older documents have no value.
+        let info = c
+            .add_fields(pb::AddFieldsRequest {
+                collection: "docs".into(),
+                fields: vec![spec("priority", pb::FieldType::Keyword)],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .collection
+            .unwrap();
+        let mut want_fields = fields();
+        want_fields.push(spec("priority", pb::FieldType::Keyword));
+        assert_eq!(info.fields, want_fields);
+        let mut insert = common::insert("docs", &[5000, 5001], &[1], vec![0.25; 2 * DIM]);
+        let mut with_priority = wire_attributes(&Doc::default());
+        with_priority.values.insert(
+            "priority".into(),
+            value(pb::value::Kind::Keyword("required".into())),
+        );
+        insert.attributes = vec![with_priority, pb::Attributes::default()];
+        let seq = c.insert(insert).await.unwrap().into_inner().seq_no;
+        let mut search = common::search("docs", &[1, 2], vec![0.0; DIM], 10);
+        search.filter = Some(exists("priority"));
+        search.min_seq_no = seq;
+        let hits = c.search(search).await.unwrap().into_inner().hits;
+        assert_eq!(
+            hits.iter()
+                .map(|h| common_u128(h.doc_id.as_ref()))
+                .collect::<Vec<_>>(),
+            vec![5000]
+        );
+        for doc in [5000, 5001] {
+            stored.insert((1, doc), (vec![0.25; DIM], Doc::default()));
+        }
+        stored
+    });
+    // A restart replays the log: the fields, the attributes and the removals are all there.
+    assert!(server.terminate().success());
+    let server = Server::start(dir.path(), &[]);
+    runtime().block_on(async {
+        let mut c = server.client().await;
+        let info = common::collection_info(&mut c, "docs").await;
+        assert_eq!(info.fields.len(), 5);
+        check_filtered_searches(&mut c, &stored, 8).await;
+        let mut search = common::search("docs", &[1], vec![0.0; DIM], 10);
+        search.filter = Some(any_of("priority", &["required"]));
+        let hits = c.search(search).await.unwrap().into_inner().hits;
+        assert_eq!(hits.len(), 1);
+    });
+}
+
+/// The CLI: `collection create --field`, `collection add-field`, `insert --attributes` from a
+/// gzipped JSON-lines file, `search --filter` in the small grammar, and `remove --filter`.
+#[test]
+fn the_cli_creates_fields_inserts_attributes_and_searches_with_a_filter() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let files = tempfile::tempdir().unwrap();
+    let fvecs = files.path().join("base.fvecs");
+    let mut bytes = Vec::new();
+    for row in 0..4u32 {
+        bytes.extend_from_slice(&4u32.to_le_bytes());
+        for col in 0..4u32 {
+            let v = if col == row { 1.0f32 } else { 0.0 };
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    std::fs::write(&fvecs, &bytes).unwrap();
+    let jsonl = files.path().join("base.jsonl.gz");
+    let mut gz = flate2::write::GzEncoder::new(
+        std::fs::File::create(&jsonl).unwrap(),
+        flate2::Compression::default(),
+    );
+    for line in [
+        r#"{"section": "python", "tags": ["a", "b"], "installed_size_kb": 120, "essential": false, "extra": "ignored"}"#,
+        r#"{"section": "libs", "tags": [], "installed_size_kb": 80, "essential": true}"#,
+        r#"{"section": "python", "installed_size_kb": 5000, "architecture": "all"}"#,
+        r#"{}"#,
+    ] {
+        writeln!(gz, "{line}").unwrap();
+    }
+    gz.finish().unwrap();
+    let addr = server.addr.as_str();
+    let out = run_cli(
+        addr,
+        &[
+            "collection",
+            "create",
+            "pkgs",
+            "--dimension",
+            "4",
+            "--field",
+            "section:keyword",
+            "--field",
+            "tags:keywords",
+            "--field",
+            "installed_size_kb:number",
+            "--field",
+            "essential:bool",
+        ],
+    );
+    assert!(out.contains("section (keyword)"), "{out}");
+    let out = run_cli(
+        addr,
+        &[
+            "collection",
+            "add-field",
+            "pkgs",
+            "--field",
+            "architecture:keyword",
+        ],
+    );
+    assert!(out.contains("architecture (keyword)"), "{out}");
+    let fvecs_arg = fvecs.to_str().unwrap();
+    let jsonl_arg = jsonl.to_str().unwrap();
+    run_cli(
+        addr,
+        &[
+            "insert",
+            "--collection",
+            "pkgs",
+            "--fvecs",
+            fvecs_arg,
+            "--attributes",
+            jsonl_arg,
+        ],
+    );
+    let search = |filter: &str| {
+        let out = run_cli(
+            addr,
+            &[
+                "search",
+                "--collection",
+                "pkgs",
+                "--fvecs",
+                fvecs_arg,
+                "--limit",
+                "1",
+                "--warmup",
+                "0",
+                "--top-k",
+                "10",
+                "--verbose",
+                "--filter",
+                filter,
+            ],
+        );
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("query 0:"))
+            .unwrap()
+            .to_owned();
+        let mut ids: Vec<u128> = line
+            .split('(')
+            .skip(1)
+            .map(|part| part.split(',').next().unwrap().trim().parse().unwrap())
+            .collect();
+        ids.sort_unstable();
+        ids
+    };
+    assert_eq!(search("section = python"), vec![0, 2]);
+    assert_eq!(
+        search("section in (python, libs) and installed_size_kb >= 100"),
+        vec![0, 2]
+    );
+    assert_eq!(
+        search("section = python and not architecture = all"),
+        vec![0]
+    );
+    assert_eq!(search("tags exists and not tags = a"), vec![1]);
+    assert_eq!(
+        search("essential = true or installed_size_kb < 100"),
+        vec![1]
+    );
+    assert_eq!(search("not (section exists)"), vec![3]);
+    // A bad filter fails with a message pointing at the problem.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .args([
+            "search",
+            "--collection",
+            "pkgs",
+            "--fvecs",
+            fvecs_arg,
+            "--filter",
+            "section in (python",
+        ])
+        .args(["--addr", addr])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--filter") && stderr.contains("')'"),
+        "{stderr}"
+    );
+    let out = run_cli(
+        addr,
+        &[
+            "remove",
+            "--collection",
+            "pkgs",
+            "--filter",
+            "section = python",
+        ],
+    );
+    assert!(out.contains("removed 2"), "{out}");
+    assert_eq!(search("installed_size_kb >= 0"), vec![1]);
+}
