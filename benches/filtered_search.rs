@@ -1,0 +1,288 @@
+//! Filtered search in-process on minilm-debian with its attributes: the collection engine
+//! (`tarn_collection::Collection`, sealed by a flush, as a server holds it) answers each of
+//! `scripts/filtered-vs-peers.sh`'s filters for the 500 public queries, one query per call on one
+//! thread, in three ways: tarn's filtered search (at several ef), the exact scan of the matches
+//! (`exact: true`), and post-filtering (an unfiltered search for `2 k / selectivity` hits, capped
+//! at 10,000, filtered afterwards: what a database without filtered search makes its users do).
+//! Per filter and way: recall@10 against the script's exact filtered truth, queries/s, and short
+//! answers (fewer than min(k, matches) hits). Not a criterion bench: the script runs it and
+//! compares the figures with hnswlib and faiss in the same run.
+//!
+//! Input (written by `scripts/py/filtered_vs_peers.py`): `--attributes FILE` (JSON lines, one
+//! object per base row) and `--filters FILE` (JSON: per filter its name, its per-query filters in
+//! the form `{"all"|"any": [..]}`, `{"not": ..}`, `{"match": {"field", "any_of"}}`,
+//! `{"range": {"field", "gt", "gte", "lt", "lte"}}`, the number of matches per query and the
+//! exact top 10 ids per query). Output: `--json FILE`.
+//!
+//! Run: `scripts/filtered-vs-peers.sh` (it builds and runs this with the files above).
+#![allow(clippy::unwrap_used)] // a benchmark that fails should stop loudly
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde_json::{json, Value as Json};
+use tarn_collection::{
+    Attributes, Collection, CollectionConfig, Durability, FieldSpec, FieldType, Filter, MetricName,
+    SearchRequest, Value,
+};
+use tarn_testkit::{load_minilm, minilm_dir};
+
+const DIM: usize = 384;
+const K: usize = 10;
+const EFS: [usize; 3] = [32, 64, 128];
+const POSTFILTER_MAX: usize = 10_000;
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn fields() -> Vec<FieldSpec> {
+    vec![
+        FieldSpec::new("section", FieldType::Keyword),
+        FieldSpec::new("tags", FieldType::Keywords),
+        FieldSpec::new("installed_size_kb", FieldType::Number),
+        FieldSpec::new("architecture", FieldType::Keyword),
+        FieldSpec::new("priority", FieldType::Keyword),
+    ]
+}
+
+fn attributes(row: &Json) -> Attributes {
+    let mut out = Attributes::new();
+    for spec in fields() {
+        let value = match (&row[&spec.name], spec.field_type) {
+            (Json::String(s), FieldType::Keyword) => Value::Keyword(s.clone()),
+            (Json::Array(items), FieldType::Keywords) => Value::Keywords(
+                items
+                    .iter()
+                    .filter_map(|i| i.as_str().map(String::from))
+                    .collect(),
+            ),
+            (Json::Number(n), FieldType::Number) => Value::Number(n.as_f64().unwrap()),
+            _ => continue,
+        };
+        out.insert(spec.name.clone(), value);
+    }
+    out
+}
+
+fn filter(spec: &Json) -> Filter {
+    let object = spec.as_object().unwrap();
+    let (kind, body) = object.iter().next().unwrap();
+    let number = |key: &str| body.get(key).and_then(Json::as_f64);
+    match kind.as_str() {
+        "all" => Filter::All(body.as_array().unwrap().iter().map(filter).collect()),
+        "any" => Filter::Any(body.as_array().unwrap().iter().map(filter).collect()),
+        "not" => Filter::Not(Box::new(filter(body))),
+        "match" => Filter::Match {
+            field: body["field"].as_str().unwrap().to_string(),
+            any_of: body["any_of"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect(),
+            boolean: None,
+        },
+        "range" => Filter::Range {
+            field: body["field"].as_str().unwrap().to_string(),
+            gt: number("gt"),
+            gte: number("gte"),
+            lt: number("lt"),
+            lte: number("lte"),
+        },
+        other => panic!("unknown filter kind {other}"),
+    }
+}
+
+struct Measured {
+    recall: f64,
+    qps: f64,
+    short: usize,
+}
+
+/// Runs one search per query (timed together), then scores the answers.
+fn measure(
+    n_matches: &[usize],
+    truth: &[Vec<u64>],
+    search: impl Fn(usize) -> Vec<u128>,
+) -> Measured {
+    let n = truth.len();
+    // One untimed pass first: the first touches of memory are not the steady state.
+    for q in 0..n.min(50) {
+        std::hint::black_box(search(q));
+    }
+    let start = Instant::now();
+    let answers: Vec<Vec<u128>> = (0..n).map(&search).collect();
+    let qps = n as f64 / start.elapsed().as_secs_f64();
+    let (mut found, mut wanted, mut short) = (0usize, 0usize, 0usize);
+    for (q, answer) in answers.iter().enumerate() {
+        let expected = K.min(n_matches[q]);
+        if answer.len() < expected {
+            short += 1;
+        }
+        wanted += truth[q].len();
+        found += answer
+            .iter()
+            .filter(|id| truth[q].contains(&(**id as u64)))
+            .count();
+    }
+    Measured {
+        recall: if wanted == 0 {
+            1.0
+        } else {
+            found as f64 / wanted as f64
+        },
+        qps,
+        short,
+    }
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--bench") && arg("--filters").is_none() {
+        // `cargo bench` without the script's files: nothing to measure.
+        println!("filtered_search: run by scripts/filtered-vs-peers.sh (needs --filters and --attributes)");
+        return;
+    }
+    let filters_path = PathBuf::from(arg("--filters").expect("--filters FILE"));
+    let attributes_path = PathBuf::from(arg("--attributes").expect("--attributes FILE"));
+    let out_path = PathBuf::from(arg("--json").expect("--json FILE"));
+    let dir = minilm_dir().expect("TARN_MINILM_DIR or ../shared/data/minilm-debian");
+    let data = load_minilm(&dir).unwrap();
+    assert_eq!(data.dim, DIM);
+    let n = data.base.len() / DIM;
+    let rows: Vec<Attributes> =
+        std::io::BufReader::new(std::fs::File::open(&attributes_path).unwrap())
+            .lines()
+            .map(|line| attributes(&serde_json::from_str(&line.unwrap()).unwrap()))
+            .collect();
+    assert_eq!(rows.len(), n, "one attributes row per base vector");
+    let spec: Json = serde_json::from_slice(&std::fs::read(&filters_path).unwrap()).unwrap();
+
+    let work = tempfile::tempdir().unwrap();
+    let mut config = CollectionConfig::new(DIM, MetricName::Cosine);
+    config.fields = fields();
+    let collection = Collection::create(&work.path().join("c"), config).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    rt.block_on(async {
+        for first in (0..n).step_by(1000) {
+            let last = (first + 1000).min(n);
+            let ids: Vec<u128> = (first as u128..last as u128).collect();
+            collection
+                .insert_with_attributes(
+                    &ids,
+                    &[],
+                    &data.base[first * DIM..last * DIM],
+                    &rows[first..last],
+                    Some(Durability::Written),
+                )
+                .await
+                .unwrap();
+        }
+        collection.flush().await.unwrap();
+    });
+    while collection.stats().n_unindexed > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    eprintln!(
+        "filtered_search: {n} documents with attributes loaded, sealed and indexed in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+
+    let queries: Vec<&[f32]> = data.queries.chunks_exact(DIM).collect();
+    let search = |q: usize, filter: Option<Filter>, top_k: usize, ef: usize, exact: bool| {
+        collection
+            .search(&SearchRequest {
+                user_ids: Vec::new(),
+                vector: queries[q].to_vec(),
+                top_k,
+                ef,
+                exact,
+                min_seq: 0,
+                filter,
+            })
+            .unwrap()
+    };
+    let mut results = Vec::new();
+    for entry in spec["filters"].as_array().unwrap() {
+        let name = entry["name"].as_str().unwrap();
+        let per_query: Vec<Option<Filter>> = entry["per_query"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| (!f.is_null()).then(|| filter(f)))
+            .collect();
+        let n_matches: Vec<usize> = entry["n_matches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect();
+        let truth: Vec<Vec<u64>> = entry["truth"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|ids| {
+                ids.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|i| i.as_u64().unwrap())
+                    .collect()
+            })
+            .collect();
+        let mut record = |mode: String, m: Measured| {
+            eprintln!(
+                "  {name:<14} {mode:<16} recall@10 {:.4}  {:>8.0} q/s  short {}",
+                m.recall, m.qps, m.short
+            );
+            results.push(json!({"filter": name, "system": "tarn", "mode": mode,
+                "recall": m.recall, "qps": m.qps, "short": m.short}));
+        };
+        for ef in EFS {
+            let m = measure(&n_matches, &truth, |q| {
+                search(q, per_query[q].clone(), K, ef, false)
+                    .iter()
+                    .map(|h| h.doc_id)
+                    .collect()
+            });
+            record(format!("filtered ef={ef}"), m);
+        }
+        if per_query.iter().any(Option::is_some) {
+            let m = measure(&n_matches, &truth, |q| {
+                search(q, per_query[q].clone(), K, 0, true)
+                    .iter()
+                    .map(|h| h.doc_id)
+                    .collect()
+            });
+            record("exact scan".to_string(), m);
+            // Post-filtering: ask for enough unfiltered hits to expect 2 k matches among them.
+            let matched: Vec<Vec<bool>> = (0..queries.len())
+                .map(|q| {
+                    let f = per_query[q].as_ref().unwrap();
+                    rows.iter().map(|row| f.matches(row)).collect()
+                })
+                .collect();
+            let m = measure(&n_matches, &truth, |q| {
+                let selectivity = (n_matches[q].max(1) as f64 / n as f64).min(1.0);
+                let top_k = ((2 * K) as f64 / selectivity).ceil() as usize;
+                let top_k = top_k.clamp(K, POSTFILTER_MAX);
+                search(q, None, top_k, top_k, false)
+                    .iter()
+                    .map(|h| h.doc_id)
+                    .filter(|id| matched[q][*id as usize])
+                    .take(K)
+                    .collect()
+            });
+            record("post-filter".to_string(), m);
+        }
+    }
+    std::fs::write(&out_path, serde_json::to_vec_pretty(&results).unwrap()).unwrap();
+}
