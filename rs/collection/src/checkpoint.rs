@@ -264,15 +264,22 @@ impl Checkpointer {
         Ok(())
     }
 
-    /// Phase 2: while there are more than `max_sealed_segments`, the two smallest are merged;
-    /// then a segment with more than `rebuild_tombstone_fraction` dead slots is rebuilt. Each
-    /// result is a new file.
+    /// Phase 2: the two smallest segments are merged while there are more than
+    /// `max_sealed_segments`, or while they are of a size (`tiered_merge_due`); then a segment
+    /// with more than `rebuild_tombstone_fraction` dead slots is rebuilt. Each result is a new
+    /// file.
     fn merge_and_rebuild(&self, work: &mut CheckpointWork) -> Result<()> {
         let index_config = self.shared.config.index_config();
         let rebuild_fraction = self.shared.config.rebuild_tombstone_fraction;
-        while work.sealed.len() > self.shared.config.max_sealed_segments {
-            self.check_stopping()?;
+        loop {
             work.sealed.sort_by_key(|s| s.figures().n_live);
+            let sizes: Vec<usize> = work.sealed.iter().map(|s| s.figures().n_live).collect();
+            if work.sealed.len() <= self.shared.config.max_sealed_segments
+                && !tiered_merge_due(&sizes)
+            {
+                break;
+            }
+            self.check_stopping()?;
             let (a, b) = (work.sealed.remove(0), work.sealed.remove(0));
             let id = work.next_segment_id;
             let merged = self.timed_build(|| {
@@ -511,6 +518,38 @@ impl Checkpointer {
     }
 }
 
+/// The largest merge the size-tiered rule makes (live documents in the result); past it only
+/// `max_sealed_segments` forces merges. A merge rebuilds a graph over every document of both
+/// segments on the checkpoint thread (60,733 x 384 took about 7.5 s on 2 cores), so an
+/// uncapped rule would hold checkpoints for hours on a large collection.
+pub(crate) const TIERED_MERGE_MAX_DOCUMENTS: usize = 1_000_000;
+
+/// Below this many live documents in the result the tiered rule merges segments of quite
+/// different sizes too (the smaller at least an eighth of the larger): a load's checkpoints grow
+/// about geometrically (2.5k, 18k, 40k documents for minilm), which "of a size" alone never
+/// merges. Such a merge costs at most about 12 s of the builder on 2 cores at 384-d.
+pub(crate) const TIERED_MERGE_FLOOR_DOCUMENTS: usize = 100_000;
+
+/// The size-tiered merge rule: given the sealed segments' live documents in ascending order,
+/// whether the two smallest should be merged: the smaller holds at least half as many as the
+/// larger and the result stays within [`TIERED_MERGE_MAX_DOCUMENTS`], or at least an eighth
+/// and the result stays within [`TIERED_MERGE_FLOOR_DOCUMENTS`]. Each segment is searched at
+/// the full `ef`, so a bulk load left in three segments searched at about a third of one
+/// segment's speed (docs/BENCHMARKS.md, "Filtered search"). Modelled (the tests below): a
+/// stream of 1,000-document checkpoints up to 1M documents rebuilds each document about 14
+/// times and never holds more than 5 segments; merging only segments "of a size" would rebuild
+/// each about 10 times but leave a load's geometric checkpoints unmerged.
+pub(crate) fn tiered_merge_due(sizes: &[usize]) -> bool {
+    match sizes {
+        [smallest, next, ..] => {
+            let merged = smallest.saturating_add(*next);
+            (smallest.saturating_mul(2) >= *next && merged <= TIERED_MERGE_MAX_DOCUMENTS)
+                || (smallest.saturating_mul(8) >= *next && merged <= TIERED_MERGE_FLOOR_DOCUMENTS)
+        }
+        _ => false,
+    }
+}
+
 /// How checkpoints run tarn's builder (fresh graphs when sealing a partition whose tail hnsw_rs
 /// has not indexed, or with many dead slots; merges; rebuilds): on every core, at the request
 /// threads' priority, so that a load is indexed as fast as the machine allows once its writes
@@ -589,4 +628,49 @@ fn collect_unpinned_garbage(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tiered_tests {
+    use super::{tiered_merge_due, TIERED_MERGE_MAX_DOCUMENTS};
+
+    #[test]
+    fn segments_of_a_size_merge_and_unequal_or_huge_ones_do_not() {
+        assert!(!tiered_merge_due(&[]));
+        assert!(!tiered_merge_due(&[1_000]));
+        assert!(tiered_merge_due(&[10_000, 20_000, 30_000]));
+        assert!(tiered_merge_due(&[30_000, 30_000]));
+        // Below the floor an eighth is enough (a load's geometric checkpoints: 2.5k, 18k, 40k).
+        assert!(tiered_merge_due(&[2_500, 18_000, 40_000]));
+        assert!(tiered_merge_due(&[20_500, 40_000]));
+        assert!(!tiered_merge_due(&[2_000, 58_000]));
+        assert!(!tiered_merge_due(&[20_000, 158_000]));
+        assert!(!tiered_merge_due(&[99_999, 200_001]));
+        let half = TIERED_MERGE_MAX_DOCUMENTS / 2;
+        assert!(tiered_merge_due(&[half, half]));
+        assert!(!tiered_merge_due(&[half + 1, half + 1]));
+    }
+
+    /// Checkpoints of 1,000 documents each, merged by the rule after each: few segments, and
+    /// each document rebuilt a bounded number of times.
+    #[test]
+    fn a_stream_of_checkpoints_keeps_a_logarithmic_number_of_segments() {
+        let mut sizes: Vec<usize> = Vec::new();
+        let mut rebuilt = 0usize;
+        for _ in 0..1_000 {
+            sizes.push(1_000);
+            sizes.sort_unstable();
+            while tiered_merge_due(&sizes) {
+                let (a, b) = (sizes.remove(0), sizes.remove(0));
+                rebuilt += a + b;
+                sizes.push(a + b);
+                sizes.sort_unstable();
+            }
+            assert!(sizes.len() <= 5, "{sizes:?}");
+        }
+        assert_eq!(sizes.iter().sum::<usize>(), 1_000_000);
+        // About 14 rebuilds per document (the model gives 13.86): not the 500 of merging
+        // everything at every checkpoint.
+        assert!(rebuilt <= 15 * 1_000_000, "{rebuilt}");
+    }
 }
