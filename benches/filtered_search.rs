@@ -193,9 +193,18 @@ fn main() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     eprintln!(
-        "filtered_search: {n} documents with attributes loaded, sealed and indexed in {:.1} s",
-        start.elapsed().as_secs_f64()
+        "filtered_search: {n} documents with attributes loaded, sealed and indexed in {:.1} s ({} sealed segments)",
+        start.elapsed().as_secs_f64(),
+        collection.stats().n_sealed_segments
     );
+    // `--reopen`: search the collection as a restart opens it (segments read from their files)
+    // instead of as the load left it in memory.
+    let collection = if std::env::args().any(|a| a == "--reopen") {
+        drop(collection);
+        Collection::open(&work.path().join("c")).unwrap()
+    } else {
+        collection
+    };
 
     let queries: Vec<&[f32]> = data.queries.chunks_exact(DIM).collect();
     let search = |q: usize, filter: Option<Filter>, top_k: usize, ef: usize, exact: bool| {
