@@ -266,13 +266,7 @@ impl TarnService {
                 }
             })
             .await;
-        let mut positions = Vec::new();
-        let mut n_inserted = 0;
-        for (shard, answer) in answers {
-            let (seq, n) = answer?;
-            positions.push((shard, seq));
-            n_inserted += n;
-        }
+        let (positions, n_inserted) = positions_and_count(answers)?;
         Ok(pb::InsertResponse {
             seq_no: single_position(&map, &positions),
             n_inserted,
@@ -406,13 +400,7 @@ impl TarnService {
                 self.on_shard(cluster, map, shard, Access::Write, timeout, call)
             })
             .await;
-        let mut positions = Vec::new();
-        let mut n_removed = 0;
-        for (shard, answer) in answers {
-            let (seq, n) = answer?;
-            positions.push((shard, seq));
-            n_removed += n;
-        }
+        let (positions, n_removed) = positions_and_count(answers)?;
         Ok(pb::RemoveResponse {
             seq_no: single_position(map, &positions),
             read_token: cluster::read_token(map, positions),
@@ -857,6 +845,24 @@ fn is_stale_map(error: &ApiError) -> bool {
 
 /// `seq_no` of a write: its shard's sequence number when the collection has one shard (so
 /// `min_seq_no` keeps working there), 0 otherwise (use the read token).
+/// One shard's answer to a counted write: its log position and how many pairs it wrote.
+type CountedAnswer = Result<(u64, u64), ApiError>;
+
+/// The shards' answers to a counted write (insert, remove by filter): each shard's log
+/// position, for the read token, and the total the shards counted; the first error fails it.
+fn positions_and_count(
+    answers: Vec<(u32, CountedAnswer)>,
+) -> Result<(Vec<(u32, u64)>, u64), ApiError> {
+    let mut positions = Vec::with_capacity(answers.len());
+    let mut total = 0;
+    for (shard, answer) in answers {
+        let (seq, n) = answer?;
+        positions.push((shard, seq));
+        total += n;
+    }
+    Ok((positions, total))
+}
+
 fn single_position(map: &CollectionMap, positions: &[(u32, u64)]) -> u64 {
     match positions {
         [(_, seq)] if map.def.n_shards == 1 => *seq,
