@@ -398,8 +398,9 @@ impl ClusterNode {
             (Some(map), Some(a))
                 if a.takes_writes() && a.epoch == epoch && a.owner == self.node_id =>
             {
-                let replication =
-                    self.replication_for_write(shard, a, map.def.min_in_sync, &collection)?;
+                let replication = self
+                    .replication_for_write(shard, a, map.def.min_in_sync, &collection)
+                    .await?;
                 Ok(ShardWrite {
                     collection,
                     _gate: guard,
@@ -926,6 +927,7 @@ async fn reconcile(node: std::sync::Weak<ClusterNode>) {
         }
         node.forget_unused_handles(&current);
         node.forget_replications(&current);
+        node.start_replications(&current).await;
         drop(node);
         let changed = state.changed();
         if undecided {

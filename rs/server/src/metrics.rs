@@ -142,7 +142,10 @@ impl Metrics {
                  tarn_cluster_set_aside_shards {}\n\
                  # HELP tarn_cluster_writable 1 while this node may acknowledge writes (its etcd lease is surely alive)\n\
                  # TYPE tarn_cluster_writable gauge\n\
-                 tarn_cluster_writable {}",
+                 tarn_cluster_writable {}\n\
+                 # HELP tarn_failovers_total replicas this node promoted to primary as the placement coordinator\n\
+                 # TYPE tarn_failovers_total counter\n\
+                 tarn_failovers_total {}",
                 state.shards_owned_by(&cluster.node_id).count(),
                 state.nodes.len(),
                 u8::from(cluster.store_connected()),
@@ -154,6 +157,7 @@ impl Metrics {
                 moves.last_write_pause_us.load(Relaxed) as f64 / 1e6,
                 collections.set_aside_list().map_or(0, |l| l.len()),
                 u8::from(cluster.writable().is_ok()),
+                moves.failovers.load(Relaxed),
             );
             let replicas = cluster.replication_figures();
             for (name, help) in [

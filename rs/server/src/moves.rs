@@ -81,6 +81,8 @@ pub struct MoveCounters {
     pub streams_out: AtomicU64,
     /// The last finished move's write pause (fence to flip), microseconds.
     pub last_write_pause_us: AtomicU64,
+    /// Failovers this node landed as the placement coordinator.
+    pub failovers: AtomicU64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -281,10 +283,16 @@ fn send_shard(
             tail.next_seq()
         )));
     }
+    let epochs = collection
+        .epoch_starts()?
+        .into_iter()
+        .map(|(epoch, first_seq)| pb::EpochStart { epoch, first_seq })
+        .collect();
     if !send(pb::ShardStreamMessage {
         handed_over: true,
         last_seq_no: last,
         head_seq_no: last,
+        epochs,
         ..Default::default()
     }) {
         return Ok(None);
@@ -599,6 +607,20 @@ async fn copy_and_flip(
                     message.last_seq_no
                 )));
             }
+            // The owner's epoch history goes with its log, so that the copy's entries keep
+            // their epochs (a replica that followed the owner compares them with this copy's
+            // when this node is its primary).
+            let starts: Vec<(u64, u64)> = message
+                .epochs
+                .iter()
+                .map(|e| (e.epoch, e.first_seq))
+                .collect();
+            if !starts.is_empty() {
+                let copy = copy.clone();
+                tokio::task::spawn_blocking(move || copy.set_epoch_starts(starts))
+                    .await
+                    .map_err(|e| ApiError::Internal(e.to_string()))??;
+            }
             break message.last_seq_no;
         }
         let behind = message.head_seq_no.saturating_sub(applied);
@@ -801,6 +823,7 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
                     }
                 }
             }
+            promote_replicas(&node, &state).await;
             let planned = plan_move(&state);
             let key = planned.as_ref().map(|p| (p.collection.clone(), p.shard));
             let failed_before = key.as_ref().and_then(|k| state.move_failures.get(k));
@@ -847,6 +870,45 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
             }
         }
         tracing::warn!(%node_id, "no longer the placement coordinator");
+    }
+}
+
+/// Failover: for each shard whose primary is dead to the cluster and that has an alive in-sync
+/// replica ([`tarn_cluster::plan_promotions`]), promotes that replica at the next epoch, in one
+/// etcd transaction that lands only if the shard's record is unchanged since it was read and
+/// the old primary's registration is gone from etcd itself (not only from this node's view).
+/// Without etcd nothing is promoted. Logged and counted (`tarn_failovers_total`); a swap that
+/// does not land is decided again from the next view.
+async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::ClusterState) {
+    for planned in tarn_cluster::plan_promotions(state) {
+        let name = ShardName {
+            collection: planned.collection.clone(),
+            uid: planned.uid,
+            shard: planned.shard,
+        };
+        let swap = tarn_cluster::ShardSwap {
+            collection: &planned.collection,
+            uid: planned.uid,
+            shard: planned.shard,
+            expected_epoch: planned.from.epoch,
+            new: &planned.to,
+            unless_registered: Some(&planned.dead_primary),
+            expected: Some(&planned.from),
+        };
+        match node.store().compare_and_set_shard(&swap).await {
+            Ok(true) => {
+                node.moves.failovers.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(shard = %name.local_name(), dead = %planned.dead_primary,
+                    primary = %planned.to.owner, epoch = planned.to.epoch,
+                    "failover: an in-sync replica is the shard's primary");
+            }
+            Ok(false) => {
+                tracing::debug!(shard = %name.local_name(), "failover not landed (the record changed or the primary is still registered)");
+            }
+            Err(error) => {
+                tracing::warn!(shard = %name.local_name(), %error, "failover: etcd unavailable; retrying");
+            }
+        }
     }
 }
 

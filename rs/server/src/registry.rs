@@ -147,6 +147,43 @@ impl Registry {
         .map_err(|e| ApiError::Internal(format!("dropping shard {local_name}: {e}")))
     }
 
+    /// Cuts a local shard's log after entry `keep` (a replica holding entries a deposed primary
+    /// never had acknowledged, `tarn_collection::cut_log_after`): closes the copy, cuts, and
+    /// opens it again (recovery replays the log up to `keep`). A cut a checkpoint forbids
+    /// changes nothing (the copy is opened again as it was) and is an error. Returns the
+    /// reopened copy and how many entries were cut. The caller holds the copy's lock.
+    pub async fn cut_shard_log(
+        &self,
+        local_name: &str,
+        keep: u64,
+    ) -> Result<(Collection, u64), ApiError> {
+        let _admin = self.admin.lock().await;
+        let Some((_, collection)) = self.collections.remove(local_name) else {
+            return Err(ApiError::NotFound(local_name.to_owned()));
+        };
+        let path = self.root.join(local_name);
+        let (reopened, cut) = tokio::task::spawn_blocking(move || {
+            collection.close();
+            drop(collection);
+            let cut = tarn_collection::cut_log_after(&path, keep);
+            (Collection::open(&path), cut)
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+        let reopened = reopened?;
+        self.collections
+            .insert(local_name.to_owned(), reopened.clone());
+        match cut {
+            Ok(n) => {
+                tracing::warn!(shard = %local_name, keep, cut = n, "cut entries a deposed primary never had acknowledged off this copy's log");
+                Ok((reopened, n))
+            }
+            Err(error) => Err(ApiError::Unavailable(format!(
+                "shard copy {local_name} cannot cut its log after {keep}: {error}"
+            ))),
+        }
+    }
+
     /// The directory of set-aside shard copies: `<data_dir>/set-aside/`.
     pub fn set_aside_dir(&self) -> PathBuf {
         self.root

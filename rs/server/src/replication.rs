@@ -26,7 +26,9 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use std::sync::Mutex as StdMutex;
-use tarn_cluster::{ShardAssignment, ShardName, ShardRecord, ShardSwap};
+use tarn_cluster::{
+    last_common_seq, EpochHistory, ShardAssignment, ShardName, ShardRecord, ShardSwap,
+};
 use tarn_collection::Collection;
 use tarn_proto::v1 as pb;
 use tokio::sync::watch;
@@ -51,6 +53,9 @@ pub(crate) struct ShardReplication {
     epoch: u64,
     min_in_sync: u32,
     collection: Collection,
+    /// This copy's epoch history, this epoch's start included (recorded before the first
+    /// entry of the epoch was appended): shipped with every entry batch.
+    history: Vec<pb::EpochStart>,
     /// The shard's record as this primary last knew it: its own swaps land here at once (the
     /// view follows later); changes by others are taken from the view.
     record: StdMutex<ShardAssignment>,
@@ -130,7 +135,72 @@ impl ClusterNode {
     /// The replication of `shard` (this node its primary at `epoch`, per `assignment`), started
     /// on first use: `None` when the shard has no replicas. Refuses a write up front when fewer
     /// copies than the collection's `min_in_sync` are in sync.
-    pub(crate) fn replication_for_write(
+    pub(crate) async fn replication_for_write(
+        self: &Arc<Self>,
+        shard: &ShardName,
+        assignment: &ShardAssignment,
+        min_in_sync: u32,
+        collection: &Collection,
+    ) -> Result<Option<Arc<ShardReplication>>, ApiError> {
+        let Some(replication) = self
+            .replication_of(shard, assignment, min_in_sync, collection)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let record = replication.record().clone();
+        record
+            .check_in_sync(min_in_sync)
+            .map_err(|why| ApiError::ShardUnavailable {
+                collection: shard.collection.clone(),
+                shard: shard.shard,
+                node: self.node_id.clone(),
+                why: format!("writes are refused: {why}"),
+            })?;
+        Ok(Some(replication))
+    }
+
+    /// Starts the replication of every shard this node is primary of that has replicas, so a
+    /// returning or promoted-over copy is probed, cut back if it must be, and caught up without
+    /// waiting for the next write (a new primary records its epoch here too).
+    pub(crate) async fn start_replications(self: &Arc<Self>, state: &tarn_cluster::ClusterState) {
+        for map in state.collections.values() {
+            for (idx, assignment) in map.shards.iter().enumerate() {
+                if assignment.owner != self.node_id
+                    || assignment.replicas.is_empty()
+                    || !assignment.takes_writes()
+                {
+                    continue;
+                }
+                let shard = ShardName {
+                    collection: map.def.name.clone(),
+                    uid: map.def.uid,
+                    shard: idx as u32,
+                };
+                let local = shard.local_name();
+                if self
+                    .replication
+                    .get(&local)
+                    .is_some_and(|r| r.epoch == assignment.epoch)
+                {
+                    continue;
+                }
+                let Ok(collection) = self.registry.get_shard(&local) else {
+                    continue;
+                };
+                if let Err(error) = self
+                    .replication_of(&shard, assignment, map.def.min_in_sync, &collection)
+                    .await
+                {
+                    tracing::warn!(shard = %local, %error, "cannot start replicating a shard");
+                }
+            }
+        }
+    }
+
+    /// The replication of `shard` at `assignment`'s epoch, started (its epoch recorded in the
+    /// copy's history, its followers started) if it was not; `None` without replicas.
+    async fn replication_of(
         self: &Arc<Self>,
         shard: &ShardName,
         assignment: &ShardAssignment,
@@ -147,12 +217,14 @@ impl ClusterNode {
             Some(r) => r,
             None if assignment.replicas.is_empty() && min_in_sync <= 1 => return Ok(None),
             None => {
+                let history = begin_epoch(collection, assignment.epoch).await?;
                 let (wanted, _) = watch::channel(collection.last_seq_no());
                 let r = Arc::new(ShardReplication {
                     shard: shard.clone(),
                     epoch: assignment.epoch,
                     min_in_sync,
                     collection: collection.clone(),
+                    history,
                     record: StdMutex::new(assignment.clone()),
                     wanted,
                     acked: DashMap::new(),
@@ -160,20 +232,21 @@ impl ClusterNode {
                     changing: tokio::sync::Mutex::new(()),
                     joining: std::sync::atomic::AtomicBool::new(false),
                 });
-                self.replication.insert(local, Arc::clone(&r));
-                r
+                // Another write may have started it meanwhile: one replication per epoch.
+                let entry = self
+                    .replication
+                    .entry(local)
+                    .or_insert_with(|| Arc::clone(&r));
+                if entry.epoch == assignment.epoch {
+                    Arc::clone(entry.value())
+                } else {
+                    drop(entry);
+                    self.replication.insert(shard.local_name(), Arc::clone(&r));
+                    r
+                }
             }
         };
         replication.refresh(self, assignment);
-        let record = replication.record().clone();
-        record
-            .check_in_sync(min_in_sync)
-            .map_err(|why| ApiError::ShardUnavailable {
-                collection: shard.collection.clone(),
-                shard: shard.shard,
-                node: self.node_id.clone(),
-                why: format!("writes are refused: {why}"),
-            })?;
         Ok(Some(replication))
     }
 
@@ -235,15 +308,15 @@ impl ShardReplication {
             }
             let (acked_tx, acked_rx) = watch::channel(0u64);
             self.acked.insert(replica.clone(), acked_rx);
-            let task = tokio::spawn(follow(
-                Arc::downgrade(node),
-                self.shard.clone(),
-                self.epoch,
-                replica.clone(),
-                self.collection.clone(),
-                self.wanted.subscribe(),
-                acked_tx,
-            ));
+            let follower = Follower {
+                node: Arc::downgrade(node),
+                shard: self.shard.clone(),
+                epoch: self.epoch,
+                history: self.history.clone(),
+                replica: replica.clone(),
+                collection: self.collection.clone(),
+            };
+            let task = tokio::spawn(follow(follower, self.wanted.subscribe(), acked_tx));
             followers.push((replica, task));
         }
     }
@@ -413,33 +486,129 @@ impl ShardReplication {
     }
 }
 
-/// A follower: ships the shard's log to `replica` for as long as this node is the shard's
-/// primary at `epoch` (the task is aborted when its `ShardReplication` goes).
-async fn follow(
+/// Records, durably, that this copy's entries from its next one on are `epoch`'s (before the
+/// first of them is appended: a primary's first write at an epoch). Entries the copy holds from
+/// before it kept a history are epoch 0's (a shard's one line of primaries before it had
+/// replicas: every copy got them from it). Returns the history.
+async fn begin_epoch(collection: &Collection, epoch: u64) -> Result<Vec<pb::EpochStart>, ApiError> {
+    let collection = collection.clone();
+    tokio::task::spawn_blocking(move || -> Result<Vec<pb::EpochStart>, ApiError> {
+        let starts = collection.epoch_starts()?;
+        let mut history = EpochHistory::from_starts(starts.clone()).map_err(ApiError::Internal)?;
+        let next = collection.last_seq_no() + 1;
+        if history.starts().is_empty() && next > 1 {
+            history.begin(0, 1).map_err(ApiError::Internal)?;
+        }
+        history.begin(epoch, next).map_err(|why| {
+            ApiError::Internal(format!(
+                "shard copy {}: cannot begin epoch {epoch}: {why}",
+                collection_label(&collection)
+            ))
+        })?;
+        if history.starts() != starts.as_slice() {
+            collection.set_epoch_starts(history.starts().to_vec())?;
+        }
+        Ok(to_wire(history.starts()))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("recording an epoch: {e}")))?
+}
+
+fn collection_label(collection: &Collection) -> String {
+    format!("(last entry {})", collection.last_seq_no())
+}
+
+fn to_wire(starts: &[(u64, u64)]) -> Vec<pb::EpochStart> {
+    starts
+        .iter()
+        .map(|&(epoch, first_seq)| pb::EpochStart { epoch, first_seq })
+        .collect()
+}
+
+/// Records in a replica's epoch history, durably and before they are appended, the epochs of
+/// the primary's entries `first..=last` (by the primary's history). An entry of an epoch older
+/// than the copy's latest is refused: the copy must first be cut back (the primary's probe
+/// does that).
+async fn record_epochs(
+    collection: &Collection,
+    primary: &EpochHistory,
+    first: u64,
+    last: u64,
+) -> Result<(), ApiError> {
+    let mut starts: Vec<(u64, u64)> = Vec::new();
+    if let Some(epoch) = primary.epoch_of(first) {
+        starts.push((epoch, first));
+    }
+    starts.extend(
+        primary
+            .starts()
+            .iter()
+            .filter(|&&(_, start)| start > first && start <= last),
+    );
+    if starts.is_empty() {
+        return Ok(());
+    }
+    let collection = collection.clone();
+    tokio::task::spawn_blocking(move || -> Result<(), ApiError> {
+        let before = collection.epoch_starts()?;
+        let mut history = EpochHistory::from_starts(before.clone()).map_err(ApiError::Internal)?;
+        for (epoch, start) in starts {
+            history.begin(epoch, start).map_err(|why| {
+                ApiError::Unsupported(format!(
+                    "entries from {first} do not continue this replica's log: {why}"
+                ))
+            })?;
+        }
+        if history.starts() != before.as_slice() {
+            collection.set_epoch_starts(history.starts().to_vec())?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("recording epochs: {e}")))?
+}
+
+/// A history from the wire, checked.
+fn from_wire(starts: &[pb::EpochStart]) -> Result<EpochHistory, ApiError> {
+    EpochHistory::from_starts(starts.iter().map(|s| (s.epoch, s.first_seq)).collect())
+        .map_err(|why| ApiError::invalid("epochs", why))
+}
+
+/// What a follower ships from and to.
+struct Follower {
     node: std::sync::Weak<ClusterNode>,
     shard: ShardName,
     epoch: u64,
+    /// The primary's epoch history.
+    history: Vec<pb::EpochStart>,
     replica: String,
     collection: Collection,
-    mut wanted: watch::Receiver<u64>,
-    acked: watch::Sender<u64>,
-) {
+}
+
+/// A follower: ships the shard's log to `replica` for as long as this node is the shard's
+/// primary at `epoch` (the task is aborted when its `ShardReplication` goes).
+async fn follow(follower: Follower, mut wanted: watch::Receiver<u64>, acked: watch::Sender<u64>) {
+    let Follower {
+        node,
+        shard,
+        epoch,
+        history,
+        replica,
+        collection,
+    } = follower;
     let mut backoff = Duration::from_millis(50);
     loop {
         let Some(node) = node.upgrade() else {
             return;
         };
-        match ship(
-            &node,
-            &shard,
+        let link = Link {
+            node: &node,
+            shard: &shard,
             epoch,
-            &replica,
-            &collection,
-            &mut wanted,
-            &acked,
-        )
-        .await
-        {
+            history: &history,
+            replica: &replica,
+        };
+        match ship(&link, &collection, &mut wanted, &acked).await {
             Ok(()) => return,
             Err(error) => {
                 tracing::debug!(shard = %shard.local_name(), %replica, %error, "shipping to a replica failed; retrying");
@@ -454,24 +623,30 @@ async fn follow(
 /// One connection's worth of shipping: probes where the replica's log ends, then sends what
 /// writers want, in order, until a call fails.
 async fn ship(
-    node: &Arc<ClusterNode>,
-    shard: &ShardName,
-    epoch: u64,
-    replica: &str,
+    link: &Link<'_>,
     collection: &Collection,
     wanted: &mut watch::Receiver<u64>,
     acked: &watch::Sender<u64>,
 ) -> Result<(), ApiError> {
-    let probe = append(node, shard, epoch, replica, 0, Vec::new()).await?;
-    acked.send_replace(probe.durable_seq);
+    let (node, shard, epoch, replica) = (link.node, link.shard, link.epoch, link.replica);
+    let mut probe = link.append(0, Vec::new(), None).await?;
+    // KIP-101's rule: the replica keeps its log up to the last entry both logs hold from the
+    // same epoch; what it holds after that was written by a primary that lost its place before
+    // the entries were acknowledged (an acknowledged entry is on every in-sync copy, and only
+    // an in-sync copy is promoted), so it is cut off.
     let primary_last = collection.last_seq_no();
-    if probe.last_seq > primary_last {
-        return Err(ApiError::Unavailable(format!(
-            "replica {replica} holds entries up to {} and this primary only up to \
-             {primary_last}: it must cut its log back before it can follow",
-            probe.last_seq
-        )));
+    let keep = last_common_seq(
+        &from_wire(&probe.epochs)?,
+        probe.last_seq,
+        &from_wire(link.history)?,
+        primary_last,
+    );
+    if keep < probe.last_seq {
+        tracing::warn!(shard = %shard.local_name(), %replica, replica_last = probe.last_seq,
+            keep, "the replica holds entries this primary does not: cutting them off");
+        probe = link.append(0, Vec::new(), Some(keep)).await?;
     }
+    acked.send_replace(probe.durable_seq.min(probe.last_seq));
     let Some(mut tail) = collection.wal_tail_from(probe.last_seq + 1) else {
         return Err(ApiError::Unavailable(format!(
             "replica {replica} ends at {} and this primary's log no longer holds what follows \
@@ -510,7 +685,7 @@ async fn ship(
         let first = entries[0].0;
         let n = entries.len() as u64;
         let payloads = entries.into_iter().map(|(_, p)| p.to_vec()).collect();
-        let answer = append(node, shard, epoch, replica, first, payloads).await?;
+        let answer = link.append(first, payloads, None).await?;
         acked.send_replace(answer.durable_seq);
         since_release += n;
         if since_release >= RELEASE_EVERY_ENTRIES {
@@ -561,15 +736,35 @@ async fn try_join(
     });
 }
 
-/// One `AppendEntries` call to `replica`, bounded by [`IN_SYNC_BOUND`].
-async fn append(
-    node: &ClusterNode,
-    shard: &ShardName,
+/// A follower's link to one replica.
+struct Link<'a> {
+    node: &'a Arc<ClusterNode>,
+    shard: &'a ShardName,
     epoch: u64,
-    replica: &str,
+    history: &'a [pb::EpochStart],
+    replica: &'a str,
+}
+
+impl Link<'_> {
+    /// One `AppendEntries` call, bounded by [`IN_SYNC_BOUND`]: entries from `first_seq`, or
+    /// (none) a probe, which first cuts the replica's log after `cut_after` when given.
+    async fn append(
+        &self,
+        first_seq: u64,
+        entries: Vec<Vec<u8>>,
+        cut_after: Option<u64>,
+    ) -> Result<pb::AppendEntriesResponse, ApiError> {
+        append(self, first_seq, entries, cut_after).await
+    }
+}
+
+async fn append(
+    link: &Link<'_>,
     first_seq: u64,
     entries: Vec<Vec<u8>>,
+    cut_after: Option<u64>,
 ) -> Result<pb::AppendEntriesResponse, ApiError> {
+    let (node, shard, epoch, replica) = (link.node, link.shard, link.epoch, link.replica);
     let channel = node.peer(replica).await?;
     let mut client = pb::node_client::NodeClient::new(channel)
         .max_decoding_message_size(crate::cluster::MAX_NODE_MESSAGE_BYTES)
@@ -586,6 +781,9 @@ async fn append(
         entries,
         sync: true,
         from_node: node.node_id.clone(),
+        epochs: link.history.to_vec(),
+        cut: cut_after.is_some(),
+        cut_after: cut_after.unwrap_or(0),
     };
     let started = Instant::now();
     let answer = client
@@ -653,15 +851,31 @@ pub(crate) async fn append_entries(
             node.node_id, shard.shard, shard.collection
         )));
     }
+    let primary_history = from_wire(&request.epochs)?;
     let local = shard.local_name();
     let lock = node.copy_lock(&local);
     let _copy = lock.lock().await;
-    let collection = node.replica_copy(&shard, &assignment).await?;
+    let mut collection = node.replica_copy(&shard, &assignment).await?;
+    let mut cut_entries = 0;
+    if request.cut && request.cut_after < collection.last_seq_no() {
+        (collection, cut_entries) = node
+            .registry
+            .cut_shard_log(&local, request.cut_after)
+            .await?;
+    }
     let last = collection.last_seq_no();
     if request.entries.is_empty() {
+        let history = {
+            let collection = collection.clone();
+            tokio::task::spawn_blocking(move || collection.epoch_starts())
+                .await
+                .map_err(|e| ApiError::Internal(e.to_string()))??
+        };
         return Ok(pb::AppendEntriesResponse {
             last_seq: last,
             durable_seq: collection.sync_wal().await?,
+            epochs: to_wire(&history),
+            cut_entries,
         });
     }
     if request.first_seq == 0 || request.first_seq > last + 1 {
@@ -683,6 +897,8 @@ pub(crate) async fn append_entries(
     let durable = if entries.is_empty() {
         collection.sync_wal().await?
     } else {
+        let (first, end) = (entries[0].0, entries[entries.len() - 1].0);
+        record_epochs(&collection, &primary_history, first, end).await?;
         collection
             .append_copied(entries, tarn_wal::Durability::Fsync)
             .await?
@@ -690,5 +906,7 @@ pub(crate) async fn append_entries(
     Ok(pb::AppendEntriesResponse {
         last_seq: collection.last_seq_no(),
         durable_seq: durable,
+        epochs: Vec::new(),
+        cut_entries,
     })
 }

@@ -3773,3 +3773,337 @@ fn processes_shard_moves_survive_kills_and_a_stale_map() {
         }
     });
 }
+
+/// Inserts a batch of documents over every shard of `moving` through `addr`, again every
+/// 100 ms until one is acknowledged (at most `limit`): how long that took. Each try's documents
+/// are recorded in `acked` (live when acknowledged, uncertain when not).
+async fn first_acknowledged_batch(
+    addr: &str,
+    acked: &Acked,
+    base: u128,
+    limit: Duration,
+) -> Duration {
+    const DIM: usize = 8;
+    let client = Client::connect(addr.to_owned()).await.unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(base as u64);
+    let started = std::time::Instant::now();
+    for attempt in 0u128.. {
+        assert!(
+            started.elapsed() < limit,
+            "no write acknowledged within {limit:?} of the fault"
+        );
+        // Multiples of 7: tenant 0 (`doc % 7`), as `check_acked` reads them.
+        let docs: Vec<u128> = (0..48).map(|i| (base + attempt * 100 + i) * 7).collect();
+        let v = vectors(&mut rng, docs.len(), DIM);
+        let insert = Insert::new("moving", docs.clone(), v.clone())
+            .users(vec![0])
+            .durability(Durability::Fsync)
+            .timeout(Duration::from_secs(3));
+        let ok = client.insert(insert).await.is_ok();
+        {
+            let mut map = acked.lock().unwrap();
+            for (i, doc) in docs.iter().enumerate() {
+                let state = if ok {
+                    Doc::Live(v[i * DIM..(i + 1) * DIM].to_vec())
+                } else {
+                    Doc::Uncertain
+                };
+                map.insert(*doc, state);
+            }
+        }
+        if ok {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    started.elapsed()
+}
+
+/// Waits (at most a minute) until every shard of `moving` has `copies` copies in sync, as
+/// `addr` sees it; the status then.
+async fn wait_in_sync(addr: &str, copies: usize) -> tarn_client::ClusterStatus {
+    let client = Client::connect(addr.to_owned()).await.unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        if let Ok(status) = client.cluster_status().await {
+            let shards: Vec<_> = status
+                .shards
+                .iter()
+                .filter(|s| s.collection == "moving")
+                .collect();
+            if !shards.is_empty() && shards.iter().all(|s| s.in_sync.len() == copies) {
+                return status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "shards not back in sync within a minute: {shards:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Only the codes a client is told to retry on.
+fn assert_retryable(failures: &[String]) {
+    for failure in failures {
+        assert!(
+            ["Unavailable:", "DeadlineExceeded:", "Aborted:"]
+                .iter()
+                .any(|code| failure.starts_with(code)),
+            "{failure}"
+        );
+    }
+}
+
+/// Failover (replicas, issue tests 1, 5 and 8): a collection with 2 copies of each shard
+/// (min_in_sync 1) under writers (inserts and removes). kill -9 of a node: each shard it was
+/// primary of gets its in-sync replica promoted once its lease lapses, writes go on, and every
+/// acknowledged write (no removed document back) is readable through each surviving node while
+/// it is down. It comes back and rejoins the in-sync set. Then a primary is SIGSTOPped past
+/// its lease under writers through every node (itself included): its shards fail over, and
+/// once it runs again it acknowledges nothing the new primaries lack (every acknowledged write
+/// is there afterwards) and rejoins as a replica. At the end every shard's copies hold the
+/// same documents.
+#[test]
+fn processes_primaries_fail_over_after_kill_9_and_sigstop_losing_no_acknowledged_write() {
+    use rustix::process::Signal;
+    const LEASE: u64 = 2;
+    let Some((dir, _etcd, mut nodes)) = real_cluster(3, LEASE) else {
+        return;
+    };
+    let rt = runtime();
+    const DIM: usize = 8;
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let (clients, status) = rt.block_on(async {
+        let mut clients = Vec::new();
+        for addr in &addrs {
+            clients.push(Client::connect(addr.clone()).await.unwrap());
+        }
+        clients[0]
+            .create_collection(
+                CollectionSpec::new("moving", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(6, ShardKey::Doc)
+                    .replicas(2, 1),
+            )
+            .await
+            .unwrap();
+        let status = wait_in_sync(&addrs[0], 2).await;
+        (clients, status)
+    });
+    let n3_primary: Vec<u32> = status
+        .shards
+        .iter()
+        .filter(|s| s.collection == "moving" && s.node_id == "n3")
+        .map(|s| s.shard)
+        .collect();
+    assert!(!n3_primary.is_empty(), "{status:?}");
+
+    // kill -9 of n3 under writers through n1 and n2.
+    let (acked, stop, writers) = rt.block_on(async {
+        let started = start_writers(&clients[..2], DIM);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        started
+    });
+    nodes[2].kill();
+    rt.block_on(async {
+        let took = first_acknowledged_batch(&addrs[0], &acked, 100_000_000, Duration::from_secs(30)).await;
+        eprintln!("failover after kill -9: a write over every shard acknowledged {took:?} after the kill (lease {LEASE} s)");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut n = 0;
+        for writer in writers {
+            let (acknowledged, failures) = writer.await.unwrap();
+            n += acknowledged;
+            eprintln!("writer: {acknowledged} acknowledged, {} failed", failures.len());
+            assert_retryable(&failures);
+        }
+        assert!(n > 0);
+        let status = clients[0].cluster_status().await.unwrap();
+        for shard in status.shards.iter().filter(|s| s.collection == "moving") {
+            assert_ne!(shard.node_id, "n3", "{shard:?}");
+            if n3_primary.contains(&shard.shard) {
+                assert_eq!(shard.state, "serving", "{shard:?}");
+            }
+        }
+        let failovers: usize = nodes[..2]
+            .iter()
+            .map(|n| n.server.as_ref().unwrap().logs())
+            .map(|log| log.matches("failover: an in-sync replica").count())
+            .sum();
+        assert_eq!(failovers, n3_primary.len(), "one promotion per shard n3 led");
+        // Every acknowledged write, through each survivor, while n3 is down.
+        for client in &clients[..2] {
+            check_acked(client, &acked).await;
+        }
+    });
+
+    // n3 returns: it catches up and rejoins the in-sync set of every shard it holds.
+    nodes[2].start(&_etcd.endpoint());
+    rt.block_on(wait_in_sync(&addrs[0], 2));
+
+    // SIGSTOP of a primary past its lease, under writers through every node.
+    let status = rt.block_on(clients[0].cluster_status()).unwrap();
+    let victim = status
+        .shards
+        .iter()
+        .find(|s| s.collection == "moving")
+        .unwrap()
+        .node_id
+        .clone();
+    let victim_idx = nodes.iter().position(|n| n.id == victim).unwrap();
+    let other = addrs[(victim_idx + 1) % 3].clone();
+    let (acked2, stop, writers) = rt.block_on(async {
+        let started = start_writers(&clients, DIM);
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        started
+    });
+    nodes[victim_idx].signal(Signal::STOP);
+    rt.block_on(async {
+        let took = first_acknowledged_batch(&other, &acked2, 110_000_000, Duration::from_secs(30)).await;
+        eprintln!("failover after SIGSTOP of {victim}: a write over every shard acknowledged {took:?} after the stop");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    });
+    nodes[victim_idx].signal(Signal::CONT);
+    rt.block_on(async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for writer in writers {
+            let (acknowledged, failures) = writer.await.unwrap();
+            eprintln!(
+                "writer: {acknowledged} acknowledged, {} failed",
+                failures.len()
+            );
+            assert_retryable(&failures);
+        }
+        // The earlier writers' documents are distinct from these (same ids: the later state
+        // wins, and both runs recorded what they were told).
+        let mut all = acked.lock().unwrap().clone();
+        all.extend(acked2.lock().unwrap().clone());
+        *acked.lock().unwrap() = all;
+        let status = wait_in_sync(&addrs[0], 2).await;
+        for shard in status.shards.iter().filter(|s| s.collection == "moving") {
+            assert_eq!(shard.state, "serving", "{shard:?}");
+        }
+        for client in &clients {
+            check_acked(client, &acked).await;
+        }
+        // Every copy has what its primary wrote.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    });
+    for node in &mut nodes {
+        node.kill();
+    }
+    let copies: Vec<BTreeMap<u32, Vec<(u128, u128)>>> = (1..=3)
+        .map(|i| local_copies(&dir.path().join(format!("n{i}")), "moving"))
+        .collect();
+    for shard in 0..6u32 {
+        let held: Vec<&Vec<(u128, u128)>> = copies.iter().filter_map(|c| c.get(&shard)).collect();
+        assert_eq!(held.len(), 2, "shard {shard} has 2 copies");
+        assert_eq!(held[0], held[1], "the copies of shard {shard} differ");
+    }
+}
+
+/// KIP-101's case (issue tests 6 and 8): the primary A of a shard with 2 copies appends writes
+/// its replica B never gets (B is SIGSTOPped), then A is killed before any of them is
+/// acknowledged. B (still in sync: A never removed it) is promoted and writes other entries at
+/// the same sequence numbers. When A returns it finds that its log's tail is of an older epoch
+/// than B's entries there, cuts it off (never replays it), catches up from B and rejoins the
+/// in-sync set; both copies then hold the same documents, every acknowledged write is there
+/// and no removed document came back.
+#[test]
+fn processes_a_deposed_primary_cuts_its_unacknowledged_tail_and_resyncs() {
+    use rustix::process::Signal;
+    const LEASE: u64 = 3;
+    let Some((dir, etcd, mut nodes)) = real_cluster(3, LEASE) else {
+        return;
+    };
+    let rt = runtime();
+    const DIM: usize = 8;
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let status = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        client
+            .create_collection(
+                CollectionSpec::new("moving", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(1, ShardKey::Doc)
+                    .replicas(2, 1),
+            )
+            .await
+            .unwrap();
+        wait_in_sync(&addrs[0], 2).await
+    });
+    let shard = status
+        .shards
+        .iter()
+        .find(|s| s.collection == "moving")
+        .unwrap()
+        .clone();
+    let index = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
+    let (a, b) = (index(&shard.node_id), index(&shard.replicas[0]));
+    let c = 3 - a - b;
+    // Writers through B and C (their writes go to A, the primary).
+    let clients: Vec<Client> = rt.block_on(async {
+        let mut clients = Vec::new();
+        for i in [b, c] {
+            clients.push(Client::connect(addrs[i].clone()).await.unwrap());
+        }
+        clients
+    });
+    let (acked, stop, writers) = rt.block_on(async {
+        let started = start_writers(&clients, DIM);
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        started
+    });
+    // B stops taking entries; A appends the writers' next entries and waits for B (up to its
+    // 2 s bound) ... and dies first.
+    nodes[b].signal(Signal::STOP);
+    std::thread::sleep(Duration::from_millis(1000));
+    nodes[a].kill();
+    nodes[b].signal(Signal::CONT);
+    rt.block_on(async {
+        let took =
+            first_acknowledged_batch(&addrs[c], &acked, 120_000_000, Duration::from_secs(30)).await;
+        eprintln!("failover: a write acknowledged {took:?} after the primary's kill");
+        // B writes at the sequence numbers A's lost entries had.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    });
+    nodes[a].start(&etcd.endpoint());
+    rt.block_on(async {
+        let status = wait_in_sync(&addrs[c], 2).await;
+        let now = status
+            .shards
+            .iter()
+            .find(|s| s.collection == "moving")
+            .unwrap();
+        assert_eq!(now.node_id, nodes[b].id, "{now:?}");
+        assert!(now.epoch > shard.epoch, "{now:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for writer in writers {
+            let (acknowledged, failures) = writer.await.unwrap();
+            eprintln!(
+                "writer: {acknowledged} acknowledged, {} failed",
+                failures.len()
+            );
+            assert_retryable(&failures);
+        }
+        for client in &clients {
+            check_acked(client, &acked).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    });
+    let log = nodes[a].server.as_ref().unwrap().logs();
+    assert!(
+        log.contains("cut entries a deposed primary never had acknowledged"),
+        "A did not cut its log: {log}"
+    );
+    for node in &mut nodes {
+        node.kill();
+    }
+    let copy = |i: usize| local_copies(&dir.path().join(format!("n{}", i + 1)), "moving");
+    let (copy_a, copy_b) = (copy(a), copy(b));
+    assert_eq!(copy_a.len(), 1);
+    assert_eq!(copy_a, copy_b, "the copies differ after the resync");
+}
