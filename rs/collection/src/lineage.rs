@@ -20,6 +20,10 @@ use crate::manifest::{self, Manifest};
 /// The file holding a copy's epoch history (JSON with a CRC32, written durably).
 pub const EPOCHS_FILE: &str = "EPOCHS";
 
+/// Serialises writes of epoch files (each goes through one temporary file name, so two at once
+/// would rename each other's away; they are rare: one per new epoch of a copy).
+static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct EpochsFile {
     starts: Vec<(u64, u64)>,
@@ -47,15 +51,35 @@ impl Collection {
     /// Replaces this copy's epoch history, durably (written to a temporary file, synced,
     /// renamed, the directory synced). Blocking.
     pub fn set_epoch_starts(&self, starts: Vec<(u64, u64)>) -> Result<()> {
+        self.update_epoch_starts(|_| Ok(Some(starts)))
+    }
+
+    /// Reads this copy's epoch history and replaces it with what `change` makes of it
+    /// (`None`: unchanged), with no other change in between. Blocking.
+    pub fn update_epoch_starts<E>(
+        &self,
+        change: impl FnOnce(Vec<(u64, u64)>) -> std::result::Result<Option<Vec<(u64, u64)>>, E>,
+    ) -> std::result::Result<(), E>
+    where
+        E: From<CollectionError>,
+    {
+        let _writing = WRITING.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(starts) = change(self.epoch_starts()?)? else {
+            return Ok(());
+        };
         for pair in starts.windows(2) {
             if pair[1].0 <= pair[0].0 || pair[1].1 <= pair[0].1 {
                 return Err(CollectionError::invalid(
                     "epochs",
                     format!("out of order: {:?} then {:?}", pair[0], pair[1]),
-                ));
+                )
+                .into());
             }
         }
-        manifest::write_checked(&self.shared().dir.join(EPOCHS_FILE), &EpochsFile { starts })
+        Ok(manifest::write_checked(
+            &self.shared().dir.join(EPOCHS_FILE),
+            &EpochsFile { starts },
+        )?)
     }
 }
 
@@ -95,6 +119,7 @@ pub fn cut_log_after(dir: &Path, keep: u64) -> std::result::Result<u64, CutError
     let before = starts.len();
     starts.retain(|&(_, start)| start <= keep);
     if starts.len() != before {
+        let _writing = WRITING.lock().unwrap_or_else(|p| p.into_inner());
         manifest::write_checked(&dir.join(EPOCHS_FILE), &EpochsFile { starts })?;
     }
     Ok(cut)

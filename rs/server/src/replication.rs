@@ -493,22 +493,24 @@ impl ShardReplication {
 async fn begin_epoch(collection: &Collection, epoch: u64) -> Result<Vec<pb::EpochStart>, ApiError> {
     let collection = collection.clone();
     tokio::task::spawn_blocking(move || -> Result<Vec<pb::EpochStart>, ApiError> {
-        let starts = collection.epoch_starts()?;
-        let mut history = EpochHistory::from_starts(starts.clone()).map_err(ApiError::Internal)?;
-        let next = collection.last_seq_no() + 1;
-        if history.starts().is_empty() && next > 1 {
-            history.begin(0, 1).map_err(ApiError::Internal)?;
-        }
-        history.begin(epoch, next).map_err(|why| {
-            ApiError::Internal(format!(
-                "shard copy {}: cannot begin epoch {epoch}: {why}",
-                collection_label(&collection)
-            ))
+        let mut wire = Vec::new();
+        collection.update_epoch_starts(|starts| -> Result<_, ApiError> {
+            let mut history =
+                EpochHistory::from_starts(starts.clone()).map_err(ApiError::Internal)?;
+            let next = collection.last_seq_no() + 1;
+            if history.starts().is_empty() && next > 1 {
+                history.begin(0, 1).map_err(ApiError::Internal)?;
+            }
+            history.begin(epoch, next).map_err(|why| {
+                ApiError::Internal(format!(
+                    "shard copy {}: cannot begin epoch {epoch}: {why}",
+                    collection_label(&collection)
+                ))
+            })?;
+            wire = to_wire(history.starts());
+            Ok((history.starts() != starts.as_slice()).then(|| history.starts().to_vec()))
         })?;
-        if history.starts() != starts.as_slice() {
-            collection.set_epoch_starts(history.starts().to_vec())?;
-        }
-        Ok(to_wire(history.starts()))
+        Ok(wire)
     })
     .await
     .map_err(|e| ApiError::Internal(format!("recording an epoch: {e}")))?
@@ -550,19 +552,18 @@ async fn record_epochs(
     }
     let collection = collection.clone();
     tokio::task::spawn_blocking(move || -> Result<(), ApiError> {
-        let before = collection.epoch_starts()?;
-        let mut history = EpochHistory::from_starts(before.clone()).map_err(ApiError::Internal)?;
-        for (epoch, start) in starts {
-            history.begin(epoch, start).map_err(|why| {
-                ApiError::Unsupported(format!(
-                    "entries from {first} do not continue this replica's log: {why}"
-                ))
-            })?;
-        }
-        if history.starts() != before.as_slice() {
-            collection.set_epoch_starts(history.starts().to_vec())?;
-        }
-        Ok(())
+        collection.update_epoch_starts(|before| -> Result<_, ApiError> {
+            let mut history =
+                EpochHistory::from_starts(before.clone()).map_err(ApiError::Internal)?;
+            for (epoch, start) in starts {
+                history.begin(epoch, start).map_err(|why| {
+                    ApiError::Unsupported(format!(
+                        "entries from {first} do not continue this replica's log: {why}"
+                    ))
+                })?;
+            }
+            Ok((history.starts() != before.as_slice()).then(|| history.starts().to_vec()))
+        })
     })
     .await
     .map_err(|e| ApiError::Internal(format!("recording epochs: {e}")))?

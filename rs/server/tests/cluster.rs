@@ -3845,6 +3845,10 @@ async fn wait_in_sync(addr: &str, copies: usize) -> tarn_client::ClusterStatus {
 
 /// Only the codes a client is told to retry on.
 fn assert_retryable(failures: &[String]) {
+    let distinct: std::collections::BTreeSet<&String> = failures.iter().collect();
+    for failure in &distinct {
+        eprintln!("  failure: {failure}");
+    }
     for failure in failures {
         assert!(
             ["Unavailable:", "DeadlineExceeded:", "Aborted:"]
