@@ -343,7 +343,7 @@ fn send_within(
 
 /// Test builds: a pause at a named point of a move, set by a fail point `<name>=return(<ms>)`
 /// (the `FAILPOINTS` environment variable), so that tests can kill a process inside a step.
-async fn pause_point(name: &str) {
+pub(crate) async fn pause_point(name: &str) {
     #[cfg(feature = "failpoints")]
     if let Some(Some(ms)) = fail::eval(name, |arg| arg.and_then(|a| a.parse::<u64>().ok())) {
         tracing::warn!(point = name, ms, "pausing at a fail point");

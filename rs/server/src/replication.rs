@@ -15,6 +15,14 @@
 //! The replica's side: [`append_entries`], which serves only the shard's primary at the epoch
 //! its own view of the map gives (a primary that lost its place is refused).
 //!
+//! Epochs: each copy keeps where each epoch's entries begin in its log (`EPOCHS`,
+//! `tarn_collection::Collection::update_epoch_starts`). A primary records its epoch before its
+//! first entry of it ([`begin_epoch`]) and sends its history with every batch; the replica
+//! records the starts among the entries it appends. A follower's first call probes the
+//! replica's last entry and history; if the replica holds entries past the last position both
+//! logs hold from the same epoch (`tarn_cluster::last_common_seq`: a deposed primary's
+//! unacknowledged tail), it is told to cut them off before anything is shipped.
+//!
 //! Who waits on whom: a write waits for the followers' acknowledgements (bounded by
 //! [`IN_SYNC_BOUND`] and then by one etcd swap); a follower waits for the replica's answer
 //! (bounded by [`IN_SYNC_BOUND`]) and never for a write; the replica's handler waits for its own
@@ -149,14 +157,12 @@ impl ClusterNode {
             return Ok(None);
         };
         let record = replication.record().clone();
-        record
-            .check_in_sync(min_in_sync)
-            .map_err(|why| ApiError::ShardUnavailable {
-                collection: shard.collection.clone(),
-                shard: shard.shard,
-                node: self.node_id.clone(),
-                why: format!("writes are refused: {why}"),
-            })?;
+        record.check_in_sync(min_in_sync).map_err(|why| {
+            ApiError::Unavailable(format!(
+                "shard {} of collection '{}' refuses writes (primary {}): {why}",
+                shard.shard, shard.collection, self.node_id
+            ))
+        })?;
         Ok(Some(replication))
     }
 
@@ -353,14 +359,13 @@ impl ShardReplication {
             }
         }
         let record = self.record().clone();
-        record
-            .check_in_sync(self.min_in_sync)
-            .map_err(|why| ApiError::ShardUnavailable {
-                collection: self.shard.collection.clone(),
-                shard: self.shard.shard,
-                node: node.node_id.clone(),
-                why: format!("the write is not acknowledged: {why}"),
-            })
+        record.check_in_sync(self.min_in_sync).map_err(|why| {
+            ApiError::Unavailable(format!(
+                "shard {} of collection '{}' did not acknowledge the write (primary {}): \
+                     {why}",
+                self.shard.shard, self.shard.collection, node.node_id
+            ))
+        })
     }
 
     /// Removes `replica` from the in-sync set by a compare-and-swap (nothing to do if it is no
@@ -686,6 +691,8 @@ async fn ship(
         let first = entries[0].0;
         let n = entries.len() as u64;
         let payloads = entries.into_iter().map(|(_, p)| p.to_vec()).collect();
+        // Test builds: a primary that holds its next batch back (it dies meanwhile in tests).
+        crate::moves::pause_point("replication::hold_entries").await;
         let answer = link.append(first, payloads, None).await?;
         acked.send_replace(answer.durable_seq);
         since_release += n;

@@ -4009,19 +4009,38 @@ fn processes_primaries_fail_over_after_kill_9_and_sigstop_losing_no_acknowledged
 }
 
 /// KIP-101's case (issue tests 6 and 8): the primary A of a shard with 2 copies appends writes
-/// its replica B never gets (B is SIGSTOPped), then A is killed before any of them is
-/// acknowledged. B (still in sync: A never removed it) is promoted and writes other entries at
-/// the same sequence numbers. When A returns it finds that its log's tail is of an older epoch
-/// than B's entries there, cuts it off (never replays it), catches up from B and rejoins the
-/// in-sync set; both copies then hold the same documents, every acknowledged write is there
-/// and no removed document came back.
+/// its replica B never gets (a fail point holds A's next batch back: every node runs with
+/// `replication::hold_entries` firing once, after 200 batches), and A is killed before any of
+/// them is acknowledged. B (still in sync: A never removed it) is promoted and writes other
+/// entries at the same sequence numbers. When A returns it finds that its log's tail is of an
+/// older epoch than B's entries there, cuts it off (never replays it), catches up from B and
+/// rejoins the in-sync set; both copies then hold the same documents, every acknowledged write
+/// is there and no removed document came back.
 #[test]
 fn processes_a_deposed_primary_cuts_its_unacknowledged_tail_and_resyncs() {
-    use rustix::process::Signal;
     const LEASE: u64 = 3;
-    let Some((dir, etcd, mut nodes)) = real_cluster(3, LEASE) else {
+    let Some(binary) = etcd_binary() else {
         return;
     };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    const HOLD: (&str, &str) = (
+        "FAILPOINTS",
+        "replication::hold_entries=200*off->1*return(3000)->off",
+    );
+    let mut nodes: Vec<Node> = (1..=3)
+        .map(|i| {
+            let mut node = Node {
+                id: format!("n{i}"),
+                dir: dir.path().join(format!("n{i}")),
+                port: free_port(),
+                lease_seconds: LEASE,
+                server: None,
+            };
+            node.start_with_env(&etcd.endpoint(), &[HOLD]);
+            node
+        })
+        .collect();
     let rt = runtime();
     const DIM: usize = 8;
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
@@ -4050,22 +4069,28 @@ fn processes_a_deposed_primary_cuts_its_unacknowledged_tail_and_resyncs() {
     // Writers through B and C (their writes go to A, the primary).
     let clients: Vec<Client> = rt.block_on(async {
         let mut clients = Vec::new();
-        for i in [b, c] {
+        for i in [b, c, c] {
             clients.push(Client::connect(addrs[i].clone()).await.unwrap());
         }
         clients
     });
-    let (acked, stop, writers) = rt.block_on(async {
-        let started = start_writers(&clients, DIM);
-        tokio::time::sleep(Duration::from_millis(1000)).await;
-        started
-    });
-    // B stops taking entries; A appends the writers' next entries and waits for B (up to its
-    // 2 s bound) ... and dies first.
-    nodes[b].signal(Signal::STOP);
-    std::thread::sleep(Duration::from_millis(1000));
+    let (acked, stop, writers) = start_writers_on(&rt, &clients, DIM);
+    // A holds a batch back: it dies with it (and whatever it appended after).
+    let started = std::time::Instant::now();
+    while !nodes[a]
+        .server
+        .as_ref()
+        .unwrap()
+        .logs()
+        .contains("pausing at a fail point")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the fail point never fired"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     nodes[a].kill();
-    nodes[b].signal(Signal::CONT);
     rt.block_on(async {
         let took =
             first_acknowledged_batch(&addrs[c], &acked, 120_000_000, Duration::from_secs(30)).await;
@@ -4106,8 +4131,147 @@ fn processes_a_deposed_primary_cuts_its_unacknowledged_tail_and_resyncs() {
     for node in &mut nodes {
         node.kill();
     }
+    drop(etcd);
     let copy = |i: usize| local_copies(&dir.path().join(format!("n{}", i + 1)), "moving");
     let (copy_a, copy_b) = (copy(a), copy(b));
     assert_eq!(copy_a.len(), 1);
     assert_eq!(copy_a, copy_b, "the copies differ after the resync");
+}
+
+#[allow(clippy::type_complexity)]
+fn start_writers_on(
+    rt: &tokio::runtime::Runtime,
+    clients: &[Client],
+    dim: usize,
+) -> (
+    Acked,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    Vec<tokio::task::JoinHandle<(u64, Vec<String>)>>,
+) {
+    let _entered = rt.enter();
+    start_writers(clients, dim)
+}
+
+/// The last in-sync copy standing (issue test 7): a shard with 3 copies and min_in_sync 2
+/// loses its primary and one replica at once (kill -9). The third copy, in sync, is promoted:
+/// nothing acknowledged is lost and reads go on, but with one copy alive writes are refused
+/// (UNAVAILABLE naming both counts), never acknowledged on fewer than 2 copies. When a killed
+/// replica returns it catches up and rejoins, and writes are acknowledged again.
+#[test]
+fn processes_the_last_in_sync_copy_is_promoted_and_refuses_writes_below_min_in_sync() {
+    const LEASE: u64 = 2;
+    let Some((_dir, etcd, mut nodes)) = real_cluster(3, LEASE) else {
+        return;
+    };
+    let rt = runtime();
+    const DIM: usize = 8;
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let status = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        client
+            .create_collection(
+                CollectionSpec::new("moving", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(1, ShardKey::Doc)
+                    .replicas(3, 2),
+            )
+            .await
+            .unwrap();
+        wait_in_sync(&addrs[0], 3).await
+    });
+    let shard = status
+        .shards
+        .iter()
+        .find(|s| s.collection == "moving")
+        .unwrap()
+        .clone();
+    let index = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
+    let (a, b) = (index(&shard.node_id), index(&shard.replicas[0]));
+    let c = 3 - a - b;
+    let client = rt.block_on(Client::connect(addrs[c].clone())).unwrap();
+    let (acked, stop, writers) = rt.block_on(async {
+        let started = start_writers(std::slice::from_ref(&client), DIM);
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        started
+    });
+    nodes[a].kill();
+    nodes[b].kill();
+    rt.block_on(async {
+        // C is promoted once A's lease lapses.
+        let started = std::time::Instant::now();
+        loop {
+            let status = client.cluster_status().await.unwrap();
+            let now = status
+                .shards
+                .iter()
+                .find(|s| s.collection == "moving")
+                .unwrap();
+            if now.node_id == nodes[c].id {
+                eprintln!("promoted {:?} after the kills: {now:?}", started.elapsed());
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "{now:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Writes are refused with one copy alive (after B leaves the in-sync set).
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let refused = client
+            .insert(
+                Insert::new("moving", vec![7_000_000_000u128], vec![0.5; DIM])
+                    .users(vec![7_000_000_000u128 % 7])
+                    .timeout(Duration::from_secs(10)),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::Unavailable, "{refused}");
+        assert!(
+            refused
+                .message()
+                .contains("1 of the shard's copies are in sync, and writes need 2"),
+            "{refused}"
+        );
+        acked.lock().unwrap().insert(7_000_000_000, Doc::Uncertain);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for writer in writers {
+            let (acknowledged, failures) = writer.await.unwrap();
+            eprintln!(
+                "writer: {acknowledged} acknowledged, {} failed",
+                failures.len()
+            );
+            assert_retryable(&failures);
+        }
+        // Reads go on: every acknowledged write is on the last copy.
+        check_acked(&client, &acked).await;
+    });
+    // B returns, catches up, rejoins: two copies in sync, writes acknowledged again.
+    nodes[b].start(&etcd.endpoint());
+    rt.block_on(async {
+        let started = std::time::Instant::now();
+        loop {
+            let result = client
+                .insert(
+                    Insert::new("moving", vec![7_000_000_007u128], vec![0.25; DIM])
+                        .users(vec![0])
+                        .timeout(Duration::from_secs(10)),
+                )
+                .await;
+            if result.is_ok() {
+                acked
+                    .lock()
+                    .unwrap()
+                    .insert(7_000_000_007, Doc::Live(vec![0.25; DIM]));
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "{result:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let status = client.cluster_status().await.unwrap();
+        let now = status
+            .shards
+            .iter()
+            .find(|s| s.collection == "moving")
+            .unwrap();
+        assert!(now.in_sync.len() >= 2, "{now:?}");
+        check_acked(&client, &acked).await;
+    });
 }
