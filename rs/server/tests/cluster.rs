@@ -4275,3 +4275,97 @@ fn processes_the_last_in_sync_copy_is_promoted_and_refuses_writes_below_min_in_s
         check_acked(&client, &acked).await;
     });
 }
+
+/// No promotion without etcd (issue test 10): with etcd stopped, a primary killed under
+/// writers is not replaced (nothing can be promoted without the transaction that checks its
+/// registration is gone), whatever time passes; writes fail only with retryable codes. Once
+/// etcd is back the dead primary's lease lapses there, its in-sync replica is promoted, writes
+/// are acknowledged again, and every acknowledged write is readable.
+#[test]
+fn processes_no_promotion_happens_without_etcd() {
+    const LEASE: u64 = 2;
+    let Some((_dir, mut etcd, mut nodes)) = real_cluster(3, LEASE) else {
+        return;
+    };
+    let rt = runtime();
+    const DIM: usize = 8;
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let status = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        client
+            .create_collection(
+                CollectionSpec::new("moving", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(1, ShardKey::Doc)
+                    .replicas(2, 1),
+            )
+            .await
+            .unwrap();
+        wait_in_sync(&addrs[0], 2).await
+    });
+    let shard = status
+        .shards
+        .iter()
+        .find(|s| s.collection == "moving")
+        .unwrap()
+        .clone();
+    let a = nodes.iter().position(|n| n.id == shard.node_id).unwrap();
+    let survivor = (a + 1) % 3;
+    let clients: Vec<Client> = rt.block_on(async {
+        let mut clients = Vec::new();
+        for i in [(a + 1) % 3, (a + 2) % 3] {
+            clients.push(Client::connect(addrs[i].clone()).await.unwrap());
+        }
+        clients
+    });
+    let (acked, stop, writers) = start_writers_on(&rt, &clients, DIM);
+    std::thread::sleep(Duration::from_millis(1000));
+    etcd.stop();
+    nodes[a].kill();
+    // Three leases without etcd: the survivors' view still names the dead primary.
+    std::thread::sleep(Duration::from_secs(3 * LEASE));
+    rt.block_on(async {
+        let status = clients[0].cluster_status().await.unwrap();
+        let now = status
+            .shards
+            .iter()
+            .find(|s| s.collection == "moving")
+            .unwrap();
+        assert_eq!(
+            (now.node_id.as_str(), now.epoch),
+            (shard.node_id.as_str(), shard.epoch),
+            "promoted without etcd: {now:?}"
+        );
+    });
+    etcd.restart();
+    rt.block_on(async {
+        let took = first_acknowledged_batch(
+            &addrs[survivor],
+            &acked,
+            130_000_000,
+            Duration::from_secs(60),
+        )
+        .await;
+        eprintln!("a write acknowledged {took:?} after etcd came back");
+        let status = clients[0].cluster_status().await.unwrap();
+        let now = status
+            .shards
+            .iter()
+            .find(|s| s.collection == "moving")
+            .unwrap();
+        assert_ne!(now.node_id, shard.node_id, "{now:?}");
+        assert!(now.epoch > shard.epoch, "{now:?}");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for writer in writers {
+            let (acknowledged, failures) = writer.await.unwrap();
+            eprintln!(
+                "writer: {acknowledged} acknowledged, {} failed",
+                failures.len()
+            );
+            assert_retryable(&failures);
+        }
+        for client in &clients {
+            check_acked(client, &acked).await;
+        }
+    });
+}

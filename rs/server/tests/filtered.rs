@@ -273,6 +273,7 @@ async fn load(client: &mut TarnClient<Channel>, n: usize, seed: u64) -> Stored {
     client.create_collection(create).await.unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut stored = Stored::new();
+    let mut last_seq = 0;
     for tenant in [1u128, 2] {
         for first in (0..n).step_by(100) {
             let docs: Vec<u128> = (first..(first + 100).min(n)).map(|d| d as u128).collect();
@@ -280,7 +281,7 @@ async fn load(client: &mut TarnClient<Channel>, n: usize, seed: u64) -> Stored {
             let attributes: Vec<Doc> = docs.iter().map(|_| random_doc(&mut rng)).collect();
             let mut insert = common::insert("docs", &docs, &[tenant], vectors.clone());
             insert.attributes = attributes.iter().map(wire_attributes).collect();
-            client.insert(insert).await.unwrap();
+            last_seq = client.insert(insert).await.unwrap().into_inner().seq_no;
             for (i, doc) in docs.iter().enumerate() {
                 stored.insert(
                     (tenant, *doc),
@@ -292,6 +293,11 @@ async fn load(client: &mut TarnClient<Channel>, n: usize, seed: u64) -> Stored {
             }
         }
     }
+    // An acknowledged insert is durable, and searchable once ingestion applied it: wait for the
+    // last one (operations apply in order), or the searches race the last batch.
+    let mut search = common::search("docs", &[1], vec![0.0; DIM], 1);
+    search.min_seq_no = last_seq;
+    client.search(search).await.unwrap();
     stored
 }
 
