@@ -373,6 +373,10 @@ pub struct ServeArgs {
     /// without a replication factor [default: 1].
     #[arg(long, env = "TARN_REPLICATION_FACTOR")]
     pub replication_factor: Option<u32>,
+    /// Cluster mode: seconds a node may stay dead before the replica copies it held are rebuilt
+    /// on other live nodes (re-replication) [default: 600].
+    #[arg(long, env = "TARN_REPLACE_DEAD_AFTER")]
+    pub replace_dead_after: Option<u64>,
     /// Cluster mode: join an etcd that holds no cluster id although this data directory belongs
     /// to a cluster (that cluster's etcd is lost for good). A new cluster is formed; local
     /// shards its map does not know are set aside (`tarn cluster set-aside`), never deleted.

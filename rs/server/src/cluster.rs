@@ -39,6 +39,9 @@ pub struct ClusterConfig {
     pub lease_ttl: Duration,
     /// `--replication-factor`: copies of each shard of a collection created without one.
     pub replication_factor: u32,
+    /// `--replace-dead-after`: how long a node may stay dead before the replica copies it held
+    /// are rebuilt elsewhere.
+    pub replace_dead_after: Duration,
     /// A coordination store to use instead of connecting to `etcd` (in-process tests share a
     /// `tarn_cluster::MemoryStore` between servers).
     pub store: Option<Arc<dyn ClusterStore>>,
@@ -59,6 +62,7 @@ pub struct JoinOptions {
     pub lease_ttl: Duration,
     /// Copies of each shard of a collection created without a replication factor.
     pub replication_factor: u32,
+    pub replace_dead_after: Duration,
     /// The certificate authority (PEM) that signs the other nodes' TLS certificates, for
     /// `https://` advertise addresses; without it, the Mozilla roots.
     pub peer_ca: Option<Vec<u8>>,
@@ -100,7 +104,7 @@ pub struct ClusterNode {
     /// Channels to other nodes for the node-to-node `Cluster` calls, by address.
     peers: DashMap<String, tonic::transport::Channel>,
     /// This data directory's token: the shards the map creates on it (`create_on`).
-    incarnation: String,
+    pub(crate) incarnation: String,
     /// The cluster this data directory belongs to (its `CLUSTER_ID`, the same as etcd's).
     pub cluster_id: String,
     /// What nodes prove themselves to each other with ([`NODE_SECRET_HEADER`]).
@@ -108,6 +112,8 @@ pub struct ClusterNode {
     lease_ttl: Duration,
     /// Copies of each shard of a collection created without a replication factor.
     default_replication_factor: u32,
+    /// How long a node may stay dead before the replica copies it held are rebuilt elsewhere.
+    pub(crate) replace_dead_after: Duration,
     /// Per local shard: held by whatever may create, replace or remove the local copy (a pull,
     /// reconciliation), so that one never removes what the other just made.
     copy_locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
@@ -176,6 +182,7 @@ impl ClusterNode {
             lease_ttl,
             peer_ca,
             replication_factor,
+            replace_dead_after,
             ..
         } = options;
         let node = NodeInfo {
@@ -202,6 +209,7 @@ impl ClusterNode {
             node_secret: identity.node_secret,
             lease_ttl,
             default_replication_factor: replication_factor,
+            replace_dead_after,
             copy_locks: DashMap::new(),
             replication: DashMap::new(),
             registration,
@@ -563,8 +571,15 @@ impl ClusterNode {
             return Ok(collection);
         }
         // Created only where the map says this data directory starts it empty: a lookup never
-        // invents a shard whose data is elsewhere (or lost).
-        if assignment.create_on.as_deref() != Some(self.incarnation.as_str()) {
+        // invents a shard whose data is elsewhere (or lost). A replica promoted before its copy
+        // was ever created (the primary of a new collection died at once) starts it empty too:
+        // its directory is one the shard's replicas start empty on, and no copy of the shard
+        // was set aside here (a copy replaced by a seed leaves the in-sync set first, so a
+        // promoted copy was never replaced).
+        let starts_empty_here = assignment.create_on.as_deref() == Some(self.incarnation.as_str())
+            || (assignment.create_replicas_on.contains(&self.incarnation)
+                && !registry.has_set_aside(&local));
+        if !starts_empty_here {
             return Err(ApiError::ShardUnavailable {
                 collection: shard.collection.clone(),
                 shard: shard.shard,

@@ -44,6 +44,7 @@ struct FileConfig {
     advertise: Option<String>,
     lease_seconds: Option<u64>,
     replication_factor: Option<u32>,
+    replace_dead_after: Option<u64>,
     cluster_ca: Option<PathBuf>,
 }
 
@@ -129,6 +130,11 @@ impl ServeConfig {
                     .or(file.replication_factor)
                     .unwrap_or(1)
                     .max(1),
+                replace_dead_after: std::time::Duration::from_secs(
+                    args.replace_dead_after
+                        .or(file.replace_dead_after)
+                        .unwrap_or(600),
+                ),
                 store: None,
                 force_new_cluster: args.force_new_cluster,
                 peer_ca: args.cluster_ca.clone().or(file.cluster_ca),

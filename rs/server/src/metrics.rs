@@ -145,7 +145,10 @@ impl Metrics {
                  tarn_cluster_writable {}\n\
                  # HELP tarn_failovers_total replicas this node promoted to primary as the placement coordinator\n\
                  # TYPE tarn_failovers_total counter\n\
-                 tarn_failovers_total {}",
+                 tarn_failovers_total {}\n\
+                 # HELP tarn_rereplication_bytes_total bytes this node received seeding replica copies from primaries' snapshots and logs\n\
+                 # TYPE tarn_rereplication_bytes_total counter\n\
+                 tarn_rereplication_bytes_total {}",
                 state.shards_owned_by(&cluster.node_id).count(),
                 state.nodes.len(),
                 u8::from(cluster.store_connected()),
@@ -158,6 +161,7 @@ impl Metrics {
                 collections.set_aside_list().map_or(0, |l| l.len()),
                 u8::from(cluster.writable().is_ok()),
                 moves.failovers.load(Relaxed),
+                moves.seed_bytes.load(Relaxed),
             );
             let replicas = cluster.replication_figures();
             for (name, help) in [

@@ -83,6 +83,10 @@ pub struct MoveCounters {
     pub last_write_pause_us: AtomicU64,
     /// Failovers this node landed as the placement coordinator.
     pub failovers: AtomicU64,
+    /// Bytes received seeding replica copies (snapshots and WAL entries).
+    pub seed_bytes: AtomicU64,
+    /// Replica copies seeded here, finished.
+    pub seeds: AtomicU64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -151,6 +155,31 @@ pub(crate) async fn shard_stream(
             format!("node {} is not a live node of the cluster", request.to_node),
         ));
     }
+    if request.replica {
+        let is_replica = node
+            .state()
+            .collections
+            .get(&shard.collection)
+            .filter(|m| m.def.uid == shard.uid)
+            .and_then(|m| m.shards.get(shard.shard as usize))
+            .is_some_and(|a| {
+                matches!(
+                    a.role_of(&request.to_node),
+                    Some(
+                        tarn_cluster::CopyRole::InSyncReplica | tarn_cluster::CopyRole::CatchingUp
+                    )
+                )
+            });
+        if !is_replica {
+            return Err(ApiError::invalid(
+                "to_node",
+                format!(
+                    "node {} is not a replica of shard {} of collection '{}'",
+                    request.to_node, shard.shard, shard.collection
+                ),
+            ));
+        }
+    }
     let collection = node.local_shard_for_write(&shard, epoch).await?.collection;
     if node.moves.streams_out.fetch_add(1, Ordering::Relaxed) >= MAX_STREAMS_OUT {
         node.moves.streams_out.fetch_sub(1, Ordering::Relaxed);
@@ -164,7 +193,13 @@ pub(crate) async fn shard_stream(
     std::thread::Builder::new()
         .name(format!("tarn-move-out-{}", shard.shard))
         .spawn(move || {
-            let outcome = send_shard(&node, &collection, &shard, epoch, &request.to_node, &tx);
+            let outcome = send_shard(
+                &node,
+                &collection,
+                (&shard, epoch, request.replica),
+                &request.to_node,
+                &tx,
+            );
             node.moves.streams_out.fetch_sub(1, Ordering::Relaxed);
             match outcome {
                 Ok(Some(last)) => {
@@ -187,8 +222,7 @@ pub(crate) async fn shard_stream(
 fn send_shard(
     node: &ClusterNode,
     collection: &Collection,
-    shard: &ShardName,
-    epoch: u64,
+    (shard, epoch, replica): (&ShardName, u64, bool),
     to: &str,
     tx: &mpsc::Sender<StreamItem>,
 ) -> Result<Option<u64>, ApiError> {
@@ -214,6 +248,7 @@ fn send_shard(
     if !send(pb::ShardStreamMessage {
         snapshot_done: true,
         head_seq_no: tail.durable_seq(),
+        epochs: epochs_on_wire(collection)?,
         ..Default::default()
     }) {
         return Ok(None);
@@ -233,6 +268,12 @@ fn send_shard(
     loop {
         match handover(node, shard, epoch, to) {
             Handover::NotYet => {}
+            // A replica's seed ends when it has caught up (it closes the stream).
+            Handover::Fenced if replica => {
+                return Err(ApiError::StaleShardMap(
+                    "a move is handing the shard over".to_owned(),
+                ))
+            }
             Handover::Fenced => break,
             Handover::Off(why) => return Err(ApiError::StaleShardMap(why)),
         }
@@ -283,11 +324,7 @@ fn send_shard(
             tail.next_seq()
         )));
     }
-    let epochs = collection
-        .epoch_starts()?
-        .into_iter()
-        .map(|(epoch, first_seq)| pb::EpochStart { epoch, first_seq })
-        .collect();
+    let epochs = epochs_on_wire(collection)?;
     if !send(pb::ShardStreamMessage {
         handed_over: true,
         last_seq_no: last,
@@ -298,6 +335,15 @@ fn send_shard(
         return Ok(None);
     }
     Ok(Some(last))
+}
+
+/// A copy's epoch history, for the wire.
+fn epochs_on_wire(collection: &Collection) -> Result<Vec<pb::EpochStart>, ApiError> {
+    Ok(collection
+        .epoch_starts()?
+        .into_iter()
+        .map(|(epoch, first_seq)| pb::EpochStart { epoch, first_seq })
+        .collect())
 }
 
 /// [`STREAM_IDLE_LIMIT`]; test builds shorten it with the fail point
@@ -524,6 +570,133 @@ async fn next_message(
     }
 }
 
+/// Seeds this node's copy of a shard it is a replica of from the primary's snapshot and tail,
+/// in a task of its own (the primary's follower asked, finding the copy unable to follow by
+/// log: no copy, the primary's log no longer holds what it lacks, or a checkpoint holds
+/// entries it would have to cut). Meanwhile the shard is listed in `incoming`, and the
+/// replica's `AppendEntries` answers `seeding`. A copy already here is set aside first (never
+/// deleted: `tarn cluster set-aside`), the snapshot restored into a fresh one, and the tail
+/// appended at the same sequence numbers until the copy is within [`FENCE_LAG_ENTRIES`] of
+/// the primary's log; then the stream ends and the follower ships the rest by log.
+pub(crate) fn start_seed(node: &Arc<ClusterNode>, shard: ShardName, primary: String, epoch: u64) {
+    let local = shard.local_name();
+    if node.incoming.insert(local.clone(), ()).is_some() {
+        return;
+    }
+    let node = Arc::clone(node);
+    tokio::spawn(async move {
+        tracing::warn!(shard = %local, %primary, "seeding this replica from the primary's snapshot");
+        let started = Instant::now();
+        let outcome = seed(&node, &shard, &primary, epoch).await;
+        node.incoming.remove(&local);
+        match outcome {
+            Ok((bytes, seq_no)) => {
+                node.moves.seeds.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(shard = %local, %primary, bytes, seq_no,
+                    seconds = started.elapsed().as_secs_f64(), "replica seeded; following by log");
+            }
+            Err(error) => {
+                tracing::warn!(shard = %local, %primary, %error, "seeding this replica failed");
+            }
+        }
+    });
+}
+
+async fn seed(
+    node: &Arc<ClusterNode>,
+    shard: &ShardName,
+    primary: &str,
+    epoch: u64,
+) -> Result<(u64, u64), ApiError> {
+    let local = shard.local_name();
+    let lock = node.copy_lock(&local);
+    let _copy = lock.lock().await;
+    if node.registry.get_shard(&local).is_ok() {
+        node.registry
+            .set_aside(
+                &local,
+                "replaced by a fresh copy of the primary's data: this replica's copy could not \
+                 follow the primary's log",
+            )
+            .await?;
+    }
+    let channel = node.peer(primary).await?;
+    let mut client = pb::node_client::NodeClient::new(channel)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
+    let request = node.internal_request(
+        pb::ShardStreamRequest {
+            shard: shard.address(epoch),
+            to_node: node.node_id.clone(),
+            replica: true,
+        },
+        MOVE_LIMIT,
+    );
+    let mut stream = client
+        .shard_stream(request)
+        .await
+        .map_err(|s| peer_error("opening the shard stream", s))?
+        .into_inner();
+    let target = node.registry.shard_restore_target(&local)?;
+    let mut upload = RestoreUpload::begin(&local, target)?;
+    let mut n_bytes = 0u64;
+    let epochs = loop {
+        let message = next_message(&mut stream, STREAM_SILENCE_LIMIT).await?;
+        if !message.snapshot.is_empty() {
+            n_bytes += message.snapshot.len() as u64;
+            node.moves
+                .seed_bytes
+                .fetch_add(message.snapshot.len() as u64, Ordering::Relaxed);
+            if !upload.push(message.snapshot).await {
+                break Vec::new();
+            }
+        }
+        if message.snapshot_done {
+            break message.epochs;
+        }
+    };
+    let restore = upload.finish().await?;
+    let (copy, info) = node.registry.adopt_restore(&local, restore).await?;
+    let history = tarn_cluster::EpochHistory::from_starts(
+        epochs.iter().map(|e| (e.epoch, e.first_seq)).collect(),
+    )
+    .map_err(|why| ApiError::invalid("epochs", why))?;
+    {
+        let (copy, seq_no) = (copy.clone(), info.seq_no);
+        let starts: Vec<(u64, u64)> = history
+            .starts()
+            .iter()
+            .copied()
+            .filter(|&(_, start)| start <= seq_no + 1)
+            .collect();
+        tokio::task::spawn_blocking(move || copy.set_epoch_starts(starts))
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))??;
+    }
+    let mut applied = info.seq_no;
+    loop {
+        let message = next_message(&mut stream, STREAM_SILENCE_LIMIT).await?;
+        if !message.entries.is_empty() {
+            let batch: Vec<(u64, Arc<[u8]>)> = message
+                .entries
+                .into_iter()
+                .map(|e| (e.seq_no, Arc::from(e.payload)))
+                .collect();
+            let batch_bytes: u64 = batch.iter().map(|(_, p)| p.len() as u64).sum();
+            n_bytes += batch_bytes;
+            node.moves
+                .seed_bytes
+                .fetch_add(batch_bytes, Ordering::Relaxed);
+            let (first, last) = (batch[0].0, batch[batch.len() - 1].0);
+            crate::replication::record_epochs(&copy, &history, first, last).await?;
+            applied = copy.append_copied(batch, Durability::Fsync).await?;
+        }
+        if message.head_seq_no.saturating_sub(applied) <= FENCE_LAG_ENTRIES {
+            return Ok((n_bytes, applied));
+        }
+    }
+}
+
 async fn copy_and_flip(
     node: &Arc<ClusterNode>,
     shard: &ShardName,
@@ -540,6 +713,7 @@ async fn copy_and_flip(
         pb::ShardStreamRequest {
             shard: shard.address(from.epoch),
             to_node: node.node_id.clone(),
+            replica: false,
         },
         MOVE_LIMIT,
     );
@@ -800,6 +974,9 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
             }
         };
         tracing::info!(%node_id, "this node is the placement coordinator");
+        // Since when each node holding copies has been dead, as this coordinator saw it (a new
+        // coordinator starts the clocks again: it may only wait longer).
+        let mut dead_since: std::collections::HashMap<String, Instant> = Default::default();
         while leader.is_leader() {
             let Some(node) = node.upgrade() else {
                 return;
@@ -824,6 +1001,7 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
                 }
             }
             promote_replicas(&node, &state).await;
+            rereplicate(&node, &state, &mut dead_since).await;
             let planned = plan_move(&state);
             let key = planned.as_ref().map(|p| (p.collection.clone(), p.shard));
             let failed_before = key.as_ref().and_then(|k| state.move_failures.get(k));
@@ -907,6 +1085,93 @@ async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::ClusterState
             }
             Err(error) => {
                 tracing::warn!(shard = %name.local_name(), %error, "failover: etcd unavailable; retrying");
+            }
+        }
+    }
+}
+
+/// Re-replication: a replica copy on a node dead for longer than `--replace-dead-after` is
+/// replaced by a new replica on the live node (not draining, without a copy of the shard) that
+/// holds the fewest copies, in one swap that lands only if the shard's record is unchanged and
+/// the dead node is still unregistered in etcd. The new copy is seeded from the primary's
+/// snapshot and log by the primary's follower, and joins the in-sync set once it has
+/// everything. Only shards whose primary is alive are touched (a dead primary is first
+/// replaced by failover); a shard with no spare live node keeps its dead copy listed.
+async fn rereplicate(
+    node: &ClusterNode,
+    state: &tarn_cluster::ClusterState,
+    dead_since: &mut std::collections::HashMap<String, Instant>,
+) {
+    let now = Instant::now();
+    let mut holders = std::collections::BTreeSet::new();
+    for map in state.collections.values() {
+        for shard in &map.shards {
+            holders.extend(shard.copies().map(str::to_owned));
+        }
+    }
+    dead_since.retain(|n, _| holders.contains(n) && !state.is_alive(n));
+    for holder in holders.iter().filter(|n| !state.is_alive(n)) {
+        dead_since.entry(holder.clone()).or_insert(now);
+    }
+    let replace = |n: &str| {
+        dead_since
+            .get(n)
+            .is_some_and(|since| now.duration_since(*since) >= node.replace_dead_after)
+    };
+    let mut load: std::collections::BTreeMap<String, usize> = state
+        .nodes
+        .keys()
+        .filter(|n| !state.draining.contains(*n))
+        .map(|n| (n.clone(), 0))
+        .collect();
+    for map in state.collections.values() {
+        for shard in &map.shards {
+            for copy in shard.copies() {
+                if let Some(n) = load.get_mut(copy) {
+                    *n += 1;
+                }
+            }
+        }
+    }
+    for (name, map) in &state.collections {
+        for (idx, a) in map.shards.iter().enumerate() {
+            if !a.takes_writes() || !state.is_alive(&a.owner) {
+                continue;
+            }
+            let Some(dead) = a.replicas.iter().find(|n| replace(n)) else {
+                continue;
+            };
+            let Some(taker) = load
+                .iter()
+                .filter(|(n, _)| a.role_of(n).is_none())
+                .min_by_key(|(n, copies)| (**copies, n.as_str()))
+                .map(|(n, _)| n.clone())
+            else {
+                continue;
+            };
+            let Some(next) = a.without_replica(dead).and_then(|r| r.with_replica(&taker)) else {
+                continue;
+            };
+            let swap = tarn_cluster::ShardSwap {
+                collection: name,
+                uid: map.def.uid,
+                shard: idx as u32,
+                expected_epoch: a.epoch,
+                new: &next,
+                unless_registered: Some(dead),
+                expected: Some(a),
+            };
+            match node.store().compare_and_set_shard(&swap).await {
+                Ok(true) => {
+                    *load.entry(taker.clone()).or_default() += 1;
+                    tracing::warn!(collection = %name, shard = idx, %dead, %taker,
+                        "re-replication: a dead node's replica is rebuilt on another node");
+                }
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(collection = %name, shard = idx, %error, "re-replication: etcd unavailable; retrying");
+                    return;
+                }
             }
         }
     }

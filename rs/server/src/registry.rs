@@ -227,6 +227,15 @@ impl Registry {
         .map_err(|e| ApiError::Internal(format!("setting shard {local_name} aside: {e}")))
     }
 
+    /// Whether a copy of the local shard `local_name` was ever set aside here (still listed);
+    /// `true` when the list cannot be read.
+    pub fn has_set_aside(&self, local_name: &str) -> bool {
+        let prefix = format!("{local_name}-");
+        self.set_aside_list().map_or(true, |list| {
+            list.iter().any(|(name, _, _)| name.starts_with(&prefix))
+        })
+    }
+
     /// The set-aside copies: (entry name, the reason, bytes on disk), by name.
     pub fn set_aside_list(&self) -> Result<Vec<(String, String, u64)>, ApiError> {
         let dir = self.set_aside_dir();

@@ -50,6 +50,11 @@ pub(crate) const IN_SYNC_BOUND: Duration = Duration::from_secs(2);
 /// How long a join holds the shard's writes back at most while the replica takes the last
 /// entries; past it, the join is tried again later.
 const JOIN_DRAIN_LIMIT: Duration = Duration::from_millis(500);
+/// A catching-up replica this close behind tries to join (the join then waits, writes held
+/// back, for the rest: at most [`JOIN_DRAIN_LIMIT`]).
+const JOIN_LAG_ENTRIES: u64 = 1_024;
+/// How often a busy follower tries a join.
+const JOIN_TRY_EVERY: Duration = Duration::from_secs(1);
 /// Most payload bytes shipped in one call.
 const MAX_BATCH_BYTES: usize = 4 << 20;
 /// How many entries a follower reads before letting checkpoints truncate what it has shipped.
@@ -184,11 +189,14 @@ impl ClusterNode {
                     shard: idx as u32,
                 };
                 let local = shard.local_name();
-                if self
+                let existing = self
                     .replication
                     .get(&local)
-                    .is_some_and(|r| r.epoch == assignment.epoch)
-                {
+                    .map(|r| Arc::clone(r.value()))
+                    .filter(|r| r.epoch == assignment.epoch);
+                if let Some(replication) = existing {
+                    // Replicas added or dropped since (re-replication): followers to match.
+                    replication.refresh(self, assignment);
                     continue;
                 }
                 let Ok(collection) = self.registry.get_shard(&local) else {
@@ -372,6 +380,9 @@ impl ShardReplication {
     /// longer in it).
     async fn leave_in_sync(&self, node: &ClusterNode, replica: &str) -> Result<(), ApiError> {
         let _changing = self.changing.lock().await;
+        if !self.record().in_sync_replicas.iter().any(|n| n == replica) {
+            return Ok(());
+        }
         self.change_record(node, |r| {
             if r.in_sync_replicas.iter().any(|n| n == replica) {
                 r.without_in_sync(replica).map(Some)
@@ -383,7 +394,7 @@ impl ShardReplication {
         tracing::warn!(
             shard = %self.shard.local_name(),
             %replica,
-            "a replica left the in-sync set (no answer within {:?})",
+            "a replica left the in-sync set (late by {:?}, or its copy is being replaced)",
             IN_SYNC_BOUND
         );
         Ok(())
@@ -536,7 +547,7 @@ fn to_wire(starts: &[(u64, u64)]) -> Vec<pb::EpochStart> {
 /// the primary's entries `first..=last` (by the primary's history). An entry of an epoch older
 /// than the copy's latest is refused: the copy must first be cut back (the primary's probe
 /// does that).
-async fn record_epochs(
+pub(crate) async fn record_epochs(
     collection: &Collection,
     primary: &EpochHistory,
     first: u64,
@@ -636,6 +647,7 @@ async fn ship(
 ) -> Result<(), ApiError> {
     let (node, shard, epoch, replica) = (link.node, link.shard, link.epoch, link.replica);
     let mut probe = link.append(0, Vec::new(), None).await?;
+    link.seed_if_needed(&probe).await?;
     // KIP-101's rule: the replica keeps its log up to the last entry both logs hold from the
     // same epoch; what it holds after that was written by a primary that lost its place before
     // the entries were acknowledged (an acknowledged entry is on every in-sync copy, and only
@@ -651,16 +663,19 @@ async fn ship(
         tracing::warn!(shard = %shard.local_name(), %replica, replica_last = probe.last_seq,
             keep, "the replica holds entries this primary does not: cutting them off");
         probe = link.append(0, Vec::new(), Some(keep)).await?;
+        link.seed_if_needed(&probe).await?;
     }
     acked.send_replace(probe.durable_seq.min(probe.last_seq));
     let Some(mut tail) = collection.wal_tail_from(probe.last_seq + 1) else {
+        link.seed().await?;
         return Err(ApiError::Unavailable(format!(
-            "replica {replica} ends at {} and this primary's log no longer holds what follows \
-             (a snapshot copy is needed)",
+            "replica {replica} ends at {} and this primary's log no longer holds what follows: \
+             it is seeded from a snapshot",
             probe.last_seq
         )));
     };
     let mut since_release = 0u64;
+    let mut last_join_try = Instant::now();
     loop {
         let next = tail.next_seq();
         let want = *wanted.borrow_and_update();
@@ -695,6 +710,12 @@ async fn ship(
         crate::moves::pause_point("replication::hold_entries").await;
         let answer = link.append(first, payloads, None).await?;
         acked.send_replace(answer.durable_seq);
+        // Under steady writes the follower is never idle: try a join (which holds writes back
+        // while the last entries go over) once close behind, at most once a second.
+        if last_join_try.elapsed() >= JOIN_TRY_EVERY {
+            last_join_try = Instant::now();
+            try_join(node, shard, epoch, replica, acked).await;
+        }
         since_release += n;
         if since_release >= RELEASE_EVERY_ENTRIES {
             tail.release_read();
@@ -723,7 +744,12 @@ async fn try_join(
     if replication.record().role_of(replica) != Some(tarn_cluster::CopyRole::CatchingUp) {
         return;
     }
-    if *acked.borrow() < replication.collection.last_seq_no() {
+    if replication
+        .collection
+        .last_seq_no()
+        .saturating_sub(*acked.borrow())
+        > JOIN_LAG_ENTRIES
+    {
         return;
     }
     if replication
@@ -762,7 +788,40 @@ impl Link<'_> {
         entries: Vec<Vec<u8>>,
         cut_after: Option<u64>,
     ) -> Result<pb::AppendEntriesResponse, ApiError> {
-        append(self, first_seq, entries, cut_after).await
+        append(self, first_seq, entries, cut_after, false).await
+    }
+
+    /// Asks the replica to copy this primary's snapshot and tail (`seed`), after taking it out
+    /// of the in-sync set (a copy being replaced is never in sync, so a promotion never picks a
+    /// node whose copy is gone).
+    async fn seed(&self) -> Result<(), ApiError> {
+        let replication = self
+            .node
+            .replication
+            .get(&self.shard.local_name())
+            .map(|r| Arc::clone(r.value()))
+            .filter(|r| r.epoch == self.epoch);
+        if let Some(replication) = replication {
+            replication.leave_in_sync(self.node, self.replica).await?;
+        }
+        tracing::warn!(shard = %self.shard.local_name(), replica = %self.replica,
+            "the replica cannot follow by log: seeding it from a snapshot");
+        append(self, 0, Vec::new(), None, true).await.map(|_| ())
+    }
+
+    /// Fails (to be retried after a pause) while the replica is being seeded, after asking for
+    /// a seed if the probe says one is needed.
+    async fn seed_if_needed(&self, probe: &pb::AppendEntriesResponse) -> Result<(), ApiError> {
+        if probe.needs_seed {
+            self.seed().await?;
+        }
+        if probe.needs_seed || probe.seeding {
+            return Err(ApiError::Unavailable(format!(
+                "replica {} is copying this primary's data",
+                self.replica
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -771,6 +830,7 @@ async fn append(
     first_seq: u64,
     entries: Vec<Vec<u8>>,
     cut_after: Option<u64>,
+    seed: bool,
 ) -> Result<pb::AppendEntriesResponse, ApiError> {
     let (node, shard, epoch, replica) = (link.node, link.shard, link.epoch, link.replica);
     let channel = node.peer(replica).await?;
@@ -792,6 +852,7 @@ async fn append(
         epochs: link.history.to_vec(),
         cut: cut_after.is_some(),
         cut_after: cut_after.unwrap_or(0),
+        seed,
     };
     let started = Instant::now();
     let answer = client
@@ -861,15 +922,40 @@ pub(crate) async fn append_entries(
     }
     let primary_history = from_wire(&request.epochs)?;
     let local = shard.local_name();
+    if node.incoming.contains_key(&local) {
+        return Ok(pb::AppendEntriesResponse {
+            seeding: true,
+            ..Default::default()
+        });
+    }
+    if request.seed {
+        crate::moves::start_seed(node, shard, request.from_node, epoch);
+        return Ok(pb::AppendEntriesResponse {
+            seeding: true,
+            ..Default::default()
+        });
+    }
+    let needs_seed = || pb::AppendEntriesResponse {
+        needs_seed: true,
+        ..Default::default()
+    };
     let lock = node.copy_lock(&local);
     let _copy = lock.lock().await;
+    if node.registry.get_shard(&local).is_err()
+        && !assignment.create_replicas_on.contains(&node.incarnation)
+    {
+        return Ok(needs_seed());
+    }
     let mut collection = node.replica_copy(&shard, &assignment).await?;
     let mut cut_entries = 0;
     if request.cut && request.cut_after < collection.last_seq_no() {
-        (collection, cut_entries) = node
-            .registry
-            .cut_shard_log(&local, request.cut_after)
-            .await?;
+        match node.registry.cut_shard_log(&local, request.cut_after).await {
+            Ok(cut) => (collection, cut_entries) = cut,
+            Err(error) => {
+                tracing::warn!(shard = %local, %error, "this replica needs a fresh copy of the primary's data");
+                return Ok(needs_seed());
+            }
+        }
     }
     let last = collection.last_seq_no();
     if request.entries.is_empty() {
@@ -884,6 +970,7 @@ pub(crate) async fn append_entries(
             durable_seq: collection.sync_wal().await?,
             epochs: to_wire(&history),
             cut_entries,
+            ..Default::default()
         });
     }
     if request.first_seq == 0 || request.first_seq > last + 1 {
@@ -914,7 +1001,7 @@ pub(crate) async fn append_entries(
     Ok(pb::AppendEntriesResponse {
         last_seq: collection.last_seq_no(),
         durable_seq: durable,
-        epochs: Vec::new(),
         cut_entries,
+        ..Default::default()
     })
 }

@@ -132,6 +132,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
                 address: cluster.advertise.clone(),
                 lease_ttl: cluster.lease_ttl,
                 replication_factor: cluster.replication_factor,
+                replace_dead_after: cluster.replace_dead_after,
                 peer_ca: match &cluster.peer_ca {
                     Some(path) => Some(
                         std::fs::read(path)

@@ -462,6 +462,7 @@ async fn memory_node_with(
         advertise: listen,
         lease_ttl: Duration::from_secs(2),
         replication_factor: 1,
+        replace_dead_after: Duration::from_secs(600),
         store: Some(store.clone()),
         force_new_cluster: false,
         peer_ca: None,
@@ -522,6 +523,7 @@ fn node_to_node_rpcs_need_the_node_credential_and_admin_rpcs_a_read_write_key() 
         let stream_request = pb::ShardStreamRequest {
             shard: name(on_n1).address(map.shards[on_n1 as usize].epoch),
             to_node: "n2".into(),
+            replica: false,
         };
         let pull_request = pb::PullShardRequest {
             collection: "guarded".into(),
@@ -3066,6 +3068,7 @@ fn processes_unread_shard_streams_end_and_release_their_slot() {
             let mut request = tonic::Request::new(pb::ShardStreamRequest {
                 shard: address.clone(),
                 to_node: "n2".into(),
+                replica: false,
             });
             request
                 .metadata_mut()
@@ -4368,4 +4371,277 @@ fn processes_no_promotion_happens_without_etcd() {
             check_acked(client, &acked).await;
         }
     });
+}
+
+/// Catch-up by snapshot (issue tests 3 and 4): with small WAL segments (a fail point), a
+/// replica down while its primaries write and checkpoint finds their logs no longer hold what
+/// it lacks: it is seeded from a snapshot and the tail, and rejoins the in-sync set. Then its
+/// data directory is deleted while it is down and it restarts with the same id: every copy it
+/// held is rebuilt from the primaries. Afterwards each shard's copies hold the same documents,
+/// every acknowledged write is there, and the seeds were counted
+/// (`tarn_rereplication_bytes_total`).
+#[test]
+fn processes_replicas_catch_up_by_snapshot_past_the_log_and_after_a_wiped_disk() {
+    const LEASE: u64 = 2;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    const SMALL_WAL: (&str, &str) = ("FAILPOINTS", "collection::wal_segment_bytes=return(32768)");
+    let mut nodes: Vec<Node> = (1..=3)
+        .map(|i| {
+            let mut node = Node {
+                id: format!("n{i}"),
+                dir: dir.path().join(format!("n{i}")),
+                port: free_port(),
+                lease_seconds: LEASE,
+                server: None,
+            };
+            node.start_with_env(&etcd.endpoint(), &[SMALL_WAL]);
+            node
+        })
+        .collect();
+    let rt = runtime();
+    const DIM: usize = 8;
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let clients: Vec<Client> = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        client
+            .create_collection(
+                CollectionSpec::new("moving", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(3, ShardKey::Doc)
+                    .replicas(2, 1),
+            )
+            .await
+            .unwrap();
+        wait_in_sync(&addrs[0], 2).await;
+        let mut clients = Vec::new();
+        for addr in &addrs[..2] {
+            clients.push(Client::connect(addr.clone()).await.unwrap());
+        }
+        clients
+    });
+    let mut acked: Option<Acked> = None;
+    for round in 0..2 {
+        nodes[2].kill();
+        let (round_acked, stop, writers) = start_writers_on(&rt, &clients, DIM);
+        rt.block_on(async {
+            // Enough writes to fill several 32 KiB log segments, then checkpoints: the
+            // primaries' logs drop what n3 lacks.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            for _ in 0..2 {
+                clients[0].flush("moving").await.unwrap();
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        if round == 1 {
+            std::fs::remove_dir_all(&nodes[2].dir).unwrap();
+            std::fs::create_dir_all(&nodes[2].dir).unwrap();
+        }
+        nodes[2].start_with_env(&etcd.endpoint(), &[SMALL_WAL]);
+        rt.block_on(async {
+            wait_in_sync(&addrs[0], 2).await;
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            for writer in writers {
+                let (acknowledged, failures) = writer.await.unwrap();
+                eprintln!(
+                    "round {round} writer: {acknowledged} acknowledged, {} failed",
+                    failures.len()
+                );
+                assert_retryable(&failures);
+            }
+        });
+        let log = nodes[2].server.as_ref().unwrap().logs();
+        assert!(
+            log.contains("replica seeded; following by log"),
+            "round {round}: n3 was not seeded: {log}"
+        );
+        match &acked {
+            None => acked = Some(round_acked),
+            Some(all) => {
+                let later = round_acked.lock().unwrap().clone();
+                all.lock().unwrap().extend(later);
+            }
+        }
+    }
+    let acked = acked.unwrap();
+    rt.block_on(async {
+        for client in &clients {
+            check_acked(client, &acked).await;
+        }
+        let client = Client::connect(addrs[2].clone()).await.unwrap();
+        check_acked(&client, &acked).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    });
+    let metrics = http_get(
+        nodes[2]
+            .server
+            .as_ref()
+            .unwrap()
+            .metrics_addr
+            .parse()
+            .unwrap(),
+    );
+    let seeded: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tarn_rereplication_bytes_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(seeded > 0.0, "{metrics}");
+    for node in &mut nodes {
+        node.kill();
+    }
+    drop(etcd);
+    let copies: Vec<BTreeMap<u32, Vec<(u128, u128)>>> = (1..=3)
+        .map(|i| local_copies(&dir.path().join(format!("n{i}")), "moving"))
+        .collect();
+    for shard in 0..3u32 {
+        let held: Vec<&Vec<(u128, u128)>> = copies.iter().filter_map(|c| c.get(&shard)).collect();
+        assert_eq!(held.len(), 2, "shard {shard} has 2 copies");
+        assert_eq!(held[0], held[1], "the copies of shard {shard} differ");
+    }
+}
+
+/// Re-replication: with `--replace-dead-after 3`, a node killed under writes has the replica
+/// copies it held rebuilt on the other live nodes (seeded from the primaries' snapshots), and
+/// the shards it led fail over first; every shard is back to 2 in-sync copies without it,
+/// every acknowledged write is there, and both copies of each shard hold the same documents.
+/// When the node returns, the copies it held, no longer in the map, are dropped (the data is
+/// on two other in-sync copies).
+#[test]
+fn processes_a_dead_node_s_copies_are_rebuilt_elsewhere_after_replace_dead_after() {
+    const LEASE: u64 = 2;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let mut nodes: Vec<Node> = (1..=3)
+        .map(|i| {
+            let mut node = Node {
+                id: format!("n{i}"),
+                dir: dir.path().join(format!("n{i}")),
+                port: free_port(),
+                lease_seconds: LEASE,
+                server: None,
+            };
+            node.try_start(&etcd.endpoint(), &["--replace-dead-after", "3"], &[])
+                .unwrap();
+            node
+        })
+        .collect();
+    let rt = runtime();
+    const DIM: usize = 8;
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let clients: Vec<Client> = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        client
+            .create_collection(
+                CollectionSpec::new("moving", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(3, ShardKey::Doc)
+                    .replicas(2, 1),
+            )
+            .await
+            .unwrap();
+        wait_in_sync(&addrs[0], 2).await;
+        let mut clients = Vec::new();
+        for addr in &addrs[..2] {
+            clients.push(Client::connect(addr.clone()).await.unwrap());
+        }
+        clients
+    });
+    let (acked, stop, writers) = start_writers_on(&rt, &clients, DIM);
+    std::thread::sleep(Duration::from_millis(1000));
+    nodes[2].kill();
+    let killed = std::time::Instant::now();
+    rt.block_on(async {
+        // Every shard back to two in-sync copies, none of them on n3.
+        let status = loop {
+            let status = wait_in_sync(&addrs[0], 2).await;
+            if status
+                .shards
+                .iter()
+                .filter(|s| s.collection == "moving")
+                .all(|s| {
+                    !s.in_sync.contains(&"n3".to_owned()) && !s.replicas.contains(&"n3".to_owned())
+                })
+            {
+                break status;
+            }
+            assert!(killed.elapsed() < Duration::from_secs(60), "{status:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        eprintln!(
+            "two copies again {:?} after the kill: {:?}",
+            killed.elapsed(),
+            status.shards
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for writer in writers {
+            let (acknowledged, failures) = writer.await.unwrap();
+            eprintln!(
+                "writer: {acknowledged} acknowledged, {} failed",
+                failures.len()
+            );
+            assert_retryable(&failures);
+        }
+        for client in &clients {
+            check_acked(client, &acked).await;
+        }
+    });
+    let coordinator_logs: String = nodes[..2]
+        .iter()
+        .map(|n| n.server.as_ref().unwrap().logs())
+        .collect();
+    assert!(
+        coordinator_logs.contains("re-replication: a dead node's replica is rebuilt"),
+        "{coordinator_logs}"
+    );
+    // Both copies of each shard hold the same documents.
+    std::thread::sleep(Duration::from_secs(1));
+    for node in &mut nodes[..2] {
+        node.kill();
+    }
+    let copies: Vec<BTreeMap<u32, Vec<(u128, u128)>>> = (1..=2)
+        .map(|i| local_copies(&dir.path().join(format!("n{i}")), "moving"))
+        .collect();
+    for shard in 0..3u32 {
+        assert!(copies[0].contains_key(&shard));
+        assert_eq!(
+            copies[0].get(&shard),
+            copies[1].get(&shard),
+            "the copies of shard {shard} differ"
+        );
+    }
+    // n3 returns: the copies it held are no longer in the map and go (it may be given other
+    // shards afterwards: the placement balances primaries).
+    let held = shard_dirs(&nodes[2], "moving");
+    assert!(held > 0);
+    for node in &mut nodes[..2] {
+        node.try_start(&etcd.endpoint(), &["--replace-dead-after", "3"], &[])
+            .unwrap();
+    }
+    nodes[2]
+        .try_start(
+            &etcd.endpoint(),
+            &["--replace-dead-after", "3"],
+            &[("RUST_LOG", "info")],
+        )
+        .unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        let log = nodes[2].server.as_ref().unwrap().logs();
+        if log.matches("dropping a local shard").count() >= held {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "n3 kept its old copies: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
