@@ -9,12 +9,22 @@
 #      insert into it, so its shard moves (snapshot, WAL tail, fence, flip) to another node; its
 #      MB/s against a plain copy of the shard's directory (cp -a, then sync: the disk's floor),
 #      and the write pause (fence to flip) from the taker's log.
+#   4. what replicas cost: durable single-vector inserts (8 clients, FSYNC, through the primary)
+#      into one-shard collections of 1, 2 and 3 copies, alternating rounds (p50, p99, requests/s,
+#      ratio to 1 copy); searches through all three nodes at once (one client each) of a
+#      3-copy collection (each node answers from its own copy) against a 1-copy one (two of the
+#      three forward to the owner) — on one machine the copies share its cores, so this measures
+#      the hops saved, not added capacity; then the failover time: kill -9 of a 2-copy
+#      collection's primary, and single durable writes through another node until one is
+#      acknowledged (the lease is the default 5 s).
 # Data: ../shared/data/minilm-debian (60,733 x 384) when present, else 20,000 random 128-d rows.
 #   scripts/bench-cluster.sh        (ROUNDS=3, alternating; medians)
 # Ends with one line:
 #   forwarded_insert_rps_ratio=.. forwarded_search_qps_ratio=.. fanout8_search_qps_ratio=..
 #   recall_1shard=.. recall_8shards=..  (ratios: forwarded / owner, 8 shards / 1 shard)
 #   move_mb_per_s=.. copy_mb_per_s=.. move_ratio=.. move_write_pause_ms=..
+#   replicas2_insert_rps_ratio=.. replicas3_insert_rps_ratio=.. spread3_search_qps_ratio=..
+#   failover_first_write_s=..
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${ROUNDS:-3}"
@@ -152,3 +162,66 @@ snap = sb / (t1 - t0) / 1e6
 print(f"move: {mb/1e6:.1f} MB in {ms:.2f} s; cp -a of its directory: {sb/1e6:.1f} MB in {t1-t0:.2f} s")
 print(f"move_mb_per_s={move:.0f} copy_mb_per_s={snap:.0f} move_ratio={move/snap:.2f} move_write_pause_ms={pause*1000:.1f}")
 PY
+
+# 4. Replicas.
+for f in 1 2 3; do
+    "$tarn" collection create "rep$f" --dimension 128 --shards 1 --replicas "$f" --addr "$A" >/dev/null
+done
+"$tarn" collection create spread1 --dimension "$dim" --shards 1 --replicas 1 --addr "$A" >/dev/null
+"$tarn" collection create spread3 --dimension "$dim" --shards 1 --replicas 3 --addr "$A" >/dev/null
+for c in spread1 spread3; do
+    "$tarn" insert --collection "$c" --fvecs "$base" --batch 500 --concurrency 4 --addr "$A" >/dev/null
+    "$tarn" flush --collection "$c" --addr "$A" >/dev/null
+done
+first=70000000
+for r in $(seq 1 "$rounds"); do
+    for f in 1 2 3; do
+        out="$("$tarn" bench insert --collection "rep$f" --clients 8 --requests 2000 --first-id "$first" --json --addr "$(owner_of "rep$f")")"
+        first=$((first + 10000))
+        echo "insert, $f copies: $out"
+        json_field requests_per_s <<<"$out" >>"$work/rep${f}_rps"
+        json_field p50_ms <<<"$out" >>"$work/rep${f}_p50"
+        json_field p99_ms <<<"$out" >>"$work/rep${f}_p99"
+    done
+    for c in spread1 spread3; do
+        spids=()
+        for a in "${addrs[@]}"; do
+            "$tarn" bench search --collection "$c" --fvecs "$query" --clients 1 --ef 64 --passes 2 \
+                --json --addr "$a" >"$work/$c-$(tr ':.' '__' <<<"$a").json" &
+            spids+=($!)
+        done
+        for p in "${spids[@]}"; do wait "$p"; done
+        total="$(cat "$work"/"$c"-*.json | python3 -c 'import json,sys; print(sum(json.loads(l)["queries_per_s"] for l in sys.stdin if l.strip()))')"
+        echo "search $c through 3 nodes at once: $total q/s"
+        echo "$total" >>"$work/${c}_qps"
+        rm -f "$work"/"$c"-*.json
+    done
+done
+for f in 1 2 3; do
+    echo "medians, $f copies: $(median <"$work/rep${f}_rps") req/s, p50 $(median <"$work/rep${f}_p50") ms, p99 $(median <"$work/rep${f}_p99") ms"
+done
+echo "medians, searches through 3 nodes: 1 copy $(median <"$work/spread1_qps") q/s, 3 copies $(median <"$work/spread3_qps") q/s"
+r1="$(median <"$work/rep1_rps")"
+rep_line="replicas2_insert_rps_ratio=$(ratio "$(median <"$work/rep2_rps")" "$r1") replicas3_insert_rps_ratio=$(ratio "$(median <"$work/rep3_rps")" "$r1") spread3_search_qps_ratio=$(ratio "$(median <"$work/spread3_qps")" "$(median <"$work/spread1_qps")")"
+
+# The failover: kill -9 of rep2's primary, then one durable write at a time through another
+# node until one is acknowledged.
+victim="$(owner_of rep2)"
+via="$(other_than "$victim")"
+for i in "${!addrs[@]}"; do
+    if [[ ${addrs[$i]} == "$victim" ]]; then
+        kill -KILL "${pids[$i]}"
+    fi
+done
+t0="$(date +%s.%N)"
+for n in $(seq 1 600); do
+    if "$tarn" bench insert --collection rep2 --clients 1 --requests 1 --first-id $((90000000 + n)) --json --addr "$via" >/dev/null 2>&1; then
+        break
+    fi
+    sleep 0.05
+done
+t1="$(date +%s.%N)"
+failover_s="$(python3 -c 'import sys; print(f"{float(sys.argv[2]) - float(sys.argv[1]):.2f}")' "$t0" "$t1")"
+echo "failover: first durable write acknowledged ${failover_s} s after kill -9 of the primary (lease 5 s)"
+sed 's/\x1b\[[0-9;]*m//g' "$work"/n*.err | grep 'failover: an in-sync replica' | sed 's/^/failover log: /' || true
+echo "$rep_line failover_first_write_s=$failover_s"

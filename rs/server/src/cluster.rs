@@ -600,6 +600,114 @@ impl ClusterNode {
         registry.create_shard(&local, config).await
     }
 
+    /// The local copy a read of a shard address names: the owner's ([`Self::local_shard`]), or
+    /// this node's copy when it is an in-sync replica of the shard at exactly `epoch` (routers
+    /// spread searches and gets over the in-sync copies; a read token's positions are in the
+    /// same log on every copy, and the read waits until this copy has applied them).
+    pub async fn local_copy(
+        &self,
+        registry: &Registry,
+        shard: &ShardName,
+        epoch: u64,
+    ) -> Result<Collection, ApiError> {
+        match self.local_shard(registry, shard, epoch).await {
+            Err(ApiError::StaleShardMap(why)) => {
+                let in_sync_here = self
+                    .state()
+                    .collections
+                    .get(&shard.collection)
+                    .filter(|m| m.def.uid == shard.uid)
+                    .and_then(|m| m.shards.get(shard.shard as usize))
+                    .is_some_and(|a| {
+                        a.epoch == epoch
+                            && a.role_of(&self.node_id)
+                                == Some(tarn_cluster::CopyRole::InSyncReplica)
+                    });
+                match registry.get_shard(&shard.local_name()) {
+                    Ok(copy)
+                        if in_sync_here && !self.incoming.contains_key(&shard.local_name()) =>
+                    {
+                        Ok(copy)
+                    }
+                    _ => Err(ApiError::StaleShardMap(why)),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Where a read of `shard` that any in-sync copy may answer (a search, a get) goes: this
+    /// node first when it holds an in-sync copy (no hop), else the alive in-sync copies from
+    /// the `spread`-th on (callers pass a rotating number, plus one per failed try, so reads
+    /// spread over the copies and a retry takes the next one). Also how many copies there are
+    /// to try. The owner alone when it is the only one.
+    pub async fn read_target(
+        &self,
+        map: &CollectionMap,
+        shard: u32,
+        (spread, attempt): (usize, usize),
+    ) -> (Result<Target, ApiError>, usize) {
+        let assignment = &map.shards[shard as usize];
+        let state = self.state();
+        let copies: Vec<&str> = assignment
+            .in_sync()
+            .filter(|n| *n == self.node_id || state.is_alive(n))
+            .collect();
+        if copies.len() <= 1 || !assignment.takes_writes() {
+            return (self.target(map, shard).await, 1);
+        }
+        let first = copies
+            .iter()
+            .position(|n| *n == self.node_id)
+            .unwrap_or(spread);
+        let pick = copies[(first + attempt) % copies.len()];
+        let name = ShardName {
+            collection: map.def.name.clone(),
+            uid: map.def.uid,
+            shard,
+        };
+        if pick == self.node_id {
+            return (
+                Ok(Target::Local(name.address(assignment.epoch))),
+                copies.len(),
+            );
+        }
+        let channel = match self.peer(pick).await {
+            Ok(channel) => channel,
+            Err(e) => {
+                let why = match e {
+                    ApiError::Unavailable(why) => why,
+                    other => other.to_string(),
+                };
+                return (
+                    Err(ApiError::ShardUnavailable {
+                        collection: map.def.name.clone(),
+                        shard,
+                        node: pick.to_owned(),
+                        why,
+                    }),
+                    copies.len(),
+                );
+            }
+        };
+        let client = pb::node_client::NodeClient::new(channel)
+            .max_decoding_message_size(MAX_NODE_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_NODE_MESSAGE_BYTES);
+        let role = if pick == assignment.owner {
+            pb::ShardRole::Owner
+        } else {
+            pb::ShardRole::Replica
+        };
+        let shard_ref = pb::ShardRef {
+            collection: map.def.name.clone(),
+            uid: map.def.uid,
+            shard,
+            epoch: assignment.epoch,
+            role: role as i32,
+        };
+        (Ok(Target::Remote(client, shard_ref)), copies.len())
+    }
+
     /// Where a call for `shard` of `map` goes: here, or to its live owner (over the `Node`
     /// service, naming the shard at the epoch this node's map gives it).
     pub async fn target(&self, map: &CollectionMap, shard: u32) -> Result<Target, ApiError> {

@@ -94,9 +94,13 @@ impl TarnService {
     {
         let until = Instant::now() + deadline;
         let mut current: Option<Arc<CollectionMap>> = None;
+        let mut attempt = 0usize;
+        static SPREAD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let spread = SPREAD.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         loop {
             let map_now = current.as_deref().unwrap_or(map);
             let assignment = map_now.shards[shard as usize].clone();
+            let mut copies = 1;
             let result = if access == Access::Write && !assignment.takes_writes() {
                 Err(ApiError::StaleShardMap(format!(
                     "shard {shard} of collection '{}' is being moved to node {}: retry",
@@ -104,7 +108,21 @@ impl TarnService {
                     assignment.moving_to.as_deref().unwrap_or("?")
                 )))
             } else {
-                let target = cluster.target(map_now, shard).await?;
+                let target = if access == Access::Spread {
+                    let (target, n) = cluster.read_target(map_now, shard, (spread, attempt)).await;
+                    copies = n;
+                    target
+                } else {
+                    cluster.target(map_now, shard).await
+                };
+                let target = match target {
+                    Ok(target) => target,
+                    Err(error) if attempt + 1 < copies && is_unreachable(&error) => {
+                        attempt += 1;
+                        continue;
+                    }
+                    Err(error) => return Err(error),
+                };
                 let shared = match &current {
                     Some(m) => Arc::clone(m),
                     None => Arc::new(map.clone()),
@@ -124,6 +142,12 @@ impl TarnService {
                 }
             };
             match result {
+                // Another in-sync copy may answer a spread read.
+                Err(error)
+                    if attempt + 1 < copies && is_unreachable(&error) && Instant::now() < until =>
+                {
+                    attempt += 1;
+                }
                 Err(error) if is_stale_map(&error) && Instant::now() < until => {
                     self.metrics.retried_on_moved_shard.inc();
                     cluster
@@ -515,7 +539,7 @@ impl TarnService {
                         }
                     }
                 };
-                self.on_shard(cluster, map, shard, Access::Read, timeout, call)
+                self.on_shard(cluster, map, shard, Access::Spread, timeout, call)
             })
             .await;
         let mut results = Vec::new();
@@ -587,7 +611,7 @@ impl TarnService {
                         }
                     }
                 };
-                self.on_shard(cluster, map, shard, Access::Read, timeout, call)
+                self.on_shard(cluster, map, shard, Access::Spread, timeout, call)
             })
             .await;
         let mut docs = Vec::new();
@@ -826,7 +850,11 @@ impl TarnService {
 /// Whether a shard call needs a write's guarantees (never to a fenced shard).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Access {
+    /// A read the shard's owner answers (its counts, a flush).
     Read,
+    /// A read any in-sync copy may answer (a search, a get): spread over them, and tried on
+    /// the next copy when one cannot be reached.
+    Spread,
     Write,
 }
 
@@ -835,6 +863,15 @@ const INFO_DEADLINE: Duration = Duration::from_secs(10);
 const FLUSH_DEADLINE: Duration = Duration::from_secs(60);
 
 /// An answer that means "the shard map moved on": retried after the map is refreshed.
+/// A copy that did not answer (down, unreachable, refusing for now): another may.
+fn is_unreachable(error: &ApiError) -> bool {
+    match error {
+        ApiError::ShardUnavailable { .. } | ApiError::Unavailable(_) => true,
+        ApiError::Forwarded(e) => e.code() == tarn_client::Code::Unavailable,
+        _ => false,
+    }
+}
+
 fn is_stale_map(error: &ApiError) -> bool {
     match error {
         ApiError::StaleShardMap(_) => true,

@@ -154,7 +154,7 @@ impl TarnService {
         if let (Some(cluster), Some((shard, Some(epoch)))) =
             (&self.cluster, tarn_cluster::ShardName::parse(name))
         {
-            return cluster.local_shard(&self.registry, &shard, epoch).await;
+            return cluster.local_copy(&self.registry, &shard, epoch).await;
         }
         self.registry.get(name)
     }

@@ -1267,12 +1267,33 @@ fn replicas_acknowledge_on_every_in_sync_copy_and_a_returning_one_rejoins() {
         let mut acked: BTreeMap<u128, Vec<f32>> = BTreeMap::new();
         let v = vectors(&mut rng, 100, DIM);
         let ids: Vec<u128> = (0..100).collect();
-        client
+        let ack = client
             .insert(Insert::new("r", ids.clone(), v.clone()))
             .await
             .unwrap();
         for (i, id) in ids.iter().enumerate() {
             acked.insert(*id, v[i * DIM..(i + 1) * DIM].to_vec());
+        }
+        // Reads are spread over the in-sync copies: every server holds one of each of r's
+        // shards and answers from it, without forwarding; the write's read token makes each
+        // copy wait until it has applied the write.
+        for server in &servers {
+            let local = Client::connect(server.grpc_addr()).await.unwrap();
+            let hits = local
+                .search(
+                    Search::new("r", vec![0.0; DIM])
+                        .top_k(100)
+                        .exact(true)
+                        .after(ack.read_token()),
+                )
+                .await
+                .unwrap();
+            assert_eq!(hits.len(), 100, "read your write on every copy");
+            let metrics = http_get(server.metrics_addr().unwrap());
+            assert!(
+                !metrics.contains("tarn_cluster_forwarded_total{method=\"Search\"}"),
+                "a search was forwarded although this node holds in-sync copies: {metrics}"
+            );
         }
         // The node that is primary of none of r's shards goes away (no failover is needed).
         let primaries: Vec<String> = status
@@ -3914,6 +3935,16 @@ fn processes_primaries_fail_over_after_kill_9_and_sigstop_losing_no_acknowledged
     });
     nodes[2].kill();
     rt.block_on(async {
+        // Searches over every shard stay available at once (before the lease lapses: no
+        // failover yet), answered by in-sync copies.
+        for _ in 0..10 {
+            let search = Search::new("moving", vec![0.5; DIM])
+                .users(vec![3])
+                .top_k(5)
+                .timeout(Duration::from_secs(5));
+            let hits = clients[0].search(search).await.unwrap();
+            assert!(!hits.is_empty());
+        }
         let took = first_acknowledged_batch(&addrs[0], &acked, 100_000_000, Duration::from_secs(30)).await;
         eprintln!("failover after kill -9: a write over every shard acknowledged {took:?} after the kill (lease {LEASE} s)");
         tokio::time::sleep(Duration::from_secs(1)).await;
