@@ -1472,9 +1472,11 @@ fn replicas_acknowledge_on_every_in_sync_copy_and_a_returning_one_rejoins() {
 }
 
 /// Filtered search over an in-memory cluster: a collection with fields, sharded by document
-/// over 4 shards on 3 nodes; an insert's attributes travel with their documents to each
-/// shard, every shard filters and the merged answer of an exact search equals a brute-force
-/// filtered oracle, through every node, never short; Get returns attributes from remote
+/// over 4 shards on 3 nodes, each shard with 3 copies (reads are answered by each node's own
+/// copy, so the replicas' attributes, removals and added fields are what is checked); an
+/// insert's attributes travel with their documents to each shard and its replicas, every
+/// shard filters and the merged answer of an exact search equals a brute-force filtered
+/// oracle, through every node, never short; Get returns attributes from remote
 /// shards; remove by filter counts every shard's removals; AddFields reaches every shard;
 /// bad input is refused naming the field.
 #[test]
@@ -1494,6 +1496,7 @@ fn filtered_search_over_shards_is_exact_and_remove_and_add_fields_reach_every_sh
                 CollectionSpec::new("pkgs", DIM as u32)
                     .metric(Metric::L2)
                     .shards(4, ShardKey::Doc)
+                    .replicas(3, 0)
                     .field("section", FieldType::Keyword)
                     .field("size", FieldType::Number)
                     .field("tags", FieldType::Keywords),
