@@ -400,6 +400,17 @@ impl Client {
     /// data lost for good (with `confirm` false, only lists what would be given up). Returns the
     /// shards with their new owners. FAILED_PRECONDITION while the node is alive.
     pub async fn forget_node(&self, node_id: &str, confirm: bool) -> Result<Vec<ShardStatus>> {
+        Ok(self.forget_node_report(node_id, confirm).await?.0)
+    }
+
+    /// [`Client::forget_node`], also returning the shards that lose no data (another in-sync
+    /// copy is or becomes their primary; the node's copy is dropped from their record):
+    /// `(given up, kept)`.
+    pub async fn forget_node_report(
+        &self,
+        node_id: &str,
+        confirm: bool,
+    ) -> Result<(Vec<ShardStatus>, Vec<ShardStatus>)> {
         let mut stub = self.cluster_stub();
         let mut request = tonic::Request::new(pb::ForgetNodeRequest {
             node_id: node_id.to_owned(),
@@ -409,11 +420,14 @@ impl Client {
             request.set_timeout(timeout);
         }
         let reply = stub.forget_node(request).await?.into_inner();
-        Ok(ClusterStatus::from_wire(pb::ClusterStatusResponse {
-            shards: reply.shards,
-            ..Default::default()
-        })
-        .shards)
+        let shards = |shards| {
+            ClusterStatus::from_wire(pb::ClusterStatusResponse {
+                shards,
+                ..Default::default()
+            })
+            .shards
+        };
+        Ok((shards(reply.shards), shards(reply.kept)))
     }
 
     /// Cluster mode: marks `node_id` for draining (the placement coordinator moves its shards

@@ -434,9 +434,24 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             node_id,
             yes,
         }) => {
-            let shards = connect(&client).await?.forget_node(&node_id, yes).await?;
+            let (shards, kept) = connect(&client)
+                .await?
+                .forget_node_report(&node_id, yes)
+                .await?;
+            for shard in &kept {
+                println!(
+                    "{} shard {} of collection {}: no data lost, its primary is {} (epoch {}), \
+                     in sync: {}",
+                    if yes { "kept" } else { "would keep" },
+                    shard.shard,
+                    shard.collection,
+                    shard.node_id,
+                    shard.epoch,
+                    shard.in_sync.join(", ")
+                );
+            }
             if shards.is_empty() {
-                println!("node {node_id} owns no shards: nothing to give up");
+                println!("node {node_id} holds no shard data that is not also elsewhere: nothing to give up");
             }
             for shard in &shards {
                 println!(

@@ -71,6 +71,16 @@ pub struct JoinOptions {
     pub force_new_cluster: bool,
 }
 
+/// What `forget` does to a dead node's shards: each as (collection, shard, its new record).
+#[derive(Debug, Default)]
+pub struct Forgotten {
+    /// Shards whose data is given up: they start empty on another node.
+    pub given_up: Vec<(String, u32, ShardAssignment)>,
+    /// Shards that lose nothing: another in-sync copy is (or becomes) the primary, and the
+    /// node's copy is dropped from the record.
+    pub kept: Vec<(String, u32, ShardAssignment)>,
+}
+
 /// The metadata that carries the cluster's node credential on node-to-node calls.
 pub const NODE_SECRET_HEADER: &str = "x-tarn-node-secret";
 
@@ -855,11 +865,7 @@ impl ClusterNode {
     /// `ForgetNode`: hands every shard of the dead node `node_id` to the live node with the
     /// fewest shards, as an empty shard at the next epoch (compare-and-swap per shard). With
     /// `confirm` false, only the plan. Refused while the node is alive.
-    pub async fn forget(
-        &self,
-        node_id: &str,
-        confirm: bool,
-    ) -> Result<Vec<(String, u32, ShardAssignment)>, ApiError> {
+    pub async fn forget(&self, node_id: &str, confirm: bool) -> Result<Forgotten, ApiError> {
         let state = self.state();
         if state.is_alive(node_id) {
             return Err(ApiError::Unsupported(format!(
@@ -881,8 +887,33 @@ impl ClusterNode {
             }
         }
         let mut plan = Vec::new();
+        let mut kept = Vec::new();
         for (name, map) in &state.collections {
             for (shard, assignment) in map.shards.iter().enumerate() {
+                // A copy another in-sync copy makes redundant loses no data: the forgotten
+                // node's replica leaves the record; a primary gives way to an alive in-sync
+                // replica (the promotion failover would make), which then drops it.
+                let without = if assignment.owner == node_id {
+                    let candidate = assignment
+                        .in_sync_replicas
+                        .iter()
+                        .find(|n| state.is_alive(n));
+                    candidate
+                        .and_then(|c| assignment.promoted(c))
+                        .and_then(|p| p.without_replica(node_id))
+                } else {
+                    assignment.without_replica(node_id)
+                };
+                if let Some(new) = without {
+                    kept.push((
+                        name.clone(),
+                        map.def.uid,
+                        shard as u32,
+                        assignment.clone(),
+                        new,
+                    ));
+                    continue;
+                }
                 if assignment.owner != node_id {
                     continue;
                 }
@@ -905,6 +936,29 @@ impl ClusterNode {
             }
         }
         if confirm {
+            for (name, uid, shard, from, new) in &kept {
+                let swapped = self
+                    .store
+                    .compare_and_set_shard(&tarn_cluster::ShardSwap {
+                        collection: name,
+                        uid: *uid,
+                        shard: *shard,
+                        expected_epoch: from.epoch,
+                        new,
+                        unless_registered: Some(node_id),
+                        expected: Some(from),
+                    })
+                    .await
+                    .map_err(store_error)?;
+                if !swapped {
+                    return Err(ApiError::StaleShardMap(format!(
+                        "shard {shard} of collection '{name}' changed meanwhile, or node \
+                         {node_id} is registered again: check `tarn cluster status` and run \
+                         forget again"
+                    )));
+                }
+                tracing::warn!(collection = %name, shard, forgotten = %node_id, owner = %new.owner, "a forgotten node's copy dropped: another in-sync copy holds the data");
+            }
             for (name, uid, shard, epoch, new) in &plan {
                 // Only while the node has no registration in etcd itself: a node this one's
                 // view thinks dead may be alive (a lagging view, or a node cut off from etcd
@@ -941,10 +995,16 @@ impl ClusterNode {
                 .await;
             }
         }
-        Ok(plan
-            .into_iter()
-            .map(|(name, _, shard, _, new)| (name, shard, new))
-            .collect())
+        Ok(Forgotten {
+            given_up: plan
+                .into_iter()
+                .map(|(name, _, shard, _, new)| (name, shard, new))
+                .collect(),
+            kept: kept
+                .into_iter()
+                .map(|(name, _, shard, _, new)| (name, shard, new))
+                .collect(),
+        })
     }
 
     pub fn list(&self) -> Vec<String> {

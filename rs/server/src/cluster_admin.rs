@@ -74,8 +74,31 @@ impl Cluster for ClusterAdmin {
             .forget(&request.node_id, request.confirm)
             .await
             .map_err(Status::from)?;
+        let kept = plan
+            .kept
+            .into_iter()
+            .map(|(collection, shard, new)| pb::ClusterShard {
+                collection,
+                shard,
+                node_id: new.owner.clone(),
+                epoch: new.epoch,
+                state: if request.confirm {
+                    "serving"
+                } else {
+                    "planned"
+                }
+                .to_owned(),
+                moving_to: String::new(),
+                move_problem: String::new(),
+                in_sync: new.in_sync().map(str::to_owned).collect(),
+                replicas: new.replicas.clone(),
+                min_in_sync: 0,
+            })
+            .collect();
         Ok(Response::new(pb::ForgetNodeResponse {
+            kept,
             shards: plan
+                .given_up
                 .into_iter()
                 .map(|(collection, shard, new)| pb::ClusterShard {
                     collection,

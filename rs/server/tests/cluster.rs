@@ -4679,3 +4679,109 @@ fn processes_a_dead_node_s_copies_are_rebuilt_elsewhere_after_replace_dead_after
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// ForgetNode with replicas: a dead node's copies that another in-sync copy makes redundant
+/// lose no data (listed as kept: the node's copy leaves the record; a shard it led is led by
+/// the promoted copy), and only a shard with no other copy is given up (listed, starts empty).
+#[test]
+fn forget_keeps_every_shard_another_in_sync_copy_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let store = std::sync::Arc::new(tarn_cluster::MemoryStore::default());
+        let mut servers = Vec::new();
+        for i in 1..=3 {
+            servers.push(memory_node(dir.path(), i, &store).await);
+        }
+        let client = Client::connect(servers[0].grpc_addr()).await.unwrap();
+        const DIM: usize = 4;
+        for (name, copies) in [("kept", 2), ("lone", 1)] {
+            client
+                .create_collection(
+                    CollectionSpec::new(name, DIM as u32)
+                        .metric(Metric::L2)
+                        .shards(3, ShardKey::Doc)
+                        .replicas(copies, 1),
+                )
+                .await
+                .unwrap();
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(41);
+        let v = vectors(&mut rng, 60, DIM);
+        let ids: Vec<u128> = (0..60).collect();
+        for name in ["kept", "lone"] {
+            client
+                .insert(Insert::new(name, ids.clone(), v.clone()))
+                .await
+                .unwrap();
+        }
+        let status = client.cluster_status().await.unwrap();
+        let lone_on_n3 = status
+            .shards
+            .iter()
+            .filter(|s| s.collection == "lone" && s.node_id == "n3")
+            .count();
+        let kept_on_n3 = status
+            .shards
+            .iter()
+            .filter(|s| {
+                s.collection == "kept" && (s.node_id == "n3" || s.replicas.contains(&"n3".into()))
+            })
+            .count();
+        assert!(kept_on_n3 > 0 && lone_on_n3 > 0, "{status:?}");
+        servers.remove(2).shutdown().await.unwrap();
+        store.expire("n3");
+        // The shards n3 led fail over first (their copies on n1 and n2 are in sync).
+        let started = Instant::now();
+        loop {
+            let status = client.cluster_status().await.unwrap();
+            if status
+                .shards
+                .iter()
+                .all(|s| s.collection != "kept" || s.node_id != "n3")
+            {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(20), "{status:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (given_up, kept) = client.forget_node_report("n3", false).await.unwrap();
+        assert_eq!(kept.len(), kept_on_n3, "{kept:?}");
+        assert!(kept
+            .iter()
+            .all(|s| s.collection == "kept" && s.state == "planned"));
+        assert_eq!(given_up.len(), lone_on_n3, "{given_up:?}");
+        assert!(given_up.iter().all(|s| s.collection == "lone"));
+        let (given_up, kept) = client.forget_node_report("n3", true).await.unwrap();
+        assert_eq!((given_up.len(), kept.len()), (lone_on_n3, kept_on_n3));
+        // Nothing of "kept" is lost, and n3 is none of its copies any more.
+        let started = Instant::now();
+        loop {
+            let status = client.cluster_status().await.unwrap();
+            let clean = status
+                .shards
+                .iter()
+                .filter(|s| s.collection == "kept")
+                .all(|s| {
+                    s.node_id != "n3"
+                        && !s.replicas.contains(&"n3".into())
+                        && !s.in_sync.contains(&"n3".into())
+                });
+            if clean {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "{status:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for id in &ids {
+            let got = client.get("kept", 0, &[*id]).await.unwrap();
+            assert_eq!(got.len(), 1, "document {id} of kept is missing");
+            assert_eq!(
+                got[0].vector,
+                v[*id as usize * DIM..(*id as usize + 1) * DIM]
+            );
+        }
+        let info = client.collection_info("kept").await.unwrap();
+        assert_eq!(info.n_documents, 60);
+    });
+}
