@@ -487,17 +487,18 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 loop {
                     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                     let status = client.cluster_status().await?;
+                    // Its shards and its replica copies (which move off it too).
                     let owned = status
                         .shards
                         .iter()
-                        .filter(|s| s.node_id == node_id)
+                        .filter(|s| s.node_id == node_id || s.replicas.contains(&node_id))
                         .count();
                     if owned != last {
                         println!("{owned} shards left on {node_id}");
                         last = owned;
                     }
                     if owned == 0 {
-                        println!("node {node_id} owns no shards: it can be stopped");
+                        println!("node {node_id} holds no shard copy: it can be stopped");
                         break;
                     }
                 }

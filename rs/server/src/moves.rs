@@ -1097,6 +1097,11 @@ async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::ClusterState
 /// snapshot and log by the primary's follower, and joins the in-sync set once it has
 /// everything. Only shards whose primary is alive are touched (a dead primary is first
 /// replaced by failover); a shard with no spare live node keeps its dead copy listed.
+///
+/// A replica on a draining node (alive) moves the other way round, so the shard never has
+/// fewer copies in sync than before: first a new replica is added on a taker (the shard has
+/// one copy more than its factor meanwhile), then, once every other copy is in sync, the
+/// draining node's copy is dropped from the record (and from its disk by reconciliation).
 async fn rereplicate(
     node: &ClusterNode,
     state: &tarn_cluster::ClusterState,
@@ -1136,6 +1141,51 @@ async fn rereplicate(
     for (name, map) in &state.collections {
         for (idx, a) in map.shards.iter().enumerate() {
             if !a.takes_writes() || !state.is_alive(&a.owner) {
+                continue;
+            }
+            let draining = a
+                .replicas
+                .iter()
+                .find(|n| state.draining.contains(*n) && state.is_alive(n));
+            if let Some(draining) = draining {
+                let n_copies = a.copies().count() as u32;
+                let others_in_sync = a
+                    .copies()
+                    .filter(|n| n != draining)
+                    .all(|n| a.in_sync().any(|m| m == n));
+                let next = if n_copies <= map.def.replication_factor.max(1) {
+                    load.iter()
+                        .filter(|(n, _)| a.role_of(n).is_none())
+                        .min_by_key(|(n, copies)| (**copies, n.as_str()))
+                        .and_then(|(taker, _)| a.with_replica(taker))
+                } else if others_in_sync {
+                    a.without_replica(draining)
+                } else {
+                    None
+                };
+                let Some(next) = next else {
+                    continue;
+                };
+                let swap = tarn_cluster::ShardSwap {
+                    collection: name,
+                    uid: map.def.uid,
+                    shard: idx as u32,
+                    expected_epoch: a.epoch,
+                    new: &next,
+                    unless_registered: None,
+                    expected: Some(a),
+                };
+                match node.store().compare_and_set_shard(&swap).await {
+                    Ok(true) => {
+                        tracing::info!(collection = %name, shard = idx, %draining,
+                            replicas = ?next.replicas, "drain: a replica moves off a draining node");
+                    }
+                    Ok(false) => {}
+                    Err(error) => {
+                        tracing::warn!(collection = %name, shard = idx, %error, "drain: etcd unavailable; retrying");
+                        return;
+                    }
+                }
                 continue;
             }
             let Some(dead) = a.replicas.iter().find(|n| replace(n)) else {

@@ -4785,3 +4785,96 @@ fn forget_keeps_every_shard_another_in_sync_copy_holds() {
         assert_eq!(info.n_documents, 60);
     });
 }
+
+/// Draining a node moves its replica copies too (issue: moves and drains keep working with
+/// replicas): each shard of a 2-copy collection gets a new copy on the other node first, and
+/// the draining node's copy leaves only once the others are in sync; the shards it led move
+/// as before. Afterwards the node holds no copy (in the map or on its disk), every shard has
+/// two in-sync copies, and every document is there.
+#[test]
+fn a_drain_moves_replica_copies_off_the_node_add_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let (servers, _store) = memory_cluster(dir.path(), 3).await;
+        let client = Client::connect(servers[0].grpc_addr()).await.unwrap();
+        const DIM: usize = 4;
+        client
+            .create_collection(
+                CollectionSpec::new("d", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(3, ShardKey::Doc)
+                    .replicas(2, 1),
+            )
+            .await
+            .unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(43);
+        let v = vectors(&mut rng, 90, DIM);
+        let ids: Vec<u128> = (0..90).collect();
+        client
+            .insert(Insert::new("d", ids.clone(), v.clone()))
+            .await
+            .unwrap();
+        let status = client.cluster_status().await.unwrap();
+        assert!(
+            status
+                .shards
+                .iter()
+                .any(|s| s.collection == "d" && s.replicas.contains(&"n3".into())),
+            "n3 holds a replica: {status:?}"
+        );
+        let n3 = dir.path().join("n3").join("collections");
+        let n3_holds_copies = || {
+            std::fs::read_dir(&n3)
+                .map(|d| {
+                    d.flatten()
+                        .any(|e| e.file_name().to_string_lossy().starts_with("d."))
+                })
+                .unwrap_or(false)
+        };
+        // Copies appear on a replica with the first entries shipped to it.
+        let started = Instant::now();
+        while !n3_holds_copies() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "n3 has no copy"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        client.drain_node("n3", false).await.unwrap();
+        let started = Instant::now();
+        loop {
+            let status = client.cluster_status().await.unwrap();
+            let shards: Vec<_> = status
+                .shards
+                .iter()
+                .filter(|s| s.collection == "d")
+                .collect();
+            let done = shards.iter().all(|s| {
+                s.node_id != "n3"
+                    && !s.replicas.contains(&"n3".into())
+                    && s.in_sync.len() == 2
+                    && s.replicas.len() == 1
+            });
+            if done {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "{shards:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for id in &ids {
+            let got = client.get("d", 0, &[*id]).await.unwrap();
+            assert_eq!(got.len(), 1, "document {id} is missing");
+        }
+        assert_eq!(client.collection_info("d").await.unwrap().n_documents, 90);
+        // n3's disk lets its copies go.
+        let started = Instant::now();
+        while n3_holds_copies() {
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "n3 kept a copy"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}
