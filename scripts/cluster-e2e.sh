@@ -24,7 +24,9 @@
 #     after a wiped disk, re-replication of a dead node's copies after --replace-dead-after;
 #   - the seeded nemesis: writers and searchers through three nodes while kill -9 and restart,
 #     SIGSTOP, etcd connections cut, graceful restarts, drains and cancels follow one another
-#     (TARN_NEMESIS_SEED, TARN_NEMESIS_SECONDS, default 90 s; the seed is printed).
+#     (TARN_NEMESIS_SEED, TARN_NEMESIS_SECONDS, default 90 s; the seed is printed); run twice,
+#     with 1 copy per shard and with 2 (failovers, cut-offs, seeding and drains of replicas;
+#     afterwards every shard's copies in sync and identical).
 # Every scenario checks each acknowledged write (present once, with its vector) and fails the
 # script (non-zero exit) on any lost or duplicated one. Run by scripts/check.sh.
 #   scripts/cluster-e2e.sh [a test name filter; default: processes_, all of them]
@@ -36,3 +38,7 @@ if ! ensure_etcd; then
     exit 0
 fi
 cargo test --locked -p tarn-server --all-features --test cluster "${1:-processes_}" -- --test-threads 1
+if [[ -z ${1:-} ]]; then
+    TARN_NEMESIS_REPLICAS=2 cargo test --locked -p tarn-server --all-features --test cluster \
+        processes_nemesis -- --test-threads 1
+fi

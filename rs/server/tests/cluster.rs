@@ -2812,7 +2812,16 @@ fn processes_nemesis_seeded_faults_lose_no_acknowledged_write() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(90);
-    eprintln!("nemesis: seed {seed}, {seconds} s (TARN_NEMESIS_SEED, TARN_NEMESIS_SECONDS)");
+    // Copies of each shard (TARN_NEMESIS_REPLICAS: 1 by default; scripts/cluster-e2e.sh also
+    // runs it with 2, where kill -9 and SIGSTOP fail shards over).
+    let replicas: u32 = std::env::var("TARN_NEMESIS_REPLICAS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    eprintln!(
+        "nemesis: seed {seed}, {seconds} s, {replicas} copies (TARN_NEMESIS_SEED, \
+         TARN_NEMESIS_SECONDS, TARN_NEMESIS_REPLICAS)"
+    );
     const DIM: usize = 8;
     const LEASE: u64 = 3;
     let dir = tempfile::tempdir().unwrap();
@@ -2843,7 +2852,8 @@ fn processes_nemesis_seeded_faults_lose_no_acknowledged_write() {
             .create_collection(
                 CollectionSpec::new("moving", DIM as u32)
                     .metric(Metric::L2)
-                    .shards(6, ShardKey::Doc),
+                    .shards(6, ShardKey::Doc)
+                    .replicas(replicas, 0),
             )
             .await
             .unwrap();
@@ -2951,6 +2961,26 @@ fn processes_nemesis_seeded_faults_lose_no_acknowledged_write() {
         let client = Client::connect(reader.addr()).await.unwrap();
         check_acked(&client, &acked).await;
     });
+    if replicas > 1 {
+        // Every shard back to all its copies in sync, and the copies hold the same documents.
+        rt.block_on(wait_in_sync(&nodes[0].addr(), replicas as usize));
+        std::thread::sleep(Duration::from_secs(1));
+        for node in &mut nodes {
+            node.kill();
+        }
+        let copies: Vec<BTreeMap<u32, Vec<(u128, u128)>>> = (1..=3)
+            .map(|i| local_copies(&dir.path().join(format!("n{i}")), "moving"))
+            .collect();
+        for shard in 0..6u32 {
+            let held: Vec<&Vec<(u128, u128)>> =
+                copies.iter().filter_map(|c| c.get(&shard)).collect();
+            assert_eq!(held.len(), replicas as usize, "shard {shard}'s copies");
+            assert!(
+                held.windows(2).all(|w| w[0] == w[1]),
+                "the copies of shard {shard} differ"
+            );
+        }
+    }
 }
 
 /// GetCollection and Flush fan out to every shard: with a shard's owner stopped (SIGSTOP: its
