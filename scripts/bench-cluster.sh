@@ -72,9 +72,9 @@ PY
     base="$work/base.fvecs"; query="$work/query.fvecs"; truth=(); dim=128
 fi
 A="${addrs[0]}"
-"$tarn" collection create one --dimension "$dim" --shards 1 --addr "$A" >/dev/null
-"$tarn" collection create eight --dimension "$dim" --shards 8 --shard-key doc --addr "$A" >/dev/null
-"$tarn" collection create ins --dimension 128 --shards 1 --addr "$A" >/dev/null
+"$tarn" collection create one --dimension "$dim" --shards 1 --replicas 1 --addr "$A" >/dev/null
+"$tarn" collection create eight --dimension "$dim" --shards 8 --shard-key doc --replicas 1 --addr "$A" >/dev/null
+"$tarn" collection create ins --dimension 128 --shards 1 --replicas 1 --addr "$A" >/dev/null
 owner_of() {
     "$tarn" cluster status --json --addr "$A" | python3 -c '
 import json, sys

@@ -370,7 +370,7 @@ pub struct ServeArgs {
     #[arg(long, env = "TARN_LEASE_SECONDS")]
     pub lease_seconds: Option<u64>,
     /// Cluster mode: copies of each shard, the primary included, for collections created
-    /// without a replication factor [default: 1].
+    /// without a replication factor [default: 2, or the live nodes when fewer].
     #[arg(long, env = "TARN_REPLICATION_FACTOR")]
     pub replication_factor: Option<u32>,
     /// Cluster mode: seconds a node may stay dead before the replica copies it held are rebuilt

@@ -37,7 +37,8 @@ pub struct ClusterConfig {
     pub advertise: String,
     /// The membership lease: a node silent this long is dead to the cluster.
     pub lease_ttl: Duration,
-    /// `--replication-factor`: copies of each shard of a collection created without one.
+    /// `--replication-factor`: copies of each shard of a collection created without one; 0 (not
+    /// given): [`DEFAULT_REPLICATION_FACTOR`], or the live nodes when fewer.
     pub replication_factor: u32,
     /// `--replace-dead-after`: how long a node may stay dead before the replica copies it held
     /// are rebuilt elsewhere.
@@ -70,6 +71,12 @@ pub struct JoinOptions {
     pub data_dir: std::path::PathBuf,
     pub force_new_cluster: bool,
 }
+
+/// Copies of each shard of a collection created without a replication factor, when the server
+/// was started without `--replication-factor`: 2 (a node's death stops nothing for longer than
+/// its lease and loses no acknowledged write), or the live nodes when fewer (a one-node cluster
+/// creates collections of one copy).
+pub const DEFAULT_REPLICATION_FACTOR: u32 = 2;
 
 /// What `forget` does to a dead node's shards: each as (collection, shard, its new record).
 #[derive(Debug, Default)]
@@ -800,10 +807,14 @@ impl ClusterNode {
             }
         };
         let nodes: Vec<NodeInfo> = self.state().nodes.values().cloned().collect();
+        let default_factor = match self.default_replication_factor {
+            0 => DEFAULT_REPLICATION_FACTOR.min(nodes.len().max(1) as u32),
+            given => given,
+        };
         let (replication_factor, min_in_sync) = tarn_cluster::replication_settings(
             request.replication_factor,
             request.min_in_sync,
-            self.default_replication_factor,
+            default_factor,
             nodes.len(),
         )
         .map_err(ApiError::Unsupported)?;

@@ -125,11 +125,11 @@ impl ServeConfig {
                         .unwrap_or(5)
                         .max(1),
                 ),
+                // 0: the built-in default (2 copies, fewer while fewer nodes are live).
                 replication_factor: args
                     .replication_factor
                     .or(file.replication_factor)
-                    .unwrap_or(1)
-                    .max(1),
+                    .unwrap_or(0),
                 replace_dead_after: std::time::Duration::from_secs(
                     args.replace_dead_after
                         .or(file.replace_dead_after)

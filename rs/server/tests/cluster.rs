@@ -166,6 +166,12 @@ impl Node {
             "--lease-seconds",
             &lease,
         ];
+        // One copy per shard unless a test asks otherwise (the default is 2): the single-copy
+        // scenarios (a dead owner's shards UNAVAILABLE, moves, set-aside copies) depend on it;
+        // the replica tests ask for their copies per collection.
+        if !extra.contains(&"--replication-factor") {
+            args.extend_from_slice(&["--replication-factor", "1"]);
+        }
         args.extend_from_slice(extra);
         self.server = Some(Server::try_start(&self.dir, &args, env)?);
         Ok(())
@@ -1218,6 +1224,10 @@ fn replicas_acknowledge_on_every_in_sync_copy_and_a_returning_one_rejoins() {
         let store = std::sync::Arc::new(tarn_cluster::MemoryStore::default());
         let with_metrics = |config: &mut tarn_server::ServeConfig| {
             config.metrics_listen = Some("127.0.0.1:0".to_owned());
+            // No --replication-factor: the built-in default.
+            if let Some(cluster) = config.cluster.as_mut() {
+                cluster.replication_factor = 0;
+            }
         };
         let mut servers = Vec::new();
         for i in 1..=3 {
@@ -1257,6 +1267,14 @@ fn replicas_acknowledge_on_every_in_sync_copy_and_a_returning_one_rejoins() {
             .unwrap();
         let info = client.collection_info("r").await.unwrap();
         assert_eq!((info.replication_factor, info.min_in_sync), (3, 2));
+        // Without a factor: the server's default, 2 copies (1 needed in sync).
+        client
+            .create_collection(CollectionSpec::new("default_copies", DIM as u32))
+            .await
+            .unwrap();
+        let info = client.collection_info("default_copies").await.unwrap();
+        assert_eq!((info.replication_factor, info.min_in_sync), (2, 1));
+        client.drop_collection("default_copies").await.unwrap();
         let status = client.cluster_status().await.unwrap();
         for shard in status.shards.iter().filter(|s| s.collection == "r") {
             assert_eq!(shard.in_sync.len(), 3, "{shard:?}");
@@ -2997,6 +3015,11 @@ fn processes_forwarded_admin_calls_keep_the_caller_s_deadline() {
     let rt = runtime();
     rt.block_on(async {
         let c1 = Client::connect(nodes[0].addr()).await.unwrap();
+        // Both nodes in n1's view first, so that the placement gives n2 its shards at once.
+        wait_for_status(&c1, Duration::from_secs(10), "two live nodes", |s| {
+            s.nodes.iter().filter(|n| n.alive).count() == 2
+        })
+        .await;
         c1.create_collection(
             CollectionSpec::new("slow", 4)
                 .metric(Metric::L2)
@@ -3005,6 +3028,11 @@ fn processes_forwarded_admin_calls_keep_the_caller_s_deadline() {
         .await
         .unwrap();
         insert_docs(&c1, "slow", 1, 50, 4).await;
+        let status = c1.cluster_status().await.unwrap();
+        assert!(
+            status.shards.iter().any(|s| s.node_id == "n2"),
+            "n2 owns shards of slow: {status:?}"
+        );
     });
     nodes[1].signal(Signal::STOP);
     rt.block_on(async {
