@@ -1786,13 +1786,27 @@ fn tenant_counts_over_shards_count_each_tenant_once() {
             .map(|d| tarn_cluster::shard_for(*d, 4))
             .collect();
         assert!(shards_used.len() > 1);
-        assert_eq!(c1.collection_info("by_doc").await.unwrap().n_tenants, 1);
+        // Counts are of applied writes (ingestion is asynchronous): wait until they settle.
+        let tenants = |name: &'static str, want: u32| {
+            let c1 = c1.clone();
+            async move {
+                let started = Instant::now();
+                loop {
+                    let n = c1.collection_info(name).await.unwrap().n_tenants;
+                    if n == want || started.elapsed() > Duration::from_secs(10) {
+                        return n;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        assert_eq!(tenants("by_doc", 1).await, 1);
         for user in [1u128, 2, 3] {
             c1.insert(Insert::new("by_user", [user], vec![0.5f32; 4]).users([user]))
                 .await
                 .unwrap();
         }
-        assert_eq!(c1.collection_info("by_user").await.unwrap().n_tenants, 3);
+        assert_eq!(tenants("by_user", 3).await, 3);
         for server in servers {
             server.shutdown().await.unwrap();
         }
