@@ -620,43 +620,13 @@ async fn seed(
             )
             .await?;
     }
-    let channel = node.peer(primary).await?;
-    let mut client = pb::node_client::NodeClient::new(channel)
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(64 << 20);
-    let request = node.internal_request(
-        pb::ShardStreamRequest {
-            shard: shard.address(epoch),
-            to_node: node.node_id.clone(),
-            replica: true,
-        },
-        MOVE_LIMIT,
-    );
-    let mut stream = client
-        .shard_stream(request)
-        .await
-        .map_err(|s| peer_error("opening the shard stream", s))?
-        .into_inner();
-    let target = node.registry.shard_restore_target(&local)?;
-    let mut upload = RestoreUpload::begin(&local, target)?;
-    let mut n_bytes = 0u64;
-    let epochs = loop {
-        let message = next_message(&mut stream, STREAM_SILENCE_LIMIT).await?;
-        if !message.snapshot.is_empty() {
-            n_bytes += message.snapshot.len() as u64;
-            node.moves
-                .seed_bytes
-                .fetch_add(message.snapshot.len() as u64, Ordering::Relaxed);
-            if !upload.push(message.snapshot).await {
-                break Vec::new();
-            }
-        }
-        if message.snapshot_done {
-            break message.epochs;
-        }
-    };
-    let restore = upload.finish().await?;
-    let (copy, info) = node.registry.adopt_restore(&local, restore).await?;
+    let Restored {
+        mut stream,
+        copy,
+        info,
+        mut n_bytes,
+        epochs,
+    } = open_and_restore(node, shard, (primary, epoch), true, &node.moves.seed_bytes).await?;
     let history = tarn_cluster::EpochHistory::from_starts(
         epochs.iter().map(|e| (e.epoch, e.first_seq)).collect(),
     )
@@ -697,23 +667,37 @@ async fn seed(
     }
 }
 
-async fn copy_and_flip(
+/// A shard stream opened on its owner, with the snapshot it began with restored into a local
+/// copy (not served yet: the caller appends the stream's WAL entries next).
+struct Restored {
+    stream: tonic::Streaming<pb::ShardStreamMessage>,
+    copy: Collection,
+    info: tarn_collection::SnapshotInfo,
+    /// Snapshot bytes received.
+    n_bytes: u64,
+    /// The owner's epoch history as of the snapshot.
+    epochs: Vec<pb::EpochStart>,
+}
+
+/// Opens `owner`'s `ShardStream` of `shard` at `epoch` for this node (`replica`: a replica's
+/// seed, else a move's pull) and restores the snapshot it starts with into the local copy
+/// (which this node must not hold), counting the bytes in `counter`.
+async fn open_and_restore(
     node: &Arc<ClusterNode>,
     shard: &ShardName,
-    from: &ShardAssignment,
-    fence: &mut Option<ShardAssignment>,
-) -> Result<pb::PullShardResponse, ApiError> {
-    let started = Instant::now();
-    fail_point("moves::fail_pull")?;
-    let channel = node.peer(&from.owner).await?;
+    (owner, epoch): (&str, u64),
+    replica: bool,
+    counter: &AtomicU64,
+) -> Result<Restored, ApiError> {
+    let channel = node.peer(owner).await?;
     let mut client = pb::node_client::NodeClient::new(channel)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20);
     let request = node.internal_request(
         pb::ShardStreamRequest {
-            shard: shard.address(from.epoch),
+            shard: shard.address(epoch),
             to_node: node.node_id.clone(),
-            replica: false,
+            replica,
         },
         MOVE_LIMIT,
     );
@@ -722,29 +706,58 @@ async fn copy_and_flip(
         .await
         .map_err(|s| peer_error("opening the shard stream", s))?
         .into_inner();
-
-    // 1. The snapshot, into a copy this node does not serve yet.
     let local = shard.local_name();
     let target = node.registry.shard_restore_target(&local)?;
     let mut upload = RestoreUpload::begin(&local, target)?;
     let mut n_bytes = 0u64;
-    loop {
+    let epochs = loop {
         let message = next_message(&mut stream, STREAM_SILENCE_LIMIT).await?;
         if !message.snapshot.is_empty() {
             n_bytes += message.snapshot.len() as u64;
-            node.moves
-                .bytes
-                .fetch_add(message.snapshot.len() as u64, Ordering::Relaxed);
+            counter.fetch_add(message.snapshot.len() as u64, Ordering::Relaxed);
             if !upload.push(message.snapshot).await {
-                break;
+                break Vec::new();
             }
         }
         if message.snapshot_done {
-            break;
+            break message.epochs;
         }
-    }
+    };
     let restore = upload.finish().await?;
     let (copy, info) = node.registry.adopt_restore(&local, restore).await?;
+    Ok(Restored {
+        stream,
+        copy,
+        info,
+        n_bytes,
+        epochs,
+    })
+}
+
+async fn copy_and_flip(
+    node: &Arc<ClusterNode>,
+    shard: &ShardName,
+    from: &ShardAssignment,
+    fence: &mut Option<ShardAssignment>,
+) -> Result<pb::PullShardResponse, ApiError> {
+    let started = Instant::now();
+    fail_point("moves::fail_pull")?;
+    // 1. The snapshot, into a copy this node does not serve yet.
+    let local = shard.local_name();
+    let Restored {
+        mut stream,
+        copy,
+        info,
+        mut n_bytes,
+        ..
+    } = open_and_restore(
+        node,
+        shard,
+        (&from.owner, from.epoch),
+        false,
+        &node.moves.bytes,
+    )
+    .await?;
     let mut applied = info.seq_no;
     tracing::info!(shard = %local, from = %from.owner, seq_no = applied, n_bytes, "shard snapshot copied; catching up");
 
