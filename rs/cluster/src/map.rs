@@ -317,6 +317,21 @@ impl ClusterState {
                 .map(move |(shard, a)| (map, shard as u32, a))
         })
     }
+
+    /// The map of the collection `shard` belongs to: none when the collection is gone or is
+    /// another incarnation of the name (a collection dropped and created again has a new uid).
+    pub fn collection_of(&self, shard: &ShardName) -> Option<&CollectionMap> {
+        self.collections
+            .get(&shard.collection)
+            .filter(|m| m.def.uid == shard.uid)
+    }
+
+    /// The assignment of `shard` in this state: none when its collection is gone, is another
+    /// incarnation, or has no such shard.
+    pub fn assignment(&self, shard: &ShardName) -> Option<&ShardAssignment> {
+        self.collection_of(shard)
+            .and_then(|m| m.shards.get(shard.shard as usize))
+    }
 }
 
 /// The shard of a key (a `user_id` or a `doc_id`, by the collection's [`ShardKey`]): a fixed
@@ -840,6 +855,29 @@ mod token_tests {
             },
         );
         state
+    }
+
+    #[test]
+    fn a_shard_name_finds_its_assignment_only_in_its_incarnation() {
+        let state = state_with(&["n1", "n2"], &["n1", "n2"]);
+        let name = |uid, shard| ShardName {
+            collection: "c".into(),
+            uid,
+            shard,
+        };
+        assert_eq!(
+            state.assignment(&name(1, 1)),
+            Some(&ShardAssignment::serving("n2", 3))
+        );
+        assert_eq!(state.collection_of(&name(1, 5)).map(|m| m.def.uid), Some(1));
+        assert_eq!(state.assignment(&name(1, 5)), None);
+        assert_eq!(state.collection_of(&name(2, 0)), None);
+        assert_eq!(state.assignment(&name(2, 0)), None);
+        let other = ShardName {
+            collection: "d".into(),
+            ..name(1, 0)
+        };
+        assert_eq!(state.assignment(&other), None);
     }
 
     /// Applies planned moves until none is left (at most `limit`), as the coordinator would.

@@ -414,11 +414,8 @@ impl ClusterNode {
         let guard = self.gate(&shard.local_name()).read_owned().await;
         let collection = self.local_shard(&self.registry, shard, epoch).await?;
         let state = self.state();
-        let map = state
-            .collections
-            .get(&shard.collection)
-            .filter(|m| m.def.uid == shard.uid);
-        let assignment = map.and_then(|m| m.shards.get(shard.shard as usize));
+        let map = state.collection_of(shard);
+        let assignment = state.assignment(shard);
         match (map, assignment) {
             (Some(map), Some(a))
                 if a.takes_writes() && a.epoch == epoch && a.owner == self.node_id =>
@@ -468,9 +465,7 @@ impl ClusterNode {
         }
         let state = self.state();
         let def = &state
-            .collections
-            .get(&shard.collection)
-            .filter(|m| m.def.uid == shard.uid)
+            .collection_of(shard)
             .ok_or_else(|| ApiError::NotFound(shard.collection.clone()))?
             .def;
         let config =
@@ -553,11 +548,7 @@ impl ClusterNode {
         shard: &ShardName,
         epoch: u64,
     ) -> Result<Collection, ApiError> {
-        let known = |s: &ClusterState| {
-            s.collections
-                .get(&shard.collection)
-                .is_some_and(|m| m.def.uid == shard.uid)
-        };
+        let known = |s: &ClusterState| s.collection_of(shard).is_some();
         if !known(&self.state()) {
             // The router's view may be a moment ahead of this node's.
             self.wait_for_with(NOT_FOUND_GRACE, known).await;
@@ -567,9 +558,7 @@ impl ClusterNode {
             return Err(unreadable(&shard.collection, why));
         }
         let map = state
-            .collections
-            .get(&shard.collection)
-            .filter(|m| m.def.uid == shard.uid)
+            .collection_of(shard)
             .ok_or_else(|| ApiError::NotFound(shard.collection.clone()))?;
         let assignment = map
             .shards
@@ -629,17 +618,10 @@ impl ClusterNode {
     ) -> Result<Collection, ApiError> {
         match self.local_shard(registry, shard, epoch).await {
             Err(ApiError::StaleShardMap(why)) => {
-                let in_sync_here = self
-                    .state()
-                    .collections
-                    .get(&shard.collection)
-                    .filter(|m| m.def.uid == shard.uid)
-                    .and_then(|m| m.shards.get(shard.shard as usize))
-                    .is_some_and(|a| {
-                        a.epoch == epoch
-                            && a.role_of(&self.node_id)
-                                == Some(tarn_cluster::CopyRole::InSyncReplica)
-                    });
+                let in_sync_here = self.state().assignment(shard).is_some_and(|a| {
+                    a.epoch == epoch
+                        && a.role_of(&self.node_id) == Some(tarn_cluster::CopyRole::InSyncReplica)
+                });
                 match registry.get_shard(&shard.local_name()) {
                     Ok(copy)
                         if in_sync_here && !self.incoming.contains_key(&shard.local_name()) =>
@@ -678,67 +660,43 @@ impl ClusterNode {
             .position(|n| *n == self.node_id)
             .unwrap_or(spread);
         let pick = copies[(first + attempt) % copies.len()];
-        let name = ShardName {
-            collection: map.def.name.clone(),
-            uid: map.def.uid,
-            shard,
-        };
-        if pick == self.node_id {
-            return (
-                Ok(Target::Local(name.address(assignment.epoch))),
-                copies.len(),
-            );
-        }
-        let channel = match self.peer(pick).await {
-            Ok(channel) => channel,
-            Err(e) => {
-                let why = match e {
-                    ApiError::Unavailable(why) => why,
-                    other => other.to_string(),
-                };
-                return (
-                    Err(ApiError::ShardUnavailable {
-                        collection: map.def.name.clone(),
-                        shard,
-                        node: pick.to_owned(),
-                        why,
-                    }),
-                    copies.len(),
-                );
-            }
-        };
-        let client = pb::node_client::NodeClient::new(channel)
-            .max_decoding_message_size(MAX_NODE_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_NODE_MESSAGE_BYTES);
         let role = if pick == assignment.owner {
             pb::ShardRole::Owner
         } else {
             pb::ShardRole::Replica
         };
-        let shard_ref = pb::ShardRef {
-            collection: map.def.name.clone(),
-            uid: map.def.uid,
-            shard,
-            epoch: assignment.epoch,
-            role: role as i32,
-        };
-        (Ok(Target::Remote(client, shard_ref)), copies.len())
+        (self.target_on(map, shard, pick, role).await, copies.len())
     }
 
     /// Where a call for `shard` of `map` goes: here, or to its live owner (over the `Node`
     /// service, naming the shard at the epoch this node's map gives it).
     pub async fn target(&self, map: &CollectionMap, shard: u32) -> Result<Target, ApiError> {
-        let assignment = &map.shards[shard as usize];
-        if assignment.owner == self.node_id {
+        let owner = &map.shards[shard as usize].owner;
+        self.target_on(map, shard, owner, pb::ShardRole::Owner)
+            .await
+    }
+
+    /// A call for `shard` of `map` on the copy of `node` (this node's, or a peer's over the
+    /// `Node` service, naming the shard at the epoch this node's map gives it and the copy's
+    /// `role`).
+    async fn target_on(
+        &self,
+        map: &CollectionMap,
+        shard: u32,
+        node: &str,
+        role: pb::ShardRole,
+    ) -> Result<Target, ApiError> {
+        let epoch = map.shards[shard as usize].epoch;
+        if node == self.node_id {
             let name = ShardName {
                 collection: map.def.name.clone(),
                 uid: map.def.uid,
                 shard,
             }
-            .address(assignment.epoch);
+            .address(epoch);
             return Ok(Target::Local(name));
         }
-        let channel = self.peer(&assignment.owner).await.map_err(|e| {
+        let channel = self.peer(node).await.map_err(|e| {
             let why = match e {
                 ApiError::Unavailable(why) => why,
                 other => other.to_string(),
@@ -746,7 +704,7 @@ impl ClusterNode {
             ApiError::ShardUnavailable {
                 collection: map.def.name.clone(),
                 shard,
-                node: assignment.owner.clone(),
+                node: node.to_owned(),
                 why,
             }
         })?;
@@ -757,8 +715,8 @@ impl ClusterNode {
             collection: map.def.name.clone(),
             uid: map.def.uid,
             shard,
-            epoch: assignment.epoch,
-            role: pb::ShardRole::Owner as i32,
+            epoch,
+            role: role as i32,
         };
         Ok(Target::Remote(client, shard_ref))
     }
@@ -947,17 +905,26 @@ impl ClusterNode {
             }
         }
         if confirm {
-            for (name, uid, shard, from, new) in &kept {
+            // Only while the node has no registration in etcd itself: a node this one's view
+            // thinks dead may be alive (a lagging view, or a node cut off from etcd whose lease
+            // has not lapsed yet, which still acknowledges writes).
+            let swap_unless_registered = async |name: &str,
+                                                uid: u64,
+                                                shard: u32,
+                                                expected_epoch: u64,
+                                                new: &ShardAssignment,
+                                                expected: Option<&ShardAssignment>|
+                   -> Result<(), ApiError> {
                 let swapped = self
                     .store
                     .compare_and_set_shard(&tarn_cluster::ShardSwap {
                         collection: name,
-                        uid: *uid,
-                        shard: *shard,
-                        expected_epoch: from.epoch,
+                        uid,
+                        shard,
+                        expected_epoch,
                         new,
                         unless_registered: Some(node_id),
-                        expected: Some(from),
+                        expected,
                     })
                     .await
                     .map_err(store_error)?;
@@ -968,32 +935,14 @@ impl ClusterNode {
                          forget again"
                     )));
                 }
+                Ok(())
+            };
+            for (name, uid, shard, from, new) in &kept {
+                swap_unless_registered(name, *uid, *shard, from.epoch, new, Some(from)).await?;
                 tracing::warn!(collection = %name, shard, forgotten = %node_id, owner = %new.owner, "a forgotten node's copy dropped: another in-sync copy holds the data");
             }
             for (name, uid, shard, epoch, new) in &plan {
-                // Only while the node has no registration in etcd itself: a node this one's
-                // view thinks dead may be alive (a lagging view, or a node cut off from etcd
-                // whose lease has not lapsed yet, which still acknowledges writes).
-                let swapped = self
-                    .store
-                    .compare_and_set_shard(&tarn_cluster::ShardSwap {
-                        collection: name,
-                        uid: *uid,
-                        shard: *shard,
-                        expected_epoch: *epoch,
-                        new,
-                        unless_registered: Some(node_id),
-                        expected: None,
-                    })
-                    .await
-                    .map_err(store_error)?;
-                if !swapped {
-                    return Err(ApiError::StaleShardMap(format!(
-                        "shard {shard} of collection '{name}' changed meanwhile, or node \
-                         {node_id} is registered again: check `tarn cluster status` and run \
-                         forget again"
-                    )));
-                }
+                swap_unless_registered(name, *uid, *shard, *epoch, new, None).await?;
                 tracing::warn!(collection = %name, shard, forgotten = %node_id, owner = %new.owner, "shard given up: its data is lost, it starts empty");
             }
             let last = plan.last().map(|p| (p.0.clone(), p.2, p.4.epoch));
@@ -1086,15 +1035,9 @@ async fn reconcile(node: std::sync::Weak<ClusterNode>) {
             if current.revision == 0 || current.unreadable.contains_key(&shard.collection) {
                 continue;
             }
-            let mine = current
-                .collections
-                .get(&shard.collection)
-                .filter(|m| m.def.uid == shard.uid)
-                .and_then(|m| m.shards.get(shard.shard as usize))
-                .is_some_and(|a| {
-                    a.role_of(&node.node_id).is_some()
-                        || a.moving_to.as_deref() == Some(&node.node_id)
-                });
+            let mine = current.assignment(&shard).is_some_and(|a| {
+                a.role_of(&node.node_id).is_some() || a.moving_to.as_deref() == Some(&node.node_id)
+            });
             if mine || node.incoming.contains_key(&local) {
                 continue;
             }
@@ -1142,12 +1085,7 @@ impl ClusterNode {
     /// neither local nor in the map, and nodes that left.
     fn forget_unused_handles(&self, state: &ClusterState) {
         let in_map = |local: &str| {
-            ShardName::parse(local).is_some_and(|(shard, _)| {
-                state
-                    .collections
-                    .get(&shard.collection)
-                    .is_some_and(|m| m.def.uid == shard.uid)
-            })
+            ShardName::parse(local).is_some_and(|(shard, _)| state.collection_of(&shard).is_some())
         };
         let used = |local: &str| self.registry.get_shard(local).is_ok() || in_map(local);
         self.gates

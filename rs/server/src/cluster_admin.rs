@@ -27,6 +27,27 @@ impl ClusterAdmin {
     }
 }
 
+/// A shard's new record in `ForgetNode`'s reply: serving once `applied`, else planned.
+fn shard_to_wire(
+    collection: String,
+    shard: u32,
+    new: &tarn_cluster::ShardAssignment,
+    applied: bool,
+) -> pb::ClusterShard {
+    pb::ClusterShard {
+        collection,
+        shard,
+        node_id: new.owner.clone(),
+        epoch: new.epoch,
+        state: if applied { "serving" } else { "planned" }.to_owned(),
+        moving_to: String::new(),
+        move_problem: String::new(),
+        in_sync: new.in_sync().map(str::to_owned).collect(),
+        replicas: new.replicas.clone(),
+        min_in_sync: 0,
+    }
+}
+
 #[tonic::async_trait]
 impl Cluster for ClusterAdmin {
     async fn drain(
@@ -74,51 +95,24 @@ impl Cluster for ClusterAdmin {
             .forget(&request.node_id, request.confirm)
             .await
             .map_err(Status::from)?;
-        let kept = plan
-            .kept
-            .into_iter()
-            .map(|(collection, shard, new)| pb::ClusterShard {
-                collection,
-                shard,
-                node_id: new.owner.clone(),
-                epoch: new.epoch,
-                state: if request.confirm {
-                    "serving"
-                } else {
-                    "planned"
-                }
-                .to_owned(),
-                moving_to: String::new(),
-                move_problem: String::new(),
-                in_sync: new.in_sync().map(str::to_owned).collect(),
-                replicas: new.replicas.clone(),
-                min_in_sync: 0,
-            })
-            .collect();
+        let applied = request.confirm;
         Ok(Response::new(pb::ForgetNodeResponse {
-            kept,
+            kept: plan
+                .kept
+                .into_iter()
+                .map(|(collection, shard, new)| shard_to_wire(collection, shard, &new, applied))
+                .collect(),
+            // A given-up shard starts empty: the reply lists no copies for it.
             shards: plan
                 .given_up
                 .into_iter()
                 .map(|(collection, shard, new)| pb::ClusterShard {
-                    collection,
-                    shard,
-                    node_id: new.owner,
-                    epoch: new.epoch,
-                    state: if request.confirm {
-                        "serving"
-                    } else {
-                        "planned"
-                    }
-                    .to_owned(),
-                    moving_to: String::new(),
-                    move_problem: String::new(),
                     in_sync: Vec::new(),
                     replicas: Vec::new(),
-                    min_in_sync: 0,
+                    ..shard_to_wire(collection, shard, &new, applied)
                 })
                 .collect(),
-            applied: request.confirm,
+            applied,
         }))
     }
 

@@ -104,12 +104,7 @@ enum Handover {
 
 fn handover(node: &ClusterNode, shard: &ShardName, epoch: u64, to: &str) -> Handover {
     let state = node.state();
-    let Some(a) = state
-        .collections
-        .get(&shard.collection)
-        .filter(|m| m.def.uid == shard.uid)
-        .and_then(|m| m.shards.get(shard.shard as usize))
-    else {
+    let Some(a) = state.assignment(shard) else {
         return Handover::Off("the collection was dropped".to_owned());
     };
     if a.owner == node.node_id && a.epoch == epoch && a.takes_writes() {
@@ -156,20 +151,12 @@ pub(crate) async fn shard_stream(
         ));
     }
     if request.replica {
-        let is_replica = node
-            .state()
-            .collections
-            .get(&shard.collection)
-            .filter(|m| m.def.uid == shard.uid)
-            .and_then(|m| m.shards.get(shard.shard as usize))
-            .is_some_and(|a| {
-                matches!(
-                    a.role_of(&request.to_node),
-                    Some(
-                        tarn_cluster::CopyRole::InSyncReplica | tarn_cluster::CopyRole::CatchingUp
-                    )
-                )
-            });
+        let is_replica = node.state().assignment(&shard).is_some_and(|a| {
+            matches!(
+                a.role_of(&request.to_node),
+                Some(tarn_cluster::CopyRole::InSyncReplica | tarn_cluster::CopyRole::CatchingUp)
+            )
+        });
         if !is_replica {
             return Err(ApiError::invalid(
                 "to_node",
@@ -858,14 +845,8 @@ async fn copy_and_flip(
     let write_pause = fenced_at.map_or(0.0, |at| at.elapsed().as_secs_f64());
     tracing::info!(shard = %shard.local_name(), fence_ms = fence_ms, handed_over_ms, synced_ms,
         flipped_ms = write_pause * 1e3, "hand-over phases");
-    let name = shard.collection.clone();
-    let (uid, number) = (shard.uid, shard.shard as usize);
-    node.wait_for_view(Duration::from_secs(5), move |s| {
-        s.collections
-            .get(&name)
-            .filter(|m| m.def.uid == uid)
-            .and_then(|m| m.shards.get(number))
-            .is_some_and(|a| a.epoch >= owned.epoch)
+    node.wait_for_view(Duration::from_secs(5), |s| {
+        s.assignment(shard).is_some_and(|a| a.epoch >= owned.epoch)
     })
     .await;
     Ok(pb::PullShardResponse {
@@ -1156,6 +1137,16 @@ async fn rereplicate(
             if !a.takes_writes() || !state.is_alive(&a.owner) {
                 continue;
             }
+            // Both changes keep the epoch and compare the whole record.
+            let swap_to = |new, unless_registered| tarn_cluster::ShardSwap {
+                collection: name,
+                uid: map.def.uid,
+                shard: idx as u32,
+                expected_epoch: a.epoch,
+                new,
+                unless_registered,
+                expected: Some(a),
+            };
             let draining = a
                 .replicas
                 .iter()
@@ -1179,16 +1170,11 @@ async fn rereplicate(
                 let Some(next) = next else {
                     continue;
                 };
-                let swap = tarn_cluster::ShardSwap {
-                    collection: name,
-                    uid: map.def.uid,
-                    shard: idx as u32,
-                    expected_epoch: a.epoch,
-                    new: &next,
-                    unless_registered: None,
-                    expected: Some(a),
-                };
-                match node.store().compare_and_set_shard(&swap).await {
+                match node
+                    .store()
+                    .compare_and_set_shard(&swap_to(&next, None))
+                    .await
+                {
                     Ok(true) => {
                         tracing::info!(collection = %name, shard = idx, %draining,
                             replicas = ?next.replicas, "drain: a replica moves off a draining node");
@@ -1215,16 +1201,11 @@ async fn rereplicate(
             let Some(next) = a.without_replica(dead).and_then(|r| r.with_replica(&taker)) else {
                 continue;
             };
-            let swap = tarn_cluster::ShardSwap {
-                collection: name,
-                uid: map.def.uid,
-                shard: idx as u32,
-                expected_epoch: a.epoch,
-                new: &next,
-                unless_registered: Some(dead),
-                expected: Some(a),
-            };
-            match node.store().compare_and_set_shard(&swap).await {
+            match node
+                .store()
+                .compare_and_set_shard(&swap_to(&next, Some(dead)))
+                .await
+            {
                 Ok(true) => {
                     *load.entry(taker.clone()).or_default() += 1;
                     tracing::warn!(collection = %name, shard = idx, %dead, %taker,

@@ -268,10 +268,7 @@ impl ClusterNode {
     pub(crate) fn forget_replications(&self, state: &tarn_cluster::ClusterState) {
         self.replication.retain(|_, r| {
             state
-                .collections
-                .get(&r.shard.collection)
-                .filter(|m| m.def.uid == r.shard.uid)
-                .and_then(|m| m.shards.get(r.shard.shard as usize))
+                .assignment(&r.shard)
                 .is_some_and(|a| a.owner == self.node_id && a.epoch == r.epoch)
         });
     }
@@ -887,23 +884,22 @@ pub(crate) async fn append_entries(
         shard: shard_ref.shard,
     };
     let epoch = shard_ref.epoch;
-    let assignment_of = |state: &tarn_cluster::ClusterState| {
-        state
-            .collections
-            .get(&shard.collection)
-            .filter(|m| m.def.uid == shard.uid)
-            .and_then(|m| m.shards.get(shard.shard as usize))
-            .cloned()
-    };
-    if assignment_of(&node.state()).is_none_or(|a| a.epoch < epoch) {
+    if node
+        .state()
+        .assignment(&shard)
+        .is_none_or(|a| a.epoch < epoch)
+    {
         // The primary's view may be a moment ahead of this node's.
         node.wait_for_view(Duration::from_millis(500), |s| {
-            assignment_of(s).is_some_and(|a| a.epoch >= epoch)
+            s.assignment(&shard).is_some_and(|a| a.epoch >= epoch)
         })
         .await;
     }
-    let assignment =
-        assignment_of(&node.state()).ok_or_else(|| ApiError::NotFound(shard.collection.clone()))?;
+    let assignment = node
+        .state()
+        .assignment(&shard)
+        .cloned()
+        .ok_or_else(|| ApiError::NotFound(shard.collection.clone()))?;
     if assignment.epoch != epoch || assignment.owner != request.from_node {
         return Err(ApiError::StaleShardMap(format!(
             "shard {} of collection '{}' has primary {} at epoch {} here, not {} at epoch \

@@ -134,6 +134,17 @@ struct Node {
 }
 
 impl Node {
+    /// Node `id` with data in `dir/<id>`, on a free port, not started yet.
+    fn new(dir: &Path, id: &str, lease_seconds: u64) -> Node {
+        Node {
+            id: id.to_owned(),
+            dir: dir.join(id),
+            port: free_port(),
+            lease_seconds,
+            server: None,
+        }
+    }
+
     fn start(&mut self, etcd: &str) {
         self.start_with_env(etcd, &[]);
     }
@@ -194,18 +205,22 @@ impl Node {
     }
 }
 
-/// `n` nodes `n1`.. with data in `dir/n<i>`, registered under leases of `lease_seconds`.
-fn nodes_with_lease(dir: &Path, n: usize, etcd: &str, lease_seconds: u64) -> Vec<Node> {
+/// `n` nodes `n1`.. with data in `dir/n<i>`, registered under leases of `lease_seconds`, each
+/// started with the extra arguments `extra` and environment `env` (fail points: `FAILPOINTS`).
+fn nodes_with(
+    dir: &Path,
+    n: usize,
+    etcd: &str,
+    lease_seconds: u64,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<Node> {
     (1..=n)
         .map(|i| {
-            let mut node = Node {
-                id: format!("n{i}"),
-                dir: dir.join(format!("n{i}")),
-                port: free_port(),
-                lease_seconds,
-                server: None,
-            };
-            node.start(etcd);
+            let mut node = Node::new(dir, &format!("n{i}"), lease_seconds);
+            if let Err(log) = node.try_start(etcd, extra, env) {
+                panic!("node {} did not start: {log}", node.id);
+            }
             node
         })
         .collect()
@@ -218,7 +233,7 @@ fn real_cluster(n: usize, lease_seconds: u64) -> Option<(tempfile::TempDir, Etcd
     let binary = etcd_binary()?;
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(binary, &dir.path().join("etcd"));
-    let nodes = nodes_with_lease(dir.path(), n, &etcd.endpoint(), lease_seconds);
+    let nodes = nodes_with(dir.path(), n, &etcd.endpoint(), lease_seconds, &[], &[]);
     Some((dir, etcd, nodes))
 }
 
@@ -1209,6 +1224,33 @@ fn local_copies(node_dir: &Path, collection: &str) -> BTreeMap<u32, Vec<(u128, u
     copies
 }
 
+/// Asserts that each of the `n_shards` shards of `collection` has `n_copies` copies in the
+/// (stopped) nodes' data directories `node_dirs`, all holding the same documents; returns each
+/// shard's documents.
+fn assert_copies_identical(
+    node_dirs: impl IntoIterator<Item = impl AsRef<Path>>,
+    collection: &str,
+    n_shards: u32,
+    n_copies: usize,
+) -> BTreeMap<u32, Vec<(u128, u128)>> {
+    let copies: Vec<BTreeMap<u32, Vec<(u128, u128)>>> = node_dirs
+        .into_iter()
+        .map(|d| local_copies(d.as_ref(), collection))
+        .collect();
+    (0..n_shards)
+        .map(|shard| {
+            let held: Vec<&Vec<(u128, u128)>> =
+                copies.iter().filter_map(|c| c.get(&shard)).collect();
+            assert_eq!(held.len(), n_copies, "shard {shard}'s copies");
+            assert!(
+                held.windows(2).all(|w| w[0] == w[1]),
+                "the copies of shard {shard} differ"
+            );
+            (shard, held[0].clone())
+        })
+        .collect()
+}
+
 /// Replicas: a write is acknowledged once every in-sync copy has it durable; a replica that
 /// stops answering leaves the in-sync set (in the store's record) before any write is
 /// acknowledged without it; with fewer copies in sync than `min_in_sync`, writes are refused
@@ -1469,21 +1511,11 @@ fn replicas_acknowledge_on_every_in_sync_copy_and_a_returning_one_rejoins() {
             server.shutdown().await.unwrap();
         }
         // Every copy of each shard holds the same documents: every acknowledged one, once.
-        let mut per_shard: BTreeMap<u32, Vec<Vec<(u128, u128)>>> = BTreeMap::new();
-        for i in 1..=3 {
-            for (shard, docs) in local_copies(&dir.path().join(format!("n{i}")), "r") {
-                per_shard.entry(shard).or_default().push(docs);
-            }
-        }
-        let mut all = Vec::new();
-        for (shard, copies) in &per_shard {
-            assert_eq!(copies.len(), 3, "shard {shard}");
-            assert!(
-                copies.iter().all(|c| c == &copies[0]),
-                "shard {shard}: copies differ"
-            );
-            all.extend(copies[0].iter().map(|(_, d)| *d));
-        }
+        let node_dirs = (1..=3).map(|i| dir.path().join(format!("n{i}")));
+        let mut all: Vec<u128> = assert_copies_identical(node_dirs, "r", 2, 3)
+            .values()
+            .flat_map(|docs| docs.iter().map(|(_, d)| *d))
+            .collect();
         all.sort_unstable();
         assert_eq!(all, acked.keys().copied().collect::<Vec<_>>());
     });
@@ -2433,11 +2465,8 @@ fn processes_shards_are_set_aside_never_deleted_by_an_empty_foreign_or_rolled_ba
         .expect_err("a node with data joined an empty etcd");
     assert!(log.contains("etcd holds no cluster id"), "{log}");
     let mut stranger = Node {
-        id: "s1".into(),
         dir: dir.path().join("stranger"),
-        port: free_port(),
-        lease_seconds: 2,
-        server: None,
+        ..Node::new(dir.path(), "s1", 2)
     };
     stranger.start(&other.endpoint());
     let log = nodes[0]
@@ -2618,14 +2647,8 @@ fn processes_a_node_cut_off_from_etcd_stops_acknowledging_and_keeps_its_data() {
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(binary, &dir.path().join("etcd"));
     let proxy = CuttableProxy::start(etcd.client_port);
-    let mut nodes = nodes_with_lease(dir.path(), 1, &etcd.endpoint(), LEASE);
-    let mut n2 = Node {
-        id: "n2".into(),
-        dir: dir.path().join("n2"),
-        port: free_port(),
-        lease_seconds: LEASE,
-        server: None,
-    };
+    let mut nodes = nodes_with(dir.path(), 1, &etcd.endpoint(), LEASE, &[], &[]);
+    let mut n2 = Node::new(dir.path(), "n2", LEASE);
     n2.start(&proxy.endpoint());
     nodes.push(n2);
     let rt = runtime();
@@ -2769,13 +2792,7 @@ fn processes_failed_moves_back_off_and_show_in_status() {
         insert_docs(&c1, "stuck", 1, 50, 4).await;
         c1
     });
-    let mut n2 = Node {
-        id: "n2".into(),
-        dir: dir.path().join("n2"),
-        port: free_port(),
-        lease_seconds: 2,
-        server: None,
-    };
+    let mut n2 = Node::new(dir.path(), "n2", 2);
     n2.start_with_env(
         &etcd.endpoint(),
         &[("FAILPOINTS", "moves::fail_pull=return")],
@@ -2862,13 +2879,7 @@ fn processes_nemesis_seeded_faults_lose_no_acknowledged_write() {
         .map(|_| CuttableProxy::start(etcd.client_port))
         .collect();
     let mut nodes: Vec<Node> = (1..=3)
-        .map(|i| Node {
-            id: format!("n{i}"),
-            dir: dir.path().join(format!("n{i}")),
-            port: free_port(),
-            lease_seconds: LEASE,
-            server: None,
-        })
+        .map(|i| Node::new(dir.path(), &format!("n{i}"), LEASE))
         .collect();
     for (node, proxy) in nodes.iter_mut().zip(&proxies) {
         node.start(&proxy.endpoint());
@@ -3000,18 +3011,7 @@ fn processes_nemesis_seeded_faults_lose_no_acknowledged_write() {
         for node in &mut nodes {
             node.kill();
         }
-        let copies: Vec<BTreeMap<u32, Vec<(u128, u128)>>> = (1..=3)
-            .map(|i| local_copies(&dir.path().join(format!("n{i}")), "moving"))
-            .collect();
-        for shard in 0..6u32 {
-            let held: Vec<&Vec<(u128, u128)>> =
-                copies.iter().filter_map(|c| c.get(&shard)).collect();
-            assert_eq!(held.len(), replicas as usize, "shard {shard}'s copies");
-            assert!(
-                held.windows(2).all(|w| w[0] == w[1]),
-                "the copies of shard {shard} differ"
-            );
-        }
+        assert_copies_identical(nodes.iter().map(|n| &n.dir), "moving", 6, replicas as usize);
     }
 }
 
@@ -3096,24 +3096,12 @@ fn processes_unread_shard_streams_end_and_release_their_slot() {
     };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(binary, &dir.path().join("etcd"));
-    let mut n1 = Node {
-        id: "n1".into(),
-        dir: dir.path().join("n1"),
-        port: free_port(),
-        lease_seconds: 2,
-        server: None,
-    };
+    let mut n1 = Node::new(dir.path(), "n1", 2);
     n1.start_with_env(
         &etcd.endpoint(),
         &[("FAILPOINTS", "moves::stream_idle_ms=return(500)")],
     );
-    let mut n2 = Node {
-        id: "n2".into(),
-        dir: dir.path().join("n2"),
-        port: free_port(),
-        lease_seconds: 2,
-        server: None,
-    };
+    let mut n2 = Node::new(dir.path(), "n2", 2);
     runtime().block_on(async {
         let c1 = Client::connect(n1.addr()).await.unwrap();
         // A shard with enough data that its snapshot does not fit in the stream's buffer.
@@ -3683,13 +3671,7 @@ fn processes_shard_moves_survive_kills_and_a_stale_map() {
         return;
     };
     let endpoint = etcd.endpoint();
-    nodes.push(Node {
-        id: "n4".into(),
-        dir: dir.path().join("n4"),
-        port: free_port(),
-        lease_seconds: 2,
-        server: None,
-    });
+    nodes.push(Node::new(dir.path(), "n4", 2));
     let rt = runtime();
     const DIM: usize = 8;
     rt.block_on(async {
@@ -3971,7 +3953,7 @@ fn assert_retryable(failures: &[String]) {
 fn processes_primaries_fail_over_after_kill_9_and_sigstop_losing_no_acknowledged_write() {
     use rustix::process::Signal;
     const LEASE: u64 = 2;
-    let Some((dir, _etcd, mut nodes)) = real_cluster(3, LEASE) else {
+    let Some((_dir, _etcd, mut nodes)) = real_cluster(3, LEASE) else {
         return;
     };
     let rt = runtime();
@@ -4107,14 +4089,7 @@ fn processes_primaries_fail_over_after_kill_9_and_sigstop_losing_no_acknowledged
     for node in &mut nodes {
         node.kill();
     }
-    let copies: Vec<BTreeMap<u32, Vec<(u128, u128)>>> = (1..=3)
-        .map(|i| local_copies(&dir.path().join(format!("n{i}")), "moving"))
-        .collect();
-    for shard in 0..6u32 {
-        let held: Vec<&Vec<(u128, u128)>> = copies.iter().filter_map(|c| c.get(&shard)).collect();
-        assert_eq!(held.len(), 2, "shard {shard} has 2 copies");
-        assert_eq!(held[0], held[1], "the copies of shard {shard} differ");
-    }
+    assert_copies_identical(nodes.iter().map(|n| &n.dir), "moving", 6, 2);
 }
 
 /// KIP-101's case (issue tests 6 and 8): the primary A of a shard with 2 copies appends writes
@@ -4137,19 +4112,7 @@ fn processes_a_deposed_primary_cuts_its_unacknowledged_tail_and_resyncs() {
         "FAILPOINTS",
         "replication::hold_entries=200*off->1*return(3000)->off",
     );
-    let mut nodes: Vec<Node> = (1..=3)
-        .map(|i| {
-            let mut node = Node {
-                id: format!("n{i}"),
-                dir: dir.path().join(format!("n{i}")),
-                port: free_port(),
-                lease_seconds: LEASE,
-                server: None,
-            };
-            node.start_with_env(&etcd.endpoint(), &[HOLD]);
-            node
-        })
-        .collect();
+    let mut nodes = nodes_with(dir.path(), 3, &etcd.endpoint(), LEASE, &[], &[HOLD]);
     let rt = runtime();
     const DIM: usize = 8;
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
@@ -4495,19 +4458,7 @@ fn processes_replicas_catch_up_by_snapshot_past_the_log_and_after_a_wiped_disk()
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(binary, &dir.path().join("etcd"));
     const SMALL_WAL: (&str, &str) = ("FAILPOINTS", "collection::wal_segment_bytes=return(32768)");
-    let mut nodes: Vec<Node> = (1..=3)
-        .map(|i| {
-            let mut node = Node {
-                id: format!("n{i}"),
-                dir: dir.path().join(format!("n{i}")),
-                port: free_port(),
-                lease_seconds: LEASE,
-                server: None,
-            };
-            node.start_with_env(&etcd.endpoint(), &[SMALL_WAL]);
-            node
-        })
-        .collect();
+    let mut nodes = nodes_with(dir.path(), 3, &etcd.endpoint(), LEASE, &[], &[SMALL_WAL]);
     let rt = runtime();
     const DIM: usize = 8;
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
@@ -4600,14 +4551,7 @@ fn processes_replicas_catch_up_by_snapshot_past_the_log_and_after_a_wiped_disk()
         node.kill();
     }
     drop(etcd);
-    let copies: Vec<BTreeMap<u32, Vec<(u128, u128)>>> = (1..=3)
-        .map(|i| local_copies(&dir.path().join(format!("n{i}")), "moving"))
-        .collect();
-    for shard in 0..3u32 {
-        let held: Vec<&Vec<(u128, u128)>> = copies.iter().filter_map(|c| c.get(&shard)).collect();
-        assert_eq!(held.len(), 2, "shard {shard} has 2 copies");
-        assert_eq!(held[0], held[1], "the copies of shard {shard} differ");
-    }
+    assert_copies_identical(nodes.iter().map(|n| &n.dir), "moving", 3, 2);
 }
 
 /// Re-replication: with `--replace-dead-after 3`, a node killed under writes has the replica
@@ -4624,20 +4568,8 @@ fn processes_a_dead_node_s_copies_are_rebuilt_elsewhere_after_replace_dead_after
     };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(binary, &dir.path().join("etcd"));
-    let mut nodes: Vec<Node> = (1..=3)
-        .map(|i| {
-            let mut node = Node {
-                id: format!("n{i}"),
-                dir: dir.path().join(format!("n{i}")),
-                port: free_port(),
-                lease_seconds: LEASE,
-                server: None,
-            };
-            node.try_start(&etcd.endpoint(), &["--replace-dead-after", "3"], &[])
-                .unwrap();
-            node
-        })
-        .collect();
+    const REPLACE: &[&str] = &["--replace-dead-after", "3"];
+    let mut nodes = nodes_with(dir.path(), 3, &etcd.endpoint(), LEASE, REPLACE, &[]);
     let rt = runtime();
     const DIM: usize = 8;
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
@@ -4712,31 +4644,16 @@ fn processes_a_dead_node_s_copies_are_rebuilt_elsewhere_after_replace_dead_after
     for node in &mut nodes[..2] {
         node.kill();
     }
-    let copies: Vec<BTreeMap<u32, Vec<(u128, u128)>>> = (1..=2)
-        .map(|i| local_copies(&dir.path().join(format!("n{i}")), "moving"))
-        .collect();
-    for shard in 0..3u32 {
-        assert!(copies[0].contains_key(&shard));
-        assert_eq!(
-            copies[0].get(&shard),
-            copies[1].get(&shard),
-            "the copies of shard {shard} differ"
-        );
-    }
+    assert_copies_identical(nodes[..2].iter().map(|n| &n.dir), "moving", 3, 2);
     // n3 returns: the copies it held are no longer in the map and go (it may be given other
     // shards afterwards: the placement balances primaries).
     let held = shard_dirs(&nodes[2], "moving");
     assert!(held > 0);
     for node in &mut nodes[..2] {
-        node.try_start(&etcd.endpoint(), &["--replace-dead-after", "3"], &[])
-            .unwrap();
+        node.try_start(&etcd.endpoint(), REPLACE, &[]).unwrap();
     }
     nodes[2]
-        .try_start(
-            &etcd.endpoint(),
-            &["--replace-dead-after", "3"],
-            &[("RUST_LOG", "info")],
-        )
+        .try_start(&etcd.endpoint(), REPLACE, &[("RUST_LOG", "info")])
         .unwrap();
     let started = std::time::Instant::now();
     loop {
