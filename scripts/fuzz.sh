@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs each fuzz target (fuzz/fuzz_targets: WAL recovery on arbitrary segment bytes, manifest
-# and collection-config decoding, WAL payload decoding, snapshot decoding, filtered search's attribute and filter decoding) for SECONDS (default
+# and collection-config decoding, WAL payload decoding, snapshot decoding, filtered search's attribute and filter decoding, sealed segments behind their checksum) for SECONDS (default
 # 60) with cargo-fuzz on the nightly toolchain (libFuzzer needs its sanitizer flags; the product
 # builds on stable).
 # Starts from the committed corpus in fuzz/corpus/<target> and adds what raises coverage there.
@@ -13,7 +13,7 @@ if ! rustup toolchain list | grep -q '^nightly'; then
     exit 0
 fi
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
-for target in wal_segment manifest operation snapshot attributes; do
+for target in wal_segment manifest operation snapshot attributes segment; do
     mkdir -p "corpus/$target"
     cargo +nightly fuzz run "$target" "corpus/$target" -- \
         -max_total_time="$seconds" -max_len=8192 -print_final_stats=1 2>&1 |

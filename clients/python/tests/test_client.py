@@ -300,3 +300,29 @@ def test_filtered_search_remove_by_filter_and_attributes(client):
     with pytest.raises(ValueError):
         client.insert(name, doc_ids=[1, 2], vectors=unit_rows(rng, 2, 8), attributes=[{}])
     client.drop_collection(name)
+
+
+def test_int8_quantized_collection_reports_its_settings_and_scores_exactly(client):
+    rng = np.random.default_rng(29)
+    name = "py_int8"
+    info = client.create_collection(name, dimension=32, metric="cosine", quantization="int8")
+    assert info.quantization == "int8" and info.rescore == 3
+    rows = unit_rows(rng, 1500, 32)
+    client.insert(name, doc_ids=range(1500), vectors=rows)
+    client.flush(name)  # sealed: the graph walk now reads the codes
+    info = client.collection(name)
+    assert info.quantization == "int8" and info.memory_bytes > 1500 * 32 * 4
+    for i in (0, 700, 1499):
+        hits = client.search(name, rows[i], top_k=5)
+        assert hits[0].doc_id == i
+        # Scores are the exact metric on the full vectors, not the codes'.
+        assert hits[0].score == pytest.approx(1.0, abs=1e-5)
+        for hit in hits:
+            assert hit.score == pytest.approx(float(rows[hit.doc_id] @ rows[i]), abs=1e-5)
+    with pytest.raises(ValueError):
+        client.create_collection("py_bad_q", dimension=4, quantization="int4")
+    with pytest.raises(grpc.RpcError) as error:
+        client.create_collection("py_bad_q", dimension=4, quantization="int8", rescore=65)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "quantization.rescore" in error.value.details()
+    client.drop_collection(name)

@@ -206,6 +206,73 @@ pub struct CollectionSpec {
     replication_factor: u32,
     min_in_sync: u32,
     fields: Vec<FieldSpec>,
+    quantization: Quantization,
+}
+
+/// How a collection keeps its sealed vectors for the graph walk. Returned scores are always
+/// the exact metric on the full vectors, whatever the quantization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Quantization {
+    /// Full `f32` vectors only.
+    #[default]
+    None,
+    /// One byte per dimension; the graph walk reads the codes.
+    Int8 {
+        /// Candidates per result rescored on the full vectors (0 when creating: the server's
+        /// default).
+        rescore: u32,
+    },
+}
+
+impl Quantization {
+    fn to_wire(self) -> Option<pb::Quantization> {
+        match self {
+            Quantization::None => None,
+            Quantization::Int8 { rescore } => Some(pb::Quantization {
+                kind: pb::QuantizationKind::QuantizationInt8 as i32,
+                rescore,
+            }),
+        }
+    }
+
+    fn from_wire(quantization: Option<pb::Quantization>) -> Quantization {
+        match quantization {
+            Some(q) if q.kind == pb::QuantizationKind::QuantizationInt8 as i32 => {
+                Quantization::Int8 { rescore: q.rescore }
+            }
+            _ => Quantization::None,
+        }
+    }
+}
+
+impl std::str::FromStr for Quantization {
+    type Err = Error;
+
+    /// `none`, `int8`, or `int8:RESCORE`.
+    fn from_str(text: &str) -> Result<Quantization> {
+        let (kind, rescore) = match text.split_once(':') {
+            Some((kind, rescore)) => (kind, Some(rescore)),
+            None => (text, None),
+        };
+        let rescore = rescore
+            .map(|r| {
+                r.trim()
+                    .parse::<u32>()
+                    .map_err(|_| Error::invalid("quantization", format!("bad rescore {r:?}")))
+            })
+            .transpose()?;
+        match (kind.trim().to_ascii_lowercase().as_str(), rescore) {
+            ("none", None) => Ok(Quantization::None),
+            ("int8", rescore) => Ok(Quantization::Int8 {
+                rescore: rescore.unwrap_or(0),
+            }),
+            _ => Err(Error::invalid(
+                "quantization",
+                format!("{text:?} is not none, int8 or int8:RESCORE"),
+            )),
+        }
+    }
 }
 
 impl CollectionSpec {
@@ -224,7 +291,14 @@ impl CollectionSpec {
             replication_factor: 0,
             min_in_sync: 0,
             fields: Vec::new(),
+            quantization: Quantization::None,
         }
+    }
+
+    /// Quantized copies of sealed vectors for the graph walk (none unless set).
+    pub fn quantization(mut self, quantization: Quantization) -> CollectionSpec {
+        self.quantization = quantization;
+        self
     }
 
     /// Declares an attribute field documents may carry (and filters test); every declared field
@@ -289,6 +363,7 @@ impl CollectionSpec {
             replication_factor: self.replication_factor,
             min_in_sync: self.min_in_sync,
             fields: self.fields.iter().map(FieldSpec::to_wire).collect(),
+            quantization: self.quantization.to_wire(),
         }
     }
 }
@@ -343,6 +418,10 @@ pub struct CollectionInfo {
     pub min_in_sync: u32,
     /// The declared attribute fields, in declaration order.
     pub fields: Vec<FieldSpec>,
+    /// The collection's quantization (its rescore resolved).
+    pub quantization: Quantization,
+    /// Approximate bytes its segments hold in memory (vectors, codes, graphs, ids).
+    pub memory_bytes: u64,
 }
 
 impl CollectionInfo {
@@ -377,6 +456,8 @@ impl CollectionInfo {
             replication_factor: info.replication_factor.max(1),
             min_in_sync: info.min_in_sync.max(1),
             fields: FieldSpec::list_from_wire(info.fields),
+            quantization: Quantization::from_wire(info.quantization),
+            memory_bytes: info.memory_bytes,
         })
     }
 }

@@ -217,6 +217,8 @@ pub struct CollectionStats {
     pub bytes_on_disk: u64,
     /// Approximate memory of the segments.
     pub memory_bytes: u64,
+    /// Of `memory_bytes`, the sealed segments' quantized codes (with their ranges).
+    pub quantized_bytes: u64,
     pub n_ingest_errors: u64,
     /// Checkpoints completed since open.
     pub n_checkpoints: u64,
@@ -904,6 +906,7 @@ impl Collection {
             let figures = segment.figures();
             stats.n_removed_not_compacted += figures.n_tombstoned as u64;
             stats.memory_bytes += figures.memory_bytes as u64;
+            stats.quantized_bytes += figures.quantized_bytes as u64;
         }
         stats
     }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tarn_index::{FieldSpec, HnswParams, IndexConfig, Metric, Schema};
+use tarn_index::{FieldSpec, HnswParams, IndexConfig, Metric, Quantization, Schema};
 use tarn_wal::Durability;
 
 use crate::error::{CollectionError, Result};
@@ -52,6 +52,35 @@ pub struct CollectionConfig {
     /// created before attributes existed have none.
     #[serde(default, skip_serializing_if = "Vec::is_empty", with = "fields_json")]
     pub fields: Vec<FieldSpec>,
+    /// What sealed partitions with a graph walk on (fixed at creation): written as
+    /// `{"kind": "int8", "rescore": 3}`, left out when none; collections created before
+    /// quantization existed have none.
+    #[serde(default, skip_serializing_if = "QuantizationConfig::is_none")]
+    pub quantization: QuantizationConfig,
+}
+
+/// A collection's quantization (`tarn_index::Quantization`, which knows nothing of serde).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum QuantizationConfig {
+    /// Full `f32` vectors only.
+    #[default]
+    None,
+    /// Int8 codes per dimension; `rescore` candidates per result rescored on the full vectors.
+    Int8 { rescore: usize },
+}
+
+impl QuantizationConfig {
+    pub fn is_none(&self) -> bool {
+        *self == QuantizationConfig::None
+    }
+
+    pub fn index(self) -> Quantization {
+        match self {
+            QuantizationConfig::None => Quantization::None,
+            QuantizationConfig::Int8 { rescore } => Quantization::Int8 { rescore },
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,6 +141,7 @@ impl CollectionConfig {
             max_unindexed: 20_000,
             seal_unindexed: default_seal_unindexed(),
             fields: Vec::new(),
+            quantization: QuantizationConfig::None,
         }
     }
 
@@ -159,6 +189,18 @@ impl CollectionConfig {
                 "must be in (0, 1]",
             ));
         }
+        if let QuantizationConfig::Int8 { rescore } = self.quantization {
+            if !(1..=Quantization::MAX_RESCORE).contains(&rescore) {
+                return Err(CollectionError::invalid(
+                    "quantization.rescore",
+                    format!(
+                        "must be from 1 to {} (0 = the default, {}), got {rescore}",
+                        Quantization::MAX_RESCORE,
+                        Quantization::DEFAULT_RESCORE
+                    ),
+                ));
+            }
+        }
         self.schema()?;
         Ok(())
     }
@@ -197,6 +239,7 @@ impl CollectionConfig {
             ef_search: self.hnsw.ef_search,
         };
         config.graph_threshold = self.graph_threshold;
+        config.quantization = self.quantization.index();
         config
     }
 }
@@ -267,12 +310,40 @@ mod tests {
     use tarn_index::FieldType;
 
     #[test]
+    fn quantization_round_trips_through_json_and_bad_rescores_are_refused() {
+        let mut config = CollectionConfig::new(8, MetricName::Cosine);
+        config.quantization = QuantizationConfig::Int8 { rescore: 3 };
+        let json = serde_json::to_string(&config).unwrap();
+        assert!(
+            json.contains(r#""quantization":{"kind":"int8","rescore":3}"#),
+            "{json}"
+        );
+        let back: CollectionConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, config);
+        assert_eq!(
+            back.index_config().quantization,
+            Quantization::Int8 { rescore: 3 }
+        );
+        for rescore in [0, Quantization::MAX_RESCORE + 1] {
+            config.quantization = QuantizationConfig::Int8 { rescore };
+            match config.validate() {
+                Err(CollectionError::InvalidArgument { field, .. }) => {
+                    assert_eq!(field, "quantization.rescore")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn fields_round_trip_through_json_and_old_files_have_none() {
         let mut config = CollectionConfig::new(8, MetricName::L2);
         let json = serde_json::to_string(&config).unwrap();
         assert!(!json.contains("fields"), "{json}");
         let back: CollectionConfig = serde_json::from_str(&json).unwrap();
         assert!(back.fields.is_empty());
+        assert!(!json.contains("quantization"), "{json}");
+        assert_eq!(back.quantization, QuantizationConfig::None);
         config.fields = vec![
             FieldSpec::new("section", FieldType::Keyword),
             FieldSpec::new("tags", FieldType::Keywords),

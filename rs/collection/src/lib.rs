@@ -26,7 +26,8 @@ pub use collection::{
     Collection, CollectionStats, SearchHit, SearchRequest, MAX_PAIRS_PER_REQUEST,
 };
 pub use config::{
-    CollectionConfig, DurabilityName, HnswConfig, MetricName, MAX_DIMENSION, MAX_TOP_K,
+    CollectionConfig, DurabilityName, HnswConfig, MetricName, QuantizationConfig, MAX_DIMENSION,
+    MAX_TOP_K,
 };
 pub use error::{CollectionError, ErrorKind, Result};
 pub use failure::ThreadFailure;
@@ -35,7 +36,7 @@ pub use restore::{remove_interrupted_restores, verify_snapshot, SnapshotRestore}
 pub use snapshot::Snapshot;
 pub use snapshot_format::SnapshotInfo;
 pub use tarn_index::{
-    AttributeError, Attributes, FieldSpec, FieldType, Filter, Schema, Value,
+    AttributeError, Attributes, FieldSpec, FieldType, Filter, Quantization, Schema, Value,
     FILTER_EXACT_SCAN_MAX_MATCHES,
 };
 pub use tarn_wal::Durability;
@@ -107,6 +108,24 @@ pub mod fuzzing {
             }
         }
     }
+
+    /// A sealed segment file's body (its CRC32 trailer is appended here, so that the parser
+    /// behind the checksum is what gets fuzzed: section tables, graphs, attribute and int8
+    /// sections), for a collection of dimension 4 under L2 with int8 quantization; an opened
+    /// segment is searched and its figures taken.
+    pub fn decode_segment(body: &[u8]) -> bool {
+        let mut bytes = body.to_vec();
+        bytes.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+        let mut config = tarn_index::IndexConfig::new(4, tarn_index::Metric::L2);
+        config.quantization = tarn_index::Quantization::Int8 { rescore: 2 };
+        tarn_index::SealedSegment::decode(&bytes, config).is_ok_and(|segment| {
+            let _ = segment.figures();
+            for (user_id, _) in segment.live_documents().take(2) {
+                let _ = segment.search(user_id, &[0.5, -1.0, 2.0, 0.0], 5, 16, false);
+            }
+            true
+        })
+    }
 }
 
 #[cfg(test)]
@@ -172,5 +191,70 @@ mod tests {
         }
         // Mutations are mostly refused: the decoders check, they do not guess.
         assert!(refused > 1_000, "only {refused} of 4,000 mutations refused");
+    }
+
+    /// The segment entry point over a segment with a graph, int8 codes and attributes, and
+    /// seeded mutations of its body: it decides, never panics.
+    #[test]
+    fn the_segment_fuzz_entry_point_accepts_valid_segments_and_survives_mutations() {
+        let mut config = tarn_index::IndexConfig::new(4, tarn_index::Metric::L2);
+        config.quantization = tarn_index::Quantization::Int8 { rescore: 2 };
+        config.graph_threshold = 16;
+        let n = 40usize;
+        let vectors: Vec<f32> = (0..n * 4).map(|i| ((i * 37) % 23) as f32 - 11.0).collect();
+        let doc_ids: Vec<u128> = (0..n as u128).collect();
+        let user_ids = vec![9u128; n];
+        let schema = Schema::new(vec![FieldSpec::new("f", FieldType::Keyword)]).unwrap();
+        let rows: Vec<Attributes> = (0..n)
+            .map(|i| {
+                let mut row = Attributes::new();
+                row.insert("f", Value::Keyword(format!("k{}", i % 3)));
+                row
+            })
+            .collect();
+        let segment = tarn_index::SealedSegment::build_with_attributes(
+            tarn_index::BulkDocuments {
+                user_ids: &user_ids,
+                doc_ids: &doc_ids,
+                vectors: &vectors,
+            },
+            Some(tarn_index::BulkAttributes {
+                schema: &schema,
+                rows: &rows,
+            }),
+            1,
+            1,
+            config,
+            &tarn_index::BuildConfig::default(),
+        )
+        .unwrap();
+        assert!(segment.figures().quantized_bytes > 0);
+        let encoded = segment.encode();
+        let body = &encoded[..encoded.len() - 4];
+        assert!(super::fuzzing::decode_segment(body));
+        let mut rng = StdRng::seed_from_u64(29);
+        let mut refused = 0;
+        for _ in 0..3_000 {
+            let mut bytes = body.to_vec();
+            match rng.random_range(0..3) {
+                0 => bytes.truncate(rng.random_range(0..bytes.len())),
+                1 => {
+                    for _ in 0..rng.random_range(1..4) {
+                        let i = rng.random_range(0..bytes.len());
+                        bytes[i] ^= 1 << rng.random_range(0..8);
+                    }
+                }
+                _ => {
+                    let at = rng.random_range(0..bytes.len());
+                    let value: u32 = rng.random();
+                    let end = (at + 4).min(bytes.len());
+                    bytes[at..end].copy_from_slice(&value.to_le_bytes()[..end - at]);
+                }
+            }
+            if !super::fuzzing::decode_segment(&bytes) {
+                refused += 1;
+            }
+        }
+        assert!(refused > 500, "only {refused} of 3,000 mutations refused");
     }
 }

@@ -1,6 +1,7 @@
 //! Index settings.
 
 use crate::metric::Metric;
+use crate::quantized::Quantization;
 
 /// HNSW build and search parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +33,9 @@ pub struct IndexConfig {
     /// A tenant partition is searched exactly until it holds this many vectors; past it, the
     /// mutable segment builds an hnsw_rs graph and sealed segments keep a graph.
     pub graph_threshold: usize,
+    /// What sealed partitions with a graph walk on: full vectors, or quantized codes rescored
+    /// on the full vectors (`quantized.rs`).
+    pub quantization: Quantization,
 }
 
 impl IndexConfig {
@@ -41,6 +45,7 @@ impl IndexConfig {
             metric,
             hnsw: HnswParams::default(),
             graph_threshold: 1024,
+            quantization: Quantization::None,
         }
     }
 }

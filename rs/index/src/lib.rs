@@ -11,6 +11,10 @@
 //!   partition ([`AttributeIndex`]), so that a search with a [`Filter`] knows its exact matches
 //!   and returns `min(k, matches)` hits (`filtered.rs`).
 //!
+//! - Sealed partitions with a graph may also keep int8 codes of their vectors ([`Quantization`],
+//!   `quantized.rs`): the graph walk reads the codes, the best candidates are rescored on the
+//!   full vectors.
+//!
 //! The crate knows nothing of the WAL or protobuf, and hnsw_rs types never leave it.
 
 mod attribute_index;
@@ -27,6 +31,7 @@ pub mod fsutil;
 mod hnsw_graph;
 mod metric;
 mod mutable;
+mod quantized;
 mod sealed;
 mod search;
 pub mod simd;
@@ -41,5 +46,6 @@ pub use filter::Filter;
 pub use filtered::FILTER_EXACT_SCAN_MAX_MATCHES;
 pub use metric::{dot, l2_squared, Metric};
 pub use mutable::MutableSegment;
+pub use quantized::Quantization;
 pub use sealed::{BulkAttributes, BulkDocuments, SealedSegment, SegmentFigures};
 pub use search::Hit;

@@ -77,7 +77,7 @@ impl Metric {
 
 /// Strictly decreasing, positive, continuous: `1 - dot` for dot <= 0, `1 / (1 + dot)` above.
 #[inline]
-fn dot_to_distance(dot: f32) -> f32 {
+pub(crate) fn dot_to_distance(dot: f32) -> f32 {
     if dot <= 0.0 {
         1.0 - dot
     } else {

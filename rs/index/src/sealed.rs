@@ -5,6 +5,12 @@
 //! Each partition keeps its documents' attributes (an [`AttributeIndex`] by slot, written as an
 //! optional section of the partition: format version 2); a segment of version 1 opens as one
 //! whose documents have no attributes.
+//!
+//! A partition with a graph of a collection with [`Quantization::Int8`] also keeps int8 codes
+//! of its vectors (an optional section: an older reader skips it and walks the full vectors).
+//! The graph search walks the codes and rescores its best `k x rescore` candidates on the full
+//! vectors, so returned distances are exact. Codes are made when a partition is sealed, merged
+//! or rebuilt, and when a segment written without them opens in such a collection.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -19,9 +25,10 @@ use crate::config::IndexConfig;
 use crate::error::{IndexError, Result};
 use crate::filter::Filter;
 use crate::filtered::{filtered_top_k, plan};
-use crate::flat_graph::FlatGraph;
+use crate::flat_graph::{Candidate, FlatGraph};
 use crate::metric::Metric;
 use crate::mutable::MutableSegment;
+use crate::quantized::{Int8Codes, Quantization};
 use crate::search::{exact_top_k, to_hits, Hit};
 use crate::simd::prefetch;
 
@@ -33,6 +40,9 @@ const FORMAT_VERSION: u32 = 2;
 const FORMAT_VERSION_NO_SECTIONS: u32 = 1;
 /// Section kind: the partition's attribute index (`AttributeIndex::encode_section`).
 const SECTION_ATTRIBUTES: u16 = 1;
+/// Section kind: the partition's int8 codes (`Int8Codes::encode_section`). Optional: the full
+/// vectors are still in the partition.
+const SECTION_INT8: u16 = 2;
 /// Section flag: a reader that does not know the section's kind must refuse the file (the
 /// section changes what the partition means). Sections without it are skipped when unknown.
 const SECTION_REQUIRED: u16 = 1;
@@ -59,6 +69,9 @@ pub(crate) struct SealedPartition {
     graph: Option<FlatGraph>,
     /// The attributes by slot (an index of no fields when the partition has none).
     attributes: AttributeIndex,
+    /// Int8 codes of every slot, walked by the graph search instead of `vectors` (only with a
+    /// graph, in a collection with [`Quantization::Int8`]).
+    int8: Option<Int8Codes>,
 }
 
 impl SealedPartition {
@@ -82,6 +95,7 @@ impl SealedPartition {
             tombstones: AtomicBitset::from_words(vec![0; AtomicBitset::words_for(n)]),
             graph,
             attributes,
+            int8: None,
         }
     }
 
@@ -130,6 +144,63 @@ impl SealedPartition {
             + self.doc_index.len() * 32
             + self.n_slots().div_ceil(8)
             + self.graph.as_ref().map_or(0, FlatGraph::memory_bytes)
+            + self.int8.as_ref().map_or(0, Int8Codes::memory_bytes)
+    }
+
+    /// Makes the codes `quantization` asks for when the partition has a graph and lacks them.
+    fn quantize(&mut self, quantization: Quantization, dim: usize) {
+        match quantization {
+            Quantization::Int8 { .. } if self.graph.is_some() && self.int8.is_none() => {
+                self.int8 = Some(Int8Codes::encode(&self.vectors, dim));
+            }
+            _ => {}
+        }
+    }
+
+    /// Approximate nearest slots through the graph (which the partition must have), nearest
+    /// first, with exact distances: on the full vectors, or on the int8 codes with the best
+    /// `k x rescore` then rescored on the full vectors.
+    #[allow(clippy::too_many_arguments)]
+    fn graph_search(
+        &self,
+        graph: &FlatGraph,
+        query: &[f32],
+        config: &IndexConfig,
+        k: usize,
+        ef: usize,
+        is_live: impl Fn(u32) -> bool,
+    ) -> Vec<Candidate> {
+        let dim = config.dimension;
+        let metric = config.metric;
+        let exact = |slot: u32| metric.distance(query, self.vector(slot, dim));
+        let Some(codes) = &self.int8 else {
+            return graph.search(
+                k,
+                ef,
+                exact,
+                |slot| prefetch(self.vector(slot, dim), PREFETCH_MAX_LINES),
+                is_live,
+            );
+        };
+        let rescore = match config.quantization {
+            Quantization::Int8 { rescore } => rescore,
+            Quantization::None => Quantization::DEFAULT_RESCORE,
+        };
+        let wanted = k.saturating_mul(rescore.max(1));
+        let prepared = codes.query(query, metric);
+        let mut found = graph.search(
+            wanted,
+            ef.max(wanted),
+            |slot| prepared.distance(slot),
+            |slot| prefetch(prepared.codes_of(slot), PREFETCH_MAX_LINES),
+            is_live,
+        );
+        for candidate in &mut found {
+            candidate.distance = exact(candidate.node);
+        }
+        found.sort_unstable();
+        found.truncate(k);
+        found
     }
 }
 
@@ -173,8 +244,10 @@ pub struct SegmentFigures {
     pub n_live: usize,
     pub n_tombstoned: usize,
     pub memory_bytes: usize,
-    /// Bytes beyond the raw vectors of the slots (graph, ids, maps, bitmaps).
+    /// Bytes beyond the raw vectors of the slots (graph, ids, maps, bitmaps, codes).
     pub index_bytes: usize,
+    /// Of `memory_bytes`, the quantized codes with their ranges and corrections.
+    pub quantized_bytes: usize,
 }
 
 impl SealedSegment {
@@ -182,8 +255,11 @@ impl SealedSegment {
         id: u64,
         max_seq: u64,
         config: IndexConfig,
-        partitions: HashMap<u128, SealedPartition>,
+        mut partitions: HashMap<u128, SealedPartition>,
     ) -> Self {
+        for partition in partitions.values_mut() {
+            partition.quantize(config.quantization, config.dimension);
+        }
         SealedSegment {
             id,
             max_seq,
@@ -297,6 +373,7 @@ impl SealedSegment {
                         ),
                         graph: Some(graph),
                         attributes: data.attributes.clone(),
+                        int8: None,
                     }
                 }
                 None => compact_partition(&doc_index, &data.attributes, |slot| {
@@ -598,11 +675,12 @@ impl SealedSegment {
             let n_live = partition.n_live_slots();
             let plan = plan(n_matches, n_live, k, ef, graph.is_some(), exact);
             let graph_search = |ef: usize| match graph {
-                Some(graph) => graph.search(
+                Some(graph) => partition.graph_search(
+                    graph,
+                    query,
+                    &self.config,
                     k,
                     ef,
-                    distance,
-                    |slot| prefetch(partition.vector(slot, dim), PREFETCH_MAX_LINES),
                     // Tombstones set since the matches were taken count too.
                     |slot| matches.contains(slot) && !partition.tombstones.get(slot as usize),
                 ),
@@ -612,13 +690,11 @@ impl SealedSegment {
             return to_hits(user_id, candidates, &partition.doc_ids);
         }
         let candidates = match (&partition.graph, exact) {
-            (Some(graph), false) => graph.search(
-                k,
-                ef,
-                distance,
-                |slot| prefetch(partition.vector(slot, dim), PREFETCH_MAX_LINES),
-                |slot| !partition.tombstones.get(slot as usize),
-            ),
+            (Some(graph), false) => {
+                partition.graph_search(graph, query, &self.config, k, ef, |slot| {
+                    !partition.tombstones.get(slot as usize)
+                })
+            }
             _ => exact_top_k(
                 partition
                     .doc_index
@@ -647,6 +723,7 @@ impl SealedSegment {
             figures.n_live += partition.n_live();
             figures.n_tombstoned += partition.tombstones.count();
             figures.memory_bytes += partition.memory_bytes();
+            figures.quantized_bytes += partition.int8.as_ref().map_or(0, Int8Codes::memory_bytes);
         }
         figures.index_bytes = figures.memory_bytes - figures.n_slots * self.config.dimension * 4;
         figures
@@ -717,6 +794,9 @@ impl SealedSegment {
             if !p.attributes.schema().is_empty() {
                 let section = p.attributes.encode_section();
                 sections.push((SECTION_ATTRIBUTES, SECTION_REQUIRED, section));
+            }
+            if let Some(codes) = &p.int8 {
+                sections.push((SECTION_INT8, 0, codes.encode_section()));
             }
             out.u32(sections.len() as u32);
             for (kind, flags, bytes) in &sections {
@@ -813,11 +893,16 @@ impl SealedSegment {
                 1 => Some(FlatGraph::read(&mut input, n_slots)?),
                 other => return Err(IndexError::Format(format!("bad graph flag {other}"))),
             };
-            let attributes = if version == FORMAT_VERSION_NO_SECTIONS {
-                AttributeIndex::new(Schema::default())
+            let Sections { attributes, int8 } = if version == FORMAT_VERSION_NO_SECTIONS {
+                Sections::default()
             } else {
-                read_sections(&mut input, n_slots)?
+                read_sections(&mut input, n_slots, dimension)?
             };
+            if int8.is_some() && graph.is_none() {
+                return Err(IndexError::Format(
+                    "int8 codes in a partition without a graph".into(),
+                ));
+            }
             let previous = partitions.insert(
                 user_id,
                 SealedPartition {
@@ -827,6 +912,7 @@ impl SealedSegment {
                     tombstones: AtomicBitset::from_words(tombstones),
                     graph,
                     attributes,
+                    int8,
                 },
             );
             if previous.is_some() {
@@ -985,10 +1071,25 @@ fn compact_partition<'a>(
     SealedPartition::new_live(vectors, doc_ids, None, attributes.remap(&old_slots))
 }
 
-/// Reads a partition's section table and sections (format version 2): the attribute index (an
-/// index of no fields when there is no attribute section). Each kind at most once; an unknown
-/// kind is skipped unless flagged required, which refuses the file.
-fn read_sections(input: &mut ByteReader<'_>, n_slots: usize) -> Result<AttributeIndex> {
+/// What a partition's sections hold.
+struct Sections {
+    /// An index of no fields when there is no attribute section.
+    attributes: AttributeIndex,
+    int8: Option<Int8Codes>,
+}
+
+impl Default for Sections {
+    fn default() -> Self {
+        Sections {
+            attributes: AttributeIndex::new(Schema::default()),
+            int8: None,
+        }
+    }
+}
+
+/// Reads a partition's section table and sections (format version 2). Each kind at most once;
+/// an unknown kind is skipped unless flagged required, which refuses the file.
+fn read_sections(input: &mut ByteReader<'_>, n_slots: usize, dimension: usize) -> Result<Sections> {
     let n_sections = input.u32("section count")? as usize;
     if n_sections > MAX_SECTIONS {
         return Err(IndexError::Format(format!(
@@ -1007,7 +1108,7 @@ fn read_sections(input: &mut ByteReader<'_>, n_slots: usize) -> Result<Attribute
         }
         table.push((kind, flags, len));
     }
-    let mut attributes = None;
+    let mut sections = Sections::default();
     for (kind, flags, len) in table {
         let len = usize::try_from(len)
             .map_err(|_| IndexError::Format(format!("section length {len} overflows")))?;
@@ -1016,13 +1117,16 @@ fn read_sections(input: &mut ByteReader<'_>, n_slots: usize) -> Result<Attribute
             SECTION_ATTRIBUTES => {
                 let index =
                     AttributeIndex::decode_section(bytes, n_slots as u32).map_err(|error| {
-                        let reason = match error {
-                            IndexError::Format(reason) => reason,
-                            other => other.to_string(),
-                        };
-                        IndexError::Format(format!("attribute section: {reason}"))
+                        IndexError::Format(format!("attribute section: {}", format_reason(error)))
                     })?;
-                attributes = Some(index);
+                sections.attributes = index;
+            }
+            SECTION_INT8 => {
+                let codes =
+                    Int8Codes::decode_section(bytes, n_slots, dimension).map_err(|error| {
+                        IndexError::Format(format!("int8 section: {}", format_reason(error)))
+                    })?;
+                sections.int8 = Some(codes);
             }
             _ if flags & SECTION_REQUIRED != 0 => {
                 return Err(IndexError::Format(format!(
@@ -1032,7 +1136,14 @@ fn read_sections(input: &mut ByteReader<'_>, n_slots: usize) -> Result<Attribute
             _ => {}
         }
     }
-    Ok(attributes.unwrap_or_else(|| AttributeIndex::new(Schema::default())))
+    Ok(sections)
+}
+
+fn format_reason(error: IndexError) -> String {
+    match error {
+        IndexError::Format(reason) => reason,
+        other => other.to_string(),
+    }
 }
 
 /// Checks the CRC32 trailer; returns the bytes it covers.

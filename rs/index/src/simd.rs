@@ -14,12 +14,17 @@ use std::sync::LazyLock;
 /// A distance kernel over two slices of equal length.
 pub type Kernel = fn(&[f32], &[f32]) -> f32;
 
+/// The dot product of `f32` weights and `u8` codes of equal length (int8 quantized vectors,
+/// `quantized.rs`: the query's weights already carry each dimension's step).
+pub type CodeKernel = fn(&[f32], &[u8]) -> f32;
+
 /// One set of distance kernels.
 #[derive(Debug, Clone, Copy)]
 pub struct Kernels {
     pub name: &'static str,
     pub dot: Kernel,
     pub l2_squared: Kernel,
+    pub dot_u8: CodeKernel,
 }
 
 static KERNELS: LazyLock<Kernels> = LazyLock::new(detect);
@@ -57,6 +62,7 @@ pub(crate) const PORTABLE: Kernels = Kernels {
     name: "portable",
     dot: portable_dot,
     l2_squared: portable_l2_squared,
+    dot_u8: portable_dot_u8,
 };
 
 fn portable_dot(a: &[f32], b: &[f32]) -> f32 {
@@ -75,6 +81,26 @@ fn portable_dot(a: &[f32], b: &[f32]) -> f32 {
         .iter()
         .zip(chunks_b.remainder())
         .map(|(x, y)| x * y)
+        .sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+fn portable_dot_u8(a: &[f32], codes: &[u8]) -> f32 {
+    let n = a.len().min(codes.len());
+    let (a, codes) = (&a[..n], &codes[..n]);
+    let mut acc = [0.0f32; 8];
+    let mut chunks_a = a.chunks_exact(8);
+    let mut chunks_c = codes.chunks_exact(8);
+    for (x, c) in (&mut chunks_a).zip(&mut chunks_c) {
+        for j in 0..8 {
+            acc[j] += x[j] * c[j] as f32;
+        }
+    }
+    let tail: f32 = chunks_a
+        .remainder()
+        .iter()
+        .zip(chunks_c.remainder())
+        .map(|(x, c)| x * *c as f32)
         .sum();
     acc.iter().sum::<f32>() + tail
 }
@@ -155,11 +181,13 @@ mod x86 {
         name: "avx2+fma",
         dot: dot_avx2,
         l2_squared: l2_avx2,
+        dot_u8: dot_u8_avx2,
     };
     pub(super) const AVX512: Kernels = Kernels {
         name: "avx512f",
         dot: dot_avx512,
         l2_squared: l2_avx512,
+        dot_u8: dot_u8_avx512,
     };
 
     fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
@@ -180,6 +208,16 @@ mod x86 {
     fn l2_avx512(a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: as for `dot_avx512`.
         unsafe { l2_avx512_impl(a, b) }
+    }
+
+    fn dot_u8_avx2(a: &[f32], codes: &[u8]) -> f32 {
+        // SAFETY: as for `dot_avx2`.
+        unsafe { dot_u8_avx2_impl(a, codes) }
+    }
+
+    fn dot_u8_avx512(a: &[f32], codes: &[u8]) -> f32 {
+        // SAFETY: as for `dot_avx512`.
+        unsafe { dot_u8_avx512_impl(a, codes) }
     }
 
     /// Horizontal sum of eight lanes.
@@ -250,6 +288,70 @@ mod x86 {
         for j in i..n {
             let d = a[j] - b[j];
             total += d * d;
+        }
+        total
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_u8_avx2_impl(a: &[f32], codes: &[u8]) -> f32 {
+        let n = a.len().min(codes.len());
+        let (pa, pc) = (a.as_ptr(), codes.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY (all loads): every offset read is below `n`, the length of both slices; each
+        // code load reads 8 bytes (`_mm_loadl_epi64`) starting at `i + 8 * j`.
+        while i + 32 <= n {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let c = unsafe { _mm_loadl_epi64(pc.add(i + 8 * j).cast()) };
+                let c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c));
+                let x = unsafe { _mm256_loadu_ps(pa.add(i + 8 * j)) };
+                *acc = _mm256_fmadd_ps(x, c, *acc);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            let c = unsafe { _mm_loadl_epi64(pc.add(i).cast()) };
+            let c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c));
+            let x = unsafe { _mm256_loadu_ps(pa.add(i)) };
+            acc[0] = _mm256_fmadd_ps(x, c, acc[0]);
+            i += 8;
+        }
+        let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut total = sum256(sum);
+        for j in i..n {
+            total += a[j] * codes[j] as f32;
+        }
+        total
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn dot_u8_avx512_impl(a: &[f32], codes: &[u8]) -> f32 {
+        let n = a.len().min(codes.len());
+        let (pa, pc) = (a.as_ptr(), codes.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY (all loads): every offset read is below `n`, the length of both slices; each
+        // code load reads 16 bytes starting at `i + 16 * j`.
+        while i + 64 <= n {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let c = unsafe { _mm_loadu_si128(pc.add(i + 16 * j).cast()) };
+                let c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c));
+                let x = unsafe { _mm512_loadu_ps(pa.add(i + 16 * j)) };
+                *acc = _mm512_fmadd_ps(x, c, *acc);
+            }
+            i += 64;
+        }
+        while i + 16 <= n {
+            let c = unsafe { _mm_loadu_si128(pc.add(i).cast()) };
+            let c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c));
+            let x = unsafe { _mm512_loadu_ps(pa.add(i)) };
+            acc[0] = _mm512_fmadd_ps(x, c, acc[0]);
+            i += 16;
+        }
+        let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        let mut total = _mm512_reduce_add_ps(sum);
+        for j in i..n {
+            total += a[j] * codes[j] as f32;
         }
         total
     }
@@ -373,6 +475,27 @@ mod tests {
             let (dot, l2) = naive(&a[3..390], &a[7..394]);
             assert!(((table.dot)(&a[3..390], &a[7..394]) as f64 - dot).abs() < 1e-2);
             assert!(((table.l2_squared)(&a[3..390], &a[7..394]) as f64 - l2).abs() < 1e-3);
+        }
+    }
+
+    #[test]
+    fn every_code_kernel_matches_a_naive_sum_at_every_length() {
+        for n in 0..300 {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let codes: Vec<u8> = (0..n).map(|i| (i * 97 % 256) as u8).collect();
+            let naive: f64 = a
+                .iter()
+                .zip(&codes)
+                .map(|(x, c)| *x as f64 * *c as f64)
+                .sum();
+            for table in supported() {
+                let got = (table.dot_u8)(&a, &codes) as f64;
+                assert!(
+                    (got - naive).abs() < 1e-4 * (1.0 + naive.abs()),
+                    "{} n={n}: {got} against {naive}",
+                    table.name
+                );
+            }
         }
     }
 

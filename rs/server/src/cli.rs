@@ -437,6 +437,10 @@ pub enum CollectionCommand {
         /// (a list, e.g. tags), number or bool (repeat the flag). Every field is indexed.
         #[arg(long = "field", value_name = "NAME:TYPE")]
         fields: Vec<String>,
+        /// Quantized copies of sealed vectors for the graph walk: none, int8 or int8:RESCORE
+        /// (candidates per result rescored on the full vectors; 0 or unset = the default).
+        #[arg(long, default_value = "none")]
+        quantization: String,
     },
     /// Add attribute fields to a collection (documents written before have no value for them).
     AddField {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use tarn_client::{
     Attributes, Client, CollectionInfo, CollectionSpec, Durability, FieldSpec, FieldType, Filter,
-    Insert, Metric, Remove, Search, Value,
+    Insert, Metric, Quantization, Remove, Search, Value,
 };
 
 use crate::cli::{
@@ -93,6 +93,13 @@ fn print_info(info: &CollectionInfo) {
         info.n_unindexed
     );
     println!("bytes on disk:      {}", info.bytes_on_disk);
+    println!("bytes in memory:    {}", info.memory_bytes);
+    match info.quantization {
+        Quantization::Int8 { rescore } => {
+            println!("quantization:       int8 (rescore x{rescore})")
+        }
+        _ => println!("quantization:       none"),
+    }
     if info.shards > 1 {
         println!(
             "shards:             {} (by {:?}; counters are sums over the shards)",
@@ -383,10 +390,12 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 replicas,
                 min_in_sync,
                 fields,
+                quantization,
             } => {
                 let metric: Metric = metric.parse()?;
                 let mut spec = CollectionSpec::new(name, dimension)
                     .metric(metric)
+                    .quantization(quantization.parse()?)
                     .hnsw(m, ef_construction, ef_search)
                     .shards(shards, shard_key.parse()?)
                     .replicas(replicas, min_in_sync);

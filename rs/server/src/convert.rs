@@ -2,7 +2,7 @@
 
 use tarn_collection::{
     Attributes, CollectionConfig, CollectionStats, DurabilityName, FieldSpec, FieldType, Filter,
-    HnswConfig, MetricName, Value,
+    HnswConfig, MetricName, Quantization, QuantizationConfig, Value,
 };
 use tarn_proto::v1 as pb;
 use tarn_wal::Durability;
@@ -82,9 +82,54 @@ pub fn collection_config(
         Some(Durability::Written) => DurabilityName::Written,
     };
     config.fields = field_specs(&request.fields)?;
+    config.quantization = quantization(request.quantization.as_ref())?;
+    // Bad rescores are refused by `validate` when the collection is created.
     // Bad names, repeats, too many fields: refused here, before a cluster records the config.
     config.schema()?;
     Ok(config)
+}
+
+/// The quantization a CreateCollection asks for (none when unset; rescore 0 = the default).
+fn quantization(request: Option<&pb::Quantization>) -> Result<QuantizationConfig, ApiError> {
+    let Some(request) = request else {
+        return Ok(QuantizationConfig::None);
+    };
+    let rescore = match request.rescore {
+        0 => Quantization::DEFAULT_RESCORE,
+        n => n as usize,
+    };
+    match pb::QuantizationKind::try_from(request.kind) {
+        Ok(pb::QuantizationKind::QuantizationNone) => Ok(QuantizationConfig::None),
+        Ok(pb::QuantizationKind::QuantizationInt8) => {
+            if rescore > Quantization::MAX_RESCORE {
+                return Err(ApiError::invalid(
+                    "quantization.rescore",
+                    format!(
+                        "must be at most {}, got {rescore}",
+                        Quantization::MAX_RESCORE
+                    ),
+                ));
+            }
+            Ok(QuantizationConfig::Int8 { rescore })
+        }
+        Err(_) => Err(ApiError::invalid(
+            "quantization.kind",
+            format!("unknown value {}", request.kind),
+        )),
+    }
+}
+
+fn quantization_to_wire(config: QuantizationConfig) -> pb::Quantization {
+    match config {
+        QuantizationConfig::None => pb::Quantization {
+            kind: pb::QuantizationKind::QuantizationNone as i32,
+            rescore: 0,
+        },
+        QuantizationConfig::Int8 { rescore } => pb::Quantization {
+            kind: pb::QuantizationKind::QuantizationInt8 as i32,
+            rescore: rescore as u32,
+        },
+    }
 }
 
 /// A collection's info; `fields` are its declared fields now (`Collection::schema`, which
@@ -127,6 +172,8 @@ pub fn collection_info(
         replication_factor: 1,
         min_in_sync: 1,
         fields: fields_to_wire(fields),
+        quantization: Some(quantization_to_wire(config.quantization)),
+        memory_bytes: stats.memory_bytes,
     }
 }
 

@@ -664,6 +664,7 @@ impl TarnService {
             total.checkpoint_seq_no += info.checkpoint_seq_no;
             total.durable_seq_no += info.durable_seq_no;
             total.bytes_on_disk += info.bytes_on_disk;
+            total.memory_bytes += info.memory_bytes;
             total.n_sealed_segments += info.n_sealed_segments;
             total.n_removed_not_compacted += info.n_removed_not_compacted;
             // USER sharding: a tenant lives on one shard, so the sum is exact. DOC sharding: a

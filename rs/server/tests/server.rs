@@ -57,6 +57,36 @@ fn every_rpc_and_every_error_code() {
             .await
             .unwrap_err();
         assert!(status.code() == Code::InvalidArgument && status.message().contains("metric"));
+        // Quantization: reported with its rescore resolved; a bad kind or depth names its field.
+        let mut int8 = create("int8", 3, pb::Metric::L2);
+        int8.quantization = Some(pb::Quantization {
+            kind: pb::QuantizationKind::QuantizationInt8 as i32,
+            rescore: 0,
+        });
+        let info = c
+            .create_collection(int8.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .collection
+            .unwrap();
+        let quantization = info.quantization.unwrap();
+        assert_eq!(
+            (quantization.kind, quantization.rescore),
+            (pb::QuantizationKind::QuantizationInt8 as i32, 3)
+        );
+        c.drop_collection(pb::DropCollectionRequest {
+            name: "int8".into(),
+        })
+        .await
+        .unwrap();
+        for (kind, rescore, field) in [(7, 0, "quantization.kind"), (1, 65, "quantization.rescore")]
+        {
+            int8.quantization = Some(pb::Quantization { kind, rescore });
+            let status = c.create_collection(int8.clone()).await.unwrap_err();
+            assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+            assert!(status.message().contains(field), "{}", status.message());
+        }
         // ListCollections / GetCollection
         assert_eq!(
             c.list_collections(pb::ListCollectionsRequest {})
@@ -962,8 +992,24 @@ fn the_cli_creates_inserts_searches_gets_removes_flushes_and_drops() {
     assert!(tarn(&["flush", "--collection", "cli"]).contains("flushed_seq_no"));
     let info = tarn(&["collection", "info", "cli"]);
     assert!(info.contains("documents:          299"), "{info}");
+    assert!(info.contains("quantization:       none"), "{info}");
     tarn(&["collection", "drop", "cli"]);
     assert_eq!(tarn(&["collection", "list"]).trim(), "");
+    tarn(&[
+        "collection",
+        "create",
+        "q8",
+        "--dimension",
+        "8",
+        "--quantization",
+        "int8:2",
+    ]);
+    let info = tarn(&["collection", "info", "q8"]);
+    assert!(
+        info.contains("quantization:       int8 (rescore x2)"),
+        "{info}"
+    );
+    tarn(&["collection", "drop", "q8"]);
 }
 
 #[test]

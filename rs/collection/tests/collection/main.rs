@@ -1,6 +1,7 @@
 //! Integration tests of `tarn-collection` through its public API: writes, validation, tenants,
 //! read-your-writes, checkpoints, recovery (with fallback), merges and rebuilds; snapshots and
-//! restores (`snapshot.rs`); attributes and filtered search (`attributes.rs`).
+//! restores (`snapshot.rs`); attributes and filtered search (`attributes.rs`); int8 quantized
+//! collections (`quantized.rs`).
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
 use std::collections::HashSet;
@@ -13,6 +14,7 @@ use tarn_index::Metric;
 use tarn_testkit::{brute_force_top_k, clustered_vectors, recall};
 
 mod attributes;
+mod quantized;
 mod snapshot;
 
 const DIM: usize = 16;

@@ -169,14 +169,18 @@ fn check_model(c: &Collection, model: &Model, when: &str) {
     }
 }
 
-fn read_all(snapshot: &mut Snapshot) -> Vec<u8> {
+pub(crate) fn read_all(snapshot: &mut Snapshot) -> Vec<u8> {
     let mut bytes = Vec::new();
     snapshot.read_to_end(&mut bytes).unwrap();
     assert_eq!(bytes.len() as u64, snapshot.total_bytes());
     bytes
 }
 
-fn restore(bytes: &[u8], target: &Path, chunk: usize) -> tarn_collection::Result<SnapshotInfo> {
+pub(crate) fn restore(
+    bytes: &[u8],
+    target: &Path,
+    chunk: usize,
+) -> tarn_collection::Result<SnapshotInfo> {
     let mut restore = SnapshotRestore::begin(target)?;
     for piece in bytes.chunks(chunk) {
         restore.write(piece)?;

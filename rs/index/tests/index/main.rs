@@ -1,10 +1,11 @@
 //! Integration tests of `tarn-index`: recall against a brute-force oracle, agreement of the
 //! sealed search with hnsw_rs on the same graph, tombstones, tenants, files and rebuilds; the
-//! segments tarn's own builder makes (`builder.rs`); filtered search (`filtered.rs`).
+//! segments tarn's own builder makes (`builder.rs`); filtered search (`filtered.rs`); int8 quantized partitions (`quantized.rs`).
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
 mod builder;
 mod filtered;
+mod quantized;
 
 use std::sync::Arc;
 
