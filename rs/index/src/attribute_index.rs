@@ -8,9 +8,11 @@
 //! - KEYWORDS: a dictionary, a posting list per term (a slot appears once however often its list
 //!   repeats the term), each slot's term ids as given (order and repeats, for
 //!   [`AttributeIndex::attributes_of`]), and a presence bitmap (an empty list is present).
-//! - NUMBER: a column of f64 and a presence bitmap. A Range scans the present slots of the column
-//!   (one comparison per present slot); no sorted copy is kept, which is simple, exact and fast
-//!   enough next to a vector search over the same partition.
+//! - NUMBER: a column of f64 and a presence bitmap. While the index can still change (a mutable
+//!   partition), a Range scans the present slots (one comparison each). [`AttributeIndex::freeze`]
+//!   (sealed partitions, which never change) adds a copy of the present `(value, slot)` pairs
+//!   sorted by value, and a Range then costs two binary searches and one insert per match: a
+//!   selective range no longer pays for every slot of the partition.
 //! - BOOL: a bitmap of the slots holding true and one of the slots holding false.
 //!
 //! `All`, `Any` and `Not` are intersections, unions and complements of the children's bitmaps.
@@ -254,6 +256,45 @@ struct NumberColumn {
     /// Slot -> number (0 where absent); slots past the end have no value.
     values: Vec<f64>,
     present: SlotSet,
+    /// The present slots' `(value, slot)` sorted by value, then slot: made by `freeze`,
+    /// dropped by any change (values are finite, so the order is total).
+    sorted: Option<Vec<(f64, u32)>>,
+}
+
+impl NumberColumn {
+    fn freeze(&mut self) {
+        let mut sorted: Vec<(f64, u32)> = self
+            .present
+            .iter()
+            .filter_map(|slot| Some((*self.values.get(slot as usize)?, slot)))
+            .collect();
+        sorted.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        self.sorted = Some(sorted);
+    }
+
+    /// The slots below `n_slots` whose value lies within every given bound, through the sorted
+    /// copy: `None` when there is none.
+    fn sorted_range(&self, bounds: [Option<f64>; 4], n_slots: u32) -> Option<SlotSet> {
+        let sorted = self.sorted.as_ref()?;
+        let [gt, gte, lt, lte] = bounds;
+        let mut set = SlotSet::empty(n_slots);
+        // A NaN bound holds for no number (as `range_holds` says).
+        if bounds.iter().flatten().any(|bound| bound.is_nan()) {
+            return Some(set);
+        }
+        // Each predicate holds for a prefix of the sorted values (`-0.0` and `0.0`, the only
+        // values `total_cmp` tells apart that comparisons do not, answer alike).
+        let first = |below: &dyn Fn(f64) -> bool| sorted.partition_point(|(v, _)| below(*v));
+        let start =
+            first(&|v| gt.is_some_and(|b| v <= b)).max(first(&|v| gte.is_some_and(|b| v < b)));
+        let end = first(&|v| lt.is_none_or(|b| v < b)).min(first(&|v| lte.is_none_or(|b| v <= b)));
+        for &(_, slot) in sorted.get(start..end).unwrap_or_default() {
+            if slot < n_slots {
+                set.insert(slot);
+            }
+        }
+        Some(set)
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -309,6 +350,7 @@ impl Column {
                 column.present.insert(slot);
             }
             (Column::Number(column), Value::Number(number)) => {
+                column.sorted = None;
                 if column.values.len() <= slot as usize {
                     column.values.resize(slot as usize + 1, 0.0);
                 }
@@ -397,6 +439,9 @@ impl Column {
         let Column::Number(column) = self else {
             return SlotSet::empty(n_slots);
         };
+        if let Some(set) = column.sorted_range(bounds, n_slots) {
+            return set;
+        }
         let [gt, gte, lt, lte] = bounds;
         let mut set = SlotSet::empty(n_slots);
         for slot in column.present.clipped(n_slots).iter() {
@@ -488,6 +533,16 @@ impl AttributeIndex {
         }
         self.schema = schema;
         Ok(())
+    }
+
+    /// Prepares the index for searches that will not see it change (a sealed partition): each
+    /// number column gets its sorted copy. A later `push` drops the copy it invalidates.
+    pub fn freeze(&mut self) {
+        for column in &mut self.columns {
+            if let Column::Number(column) = column {
+                column.freeze();
+            }
+        }
     }
 
     /// Appends one slot's attributes: the slot must come after every slot pushed before (gaps
@@ -1057,6 +1112,8 @@ mod tests {
             documents.resize(n_slots as usize, Attributes::new());
 
             let decoded = AttributeIndex::decode_section(&index.encode_section(), n_slots).unwrap();
+            let mut frozen = decoded.clone();
+            frozen.freeze();
             let new_order: Vec<u32> = (0..rng.random_range(0..=n_slots + 5))
                 .map(|_| rng.random_range(0..n_slots + 5))
                 .collect();
@@ -1084,6 +1141,7 @@ mod tests {
                     n_selective += 1;
                 }
                 assert_eq!(decoded.matching(&filter, n_slots), want, "{filter:?}");
+                assert_eq!(frozen.matching(&filter, n_slots), want, "{filter:?}");
                 assert_eq!(
                     remapped.matching(&filter, new_order.len() as u32),
                     expected(&filter, &remapped_documents),
@@ -1210,6 +1268,68 @@ mod tests {
             }
             let _ = AttributeIndex::decode_section(&garbage, n_slots);
         }
+    }
+
+    #[test]
+    fn frozen_number_columns_answer_ranges_as_the_scan_does_at_signed_zeros_and_nan() {
+        let schema = Schema::new(vec![FieldSpec::new("n", FieldType::Number)]).unwrap();
+        let mut index = AttributeIndex::new(schema);
+        let values = [0.0, -0.0, 2.0, -1.0, 2.0, 0.0];
+        for (slot, value) in values.iter().enumerate() {
+            let mut document = Attributes::new();
+            document.insert("n", Value::Number(*value));
+            // Slot 3 is left without attributes.
+            if slot != 3 {
+                index.push(slot as u32, &document).unwrap();
+            }
+        }
+        let mut frozen = index.clone();
+        frozen.freeze();
+        let bounds = [
+            None,
+            Some(0.0),
+            Some(-0.0),
+            Some(2.0),
+            Some(f64::NAN),
+            Some(-5.0),
+        ];
+        for gt in bounds {
+            for gte in bounds {
+                for lt in bounds {
+                    for lte in bounds {
+                        let filter = Filter::Range {
+                            field: "n".into(),
+                            gt,
+                            gte,
+                            lt,
+                            lte,
+                        };
+                        for n_slots in [4, 6, 9] {
+                            assert_eq!(
+                                frozen.matching(&filter, n_slots),
+                                index.matching(&filter, n_slots),
+                                "{filter:?} over {n_slots} slots"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // A push after freezing drops the sorted copy instead of answering from a stale one.
+        let mut document = Attributes::new();
+        document.insert("n", Value::Number(7.0));
+        frozen.push(7, &document).unwrap();
+        let seven = Filter::Range {
+            field: "n".into(),
+            gt: Some(6.0),
+            gte: None,
+            lt: None,
+            lte: None,
+        };
+        assert_eq!(
+            frozen.matching(&seven, 8).iter().collect::<Vec<_>>(),
+            vec![7]
+        );
     }
 
     #[test]

@@ -259,6 +259,8 @@ impl SealedSegment {
     ) -> Self {
         for partition in partitions.values_mut() {
             partition.quantize(config.quantization, config.dimension);
+            // Sealed partitions never change their attributes: ranges use sorted columns.
+            partition.attributes.freeze();
         }
         SealedSegment {
             id,

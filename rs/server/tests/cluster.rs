@@ -1980,6 +1980,140 @@ fn shards_move_to_a_joining_node_and_off_a_drained_one_under_load() {
     });
 }
 
+/// Shards that move carry their documents' attributes and their quantization: a drain moves
+/// every shard of an int8 collection with attributes off a node, and afterwards filtered
+/// searches (exact and through the graph) answer exactly as before, Get returns the same
+/// attributes, and the collection still reports int8.
+#[test]
+fn moved_shards_keep_attributes_filters_and_quantization() {
+    use tarn_client::{Attributes, FieldType, Filter, Quantization};
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        const DIM: usize = 8;
+        const N: u128 = 1500;
+        let (servers, _store) = memory_cluster(dir.path(), 2).await;
+        let client = Client::connect(servers[1].grpc_addr()).await.unwrap();
+        client
+            .create_collection(
+                CollectionSpec::new("tagged", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(2, ShardKey::User)
+                    .replicas(1, 0)
+                    .quantization(Quantization::Int8 { rescore: 3 })
+                    .field("section", FieldType::Keyword)
+                    .field("size", FieldType::Number),
+            )
+            .await
+            .unwrap();
+        let attributes_of = |i: u128| {
+            Attributes::new()
+                .with("section", ["python", "libs", "devel"][(i % 3) as usize])
+                .with("size", i as f64)
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+        let v = vectors(&mut rng, N as usize, DIM);
+        let ids: Vec<u128> = (0..N).collect();
+        // Two tenants, so that each of the two shards holds one (a partition of 1,500: a graph
+        // and int8 codes once sealed).
+        for user in [7u128, 8] {
+            client
+                .insert(
+                    Insert::new("tagged", ids.clone(), v.clone())
+                        .users([user])
+                        .attributes(ids.iter().map(|&i| attributes_of(i))),
+                )
+                .await
+                .unwrap();
+        }
+        client.flush("tagged").await.unwrap();
+        let filters = [
+            Filter::field("section").eq("libs"),
+            Filter::range("size").gte(100.0) & Filter::range("size").lt(400.0),
+            !Filter::field("section").eq("python") & Filter::range("size").lte(1200.0),
+        ];
+        let queries = vectors(&mut rng, 5, DIM);
+        let answers = |client: Client| {
+            let (filters, queries) = (filters.clone(), queries.clone());
+            async move {
+                let mut all = Vec::new();
+                for user in [7u128, 8] {
+                    for filter in &filters {
+                        for query in queries.chunks_exact(DIM) {
+                            for exact in [true, false] {
+                                let hits = client
+                                    .search(
+                                        Search::new("tagged", query.to_vec())
+                                            .users([user])
+                                            .top_k(10)
+                                            .exact(exact)
+                                            .filter(filter.clone()),
+                                    )
+                                    .await
+                                    .unwrap();
+                                assert_eq!(hits.len(), 10, "{filter:?}: never short");
+                                all.push(
+                                    hits.iter()
+                                        .map(|h| (h.doc_id, h.score.to_bits()))
+                                        .collect::<Vec<_>>(),
+                                );
+                            }
+                        }
+                    }
+                }
+                all
+            }
+        };
+        let before = answers(client.clone()).await;
+        let status = client.cluster_status().await.unwrap();
+        let n1_before = owners(&status, "tagged").get("n1").copied().unwrap_or(0);
+        assert!(n1_before > 0, "n1 owns a shard to move: {status:?}");
+        assert_eq!(
+            client.drain_node("n1", false).await.unwrap() as usize,
+            n1_before
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let status = client.cluster_status().await.unwrap();
+            let serving = status.shards.iter().all(|s| s.state == "serving");
+            if owners(&status, "tagged") == BTreeMap::from([("n2".to_owned(), 2)]) && serving {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the drain did not settle: {status:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            answers(client.clone()).await,
+            before,
+            "the same answers after the move"
+        );
+        for user in [7u128, 8] {
+            let docs = client
+                .get("tagged", user, &[0, 1, 2, 777, 1499])
+                .await
+                .unwrap();
+            assert_eq!(docs.len(), 5);
+            for doc in &docs {
+                assert_eq!(
+                    doc.attributes,
+                    attributes_of(doc.doc_id),
+                    "doc {}",
+                    doc.doc_id
+                );
+                assert_eq!(doc.vector, v[doc.doc_id as usize * DIM..][..DIM].to_vec());
+            }
+        }
+        let info = client.collection_info("tagged").await.unwrap();
+        assert_eq!(info.quantization, Quantization::Int8 { rescore: 3 });
+        assert_eq!(info.n_documents, 2 * N as u64);
+        for server in servers {
+            server.shutdown().await.unwrap();
+        }
+    });
+}
+
 /// The documented way from one node to a cluster: a snapshot of the single node's collection,
 /// restored into the cluster as a sharded collection; every document comes over, once, and
 /// exact search answers as on the single node.
