@@ -29,7 +29,11 @@ fn check(c: &Collection, base: &[f32], n: usize, label: &str) {
     let got = c.get(7, &sample);
     assert_eq!(got.len(), sample.len(), "{label}");
     for (doc_id, vector) in got {
-        assert_eq!(vector, row(base, doc_id as usize), "{label}: Get of {doc_id}");
+        assert_eq!(
+            vector,
+            row(base, doc_id as usize),
+            "{label}: Get of {doc_id}"
+        );
     }
     for i in (0..n).step_by(97) {
         let hits = c.search(&request(&[7], row(base, i), 5, false)).unwrap();
