@@ -3,8 +3,10 @@
 # scripts/docker-etcd-image.sh), `docker compose -f docker-compose.cluster.yml up -d`, waits for
 # the three nodes to be healthy, loads a 6-shard collection through every node and checks exact
 # search on each (scripts/py/cluster_e2e.py), SIGKILLs one node's container under writes (its
-# shards refuse, naming the shard and the node), restarts it, checks that every acknowledged
-# write is back exactly once, and `down -v`. Prints `cluster-compose-e2e: SKIPPED (...)` and
+# shards refuse, naming the shard and the node, until replicas are promoted; the writes' last 5 s
+# must all be taken: the failover), restarts it, waits until every shard's 2 copies are in sync
+# again (the node rejoined), checks that every acknowledged write is back exactly once, and
+# `down -v`. Prints `cluster-compose-e2e: SKIPPED (...)` and
 # exits 0 when no Docker engine answers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,8 +51,9 @@ addrs=("127.0.0.1:$port" "127.0.0.1:$((port + 1))" "127.0.0.1:$((port + 2))")
 py="$venv/bin/python"
 "$py" scripts/py/cluster_e2e.py load "${addrs[@]}" "$state"
 dc exec -T tarn1 /usr/local/bin/tarn cluster status --addr http://127.0.0.1:50051
-# Writes through n1 and n2 while n3's container is SIGKILLed (a second after they start).
-"$py" scripts/py/cluster_e2e.py writes "${addrs[@]}" "$state" 4 &
+# Writes through n1 and n2 while n3's container is SIGKILLed (a second after they start), long
+# enough for its shards to fail over (5 s lease) and be written to on their new primaries.
+"$py" scripts/py/cluster_e2e.py writes "${addrs[@]}" "$state" 16 &
 writer=$!
 sleep 1
 docker kill -s KILL "$(dc ps -q tarn3)" >/dev/null
@@ -58,5 +61,19 @@ wait "$writer"
 dc exec -T tarn1 /usr/local/bin/tarn cluster status --addr http://127.0.0.1:50051
 dc start tarn3 >/dev/null
 wait_healthy tarn3
+# n3 rejoins: its copies catch up and are listed in sync again.
+for i in $(seq 1 90); do
+    if dc exec -T tarn1 /usr/local/bin/tarn cluster status --json --addr http://127.0.0.1:50051 |
+        "$py" scripts/py/cluster_e2e.py in-sync; then
+        echo "cluster-compose-e2e: every shard's 2 copies in sync again after ${i} s"
+        break
+    fi
+    if [[ $i == 90 ]]; then
+        echo "cluster-compose-e2e: copies not back in sync after 90 s" >&2
+        dc exec -T tarn1 /usr/local/bin/tarn cluster status --addr http://127.0.0.1:50051 >&2
+        exit 1
+    fi
+    sleep 1
+done
 "$py" scripts/py/cluster_e2e.py verify "${addrs[@]}" "$state"
 echo "cluster-compose-e2e: PASSED"
