@@ -177,6 +177,14 @@ impl From<tonic::Status> for Error {
             {
                 Code::Unavailable
             }
+            // A stream the peer reset or a connection that went away under HTTP/2 (the server
+            // killed mid-call, seen by the nemesis) comes back as INTERNAL with a message tonic
+            // makes locally from the hyper error ("h2 protocol error: ..."; tonic's
+            // `Status::from_hyper_error` attaches no source): unreachable too, not a bug of the
+            // server's. A tarn server never sends a status with that message.
+            tonic::Code::Internal if status.message().starts_with(H2_TRANSPORT_ERROR) => {
+                Code::Unavailable
+            }
             code => Code::from_tonic(code),
         };
         let retry_after = status
@@ -190,6 +198,9 @@ impl From<tonic::Status> for Error {
         }
     }
 }
+
+/// How tonic's messages for HTTP/2 transport failures begin.
+const H2_TRANSPORT_ERROR: &str = "h2 protocol error:";
 
 /// The metadata key of the server's retry hint, in milliseconds.
 pub const RETRY_AFTER_MS: &str = "retry-after-ms";
@@ -240,6 +251,16 @@ mod tests {
                 .insert(RETRY_AFTER_MS, hint.parse().unwrap());
         }
         Error::from(status)
+    }
+
+    #[test]
+    fn a_broken_http2_stream_is_unavailable_and_other_internal_errors_stay_internal() {
+        let broken = Error::from(tonic::Status::internal("h2 protocol error: http2 error"));
+        assert_eq!(broken.code(), Code::Unavailable);
+        assert!(broken.is_retryable());
+        assert_eq!(broken.message(), "h2 protocol error: http2 error");
+        let internal = Error::from(tonic::Status::internal("ingestion failed: disk full"));
+        assert_eq!(internal.code(), Code::Internal);
     }
 
     #[test]
