@@ -63,15 +63,12 @@ fn main() {
         })
         .collect();
     let recall = |results: &[Vec<Hit>]| {
-        let mut found = 0usize;
-        for (q, hits) in results.iter().enumerate() {
-            let truth = &minilm.truth[q * minilm.truth_width..][..K];
-            found += hits
+        minilm.recall_at(
+            K,
+            results
                 .iter()
-                .filter(|h| truth.contains(&(h.doc_id as i32)))
-                .count();
-        }
-        found as f64 / (results.len() * K) as f64
+                .map(|hits| hits.iter().map(|h| h.doc_id).collect()),
+        )
     };
 
     println!(

@@ -71,15 +71,12 @@ fn main() {
     let int8 = SealedSegment::open(&cache, int8_config(Quantization::DEFAULT_RESCORE)).unwrap();
     let open_int8_s = start.elapsed().as_secs_f64();
     let recall = |results: &[Vec<Hit>]| {
-        let mut found = 0usize;
-        for (q, hits) in results.iter().enumerate() {
-            let truth = &minilm.truth[q * minilm.truth_width..][..K];
-            found += hits
+        minilm.recall_at(
+            K,
+            results
                 .iter()
-                .filter(|h| truth.contains(&(h.doc_id as i32)))
-                .count();
-        }
-        found as f64 / (results.len() * K) as f64
+                .map(|hits| hits.iter().map(|h| h.doc_id).collect()),
+        )
     };
     let pass = |search: &dyn Fn(&[f32]) -> Vec<Hit>| {
         let start = Instant::now();

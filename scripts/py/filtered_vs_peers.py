@@ -21,17 +21,12 @@ import time
 
 import numpy as np
 
+from vecs import read_vecs  # scripts/py/vecs.py
+
 K = 10
 PEER_EFS = [16, 32, 64, 128, 256, 512]
 GRPC_EFS = [64]
 HEADLINE_EF = 64
-
-
-def read_vecs(path, dtype):
-    raw = np.fromfile(path, dtype=np.int32)
-    dim = raw[0]
-    rows = raw.reshape(-1, dim + 1)[:, 1:]
-    return np.ascontiguousarray(rows.view(dtype))
 
 
 def read_jsonl_gz(path):

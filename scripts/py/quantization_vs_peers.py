@@ -21,20 +21,10 @@ import faiss
 import hnswlib
 import numpy as np
 
+from vecs import read_vecs, recall  # scripts/py/vecs.py
+
 K = 10
 EFS = [16, 32, 64, 128]
-
-
-def read_vecs(path, dtype):
-    raw = np.fromfile(path, dtype=np.int32)
-    dim = raw[0]
-    rows = raw.reshape(-1, dim + 1)[:, 1:]
-    return np.ascontiguousarray(rows.view(dtype))
-
-
-def recall(labels, truth):
-    found = sum(len(set(row[:K]) & set(t[:K])) for row, t in zip(labels, truth))
-    return found / (len(labels) * K)
 
 
 def measure(search, queries, truth, passes):

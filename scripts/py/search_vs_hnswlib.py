@@ -17,25 +17,15 @@ import time
 import hnswlib
 import numpy as np
 
+from vecs import read_vecs, recall  # scripts/py/vecs.py
+
 K = 10
 ROUNDS = 5
-
-
-def read_vecs(path, dtype):
-    raw = np.fromfile(path, dtype=np.int32)
-    dim = raw[0]
-    rows = raw.reshape(-1, dim + 1)[:, 1:]
-    return np.ascontiguousarray(rows.view(dtype))
 
 
 def rss_bytes():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def recall(labels, truth):
-    found = sum(len(set(row[:K]) & set(t[:K])) for row, t in zip(labels, truth))
-    return found / (len(labels) * K)
 
 
 def qps_at(curve, target):

@@ -121,6 +121,23 @@ pub struct Minilm {
     pub truth_width: usize,
 }
 
+impl Minilm {
+    /// Mean recall@k of `found` (per query, in query order, the ids of its hits: base row
+    /// numbers) against the exact truth.
+    pub fn recall_at(&self, k: usize, found: impl IntoIterator<Item = Vec<u128>>) -> f64 {
+        let (mut hits, mut n_queries) = (0usize, 0usize);
+        for (q, ids) in found.into_iter().enumerate() {
+            let truth = &self.truth[q * self.truth_width..][..k];
+            hits += ids
+                .iter()
+                .filter(|&&id| truth.contains(&(id as i32)))
+                .count();
+            n_queries += 1;
+        }
+        hits as f64 / (n_queries.max(1) * k) as f64
+    }
+}
+
 /// Reads base vectors, queries and ground truth from a minilm-debian directory.
 pub fn load_minilm(dir: &Path) -> io::Result<Minilm> {
     let (dim, base) = read_fvecs(&dir.join("base.fvecs"))?;
