@@ -53,15 +53,9 @@ fn main() {
         doc_ids: &doc_ids,
         vectors: &minilm.base,
     };
-    let queries: Vec<Vec<f32>> = minilm
-        .queries
-        .chunks_exact(dim)
-        .map(|q| {
-            let mut v = q.to_vec();
-            Metric::Cosine.prepare(&mut v);
-            v
-        })
-        .collect();
+    let queries: Vec<Vec<f32>> = minilm.prepared_queries(|v| {
+        Metric::Cosine.prepare(v);
+    });
     let recall = |results: &[Vec<Hit>]| {
         minilm.recall_at(
             K,

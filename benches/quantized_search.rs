@@ -41,15 +41,9 @@ fn main() {
     };
     let minilm = load_minilm(&dir).unwrap();
     let n = minilm.base.len() / DIM;
-    let queries: Vec<Vec<f32>> = minilm
-        .queries
-        .chunks_exact(DIM)
-        .map(|q| {
-            let mut v = q.to_vec();
-            Metric::Cosine.prepare(&mut v);
-            v
-        })
-        .collect();
+    let queries: Vec<Vec<f32>> = minilm.prepared_queries(|v| {
+        Metric::Cosine.prepare(v);
+    });
     let cache =
         Path::new(env!("CARGO_TARGET_TMPDIR")).join("search_speed/minilm-m16-efc200-builder.tseg");
     if !cache.exists() {

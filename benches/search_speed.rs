@@ -31,15 +31,9 @@ struct Data {
 fn load(dir: &Path) -> Data {
     let minilm = load_minilm(dir).unwrap();
     assert_eq!(minilm.dim, DIM);
-    let queries = minilm
-        .queries
-        .chunks_exact(DIM)
-        .map(|q| {
-            let mut v = q.to_vec();
-            Metric::Cosine.prepare(&mut v);
-            v
-        })
-        .collect();
+    let queries = minilm.prepared_queries(|v| {
+        Metric::Cosine.prepare(v);
+    });
     Data {
         base: minilm.base,
         queries,

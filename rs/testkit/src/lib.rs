@@ -122,6 +122,19 @@ pub struct Minilm {
 }
 
 impl Minilm {
+    /// The queries one by one, each passed through `prepare` (the metric's preparation, e.g.
+    /// unit length for cosine).
+    pub fn prepared_queries(&self, prepare: impl Fn(&mut [f32])) -> Vec<Vec<f32>> {
+        self.queries
+            .chunks_exact(self.dim)
+            .map(|q| {
+                let mut v = q.to_vec();
+                prepare(&mut v);
+                v
+            })
+            .collect()
+    }
+
     /// Mean recall@k of `found` (per query, in query order, the ids of its hits: base row
     /// numbers) against the exact truth.
     pub fn recall_at(&self, k: usize, found: impl IntoIterator<Item = Vec<u128>>) -> f64 {
