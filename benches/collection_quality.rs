@@ -76,7 +76,7 @@ fn segments(data: &Minilm) {
     let build = start.elapsed();
     let rss_mutable = rss_bytes().saturating_sub(rss_before);
     let start = Instant::now();
-    let sealed = SealedSegment::seal(&mutable, 1, n as u64);
+    let mut sealed = SealedSegment::seal(&mutable, 1, n as u64);
     let export = start.elapsed();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let path = dir.path().join("seg.tseg");
@@ -131,7 +131,9 @@ fn segments(data: &Minilm) {
             let (r, q) = recall_and_qps(data, |q| mutable.search(0, &prepared(q), 10, ef, false));
             m_recall = r;
             m_runs.push(q);
-            let (r, q) = recall_and_qps(data, |q| sealed.search(0, &prepared(q), 10, ef, false));
+            let (r, q) = recall_and_qps(data, |q| {
+                sealed.search(0, &prepared(q), 10, ef, false).unwrap()
+            });
             s_recall = r;
             s_runs.push(q);
         }
@@ -144,7 +146,7 @@ fn segments(data: &Minilm) {
     let (exact_recall, exact_qps) = recall_and_qps(data, |q| {
         let mut v = q.to_vec();
         Metric::Cosine.prepare(&mut v);
-        sealed.search(0, &v, 10, 10, true)
+        sealed.search(0, &v, 10, 10, true).unwrap()
     });
     println!("| exact | | | {exact_recall:.3} | {exact_qps:.0} | |\n");
 }

@@ -84,7 +84,7 @@ fn main() {
         for (i, ef) in EFS.iter().enumerate() {
             let results: Vec<Vec<Hit>> = queries
                 .iter()
-                .map(|q| segment.search(0, q, K, *ef, false))
+                .map(|q| segment.search(0, q, K, *ef, false).unwrap())
                 .collect();
             let r = recall(&results);
             recalls[i].push(r);

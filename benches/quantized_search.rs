@@ -54,7 +54,7 @@ fn main() {
             vectors: &minilm.base,
         };
         let config = config(Quantization::None);
-        let sealed =
+        let mut sealed =
             SealedSegment::build(documents, 1, n as u64, config, &BuildConfig::default()).unwrap();
         std::fs::create_dir_all(cache.parent().unwrap()).unwrap();
         sealed.write(&cache).unwrap();
@@ -116,9 +116,9 @@ fn main() {
             let (mut plain_rates, mut int8_rates) = (Vec::new(), Vec::new());
             let (mut plain_recall, mut int8_recall) = (0.0, 0.0);
             for _ in 0..ROUNDS {
-                let (r, q) = pass(&|q| plain.search(0, q, K, ef, false));
+                let (r, q) = pass(&|q| plain.search(0, q, K, ef, false).unwrap());
                 (plain_recall, plain_rates) = (r, [plain_rates, vec![q]].concat());
-                let (r, q) = pass(&|q| quantized.search(0, q, K, ef, false));
+                let (r, q) = pass(&|q| quantized.search(0, q, K, ef, false).unwrap());
                 (int8_recall, int8_rates) = (r, [int8_rates, vec![q]].concat());
             }
             let (plain_qps, int8_qps) = (median(plain_rates), median(int8_rates));

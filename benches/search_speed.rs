@@ -59,7 +59,7 @@ fn segment(data: &Data, cache: &Path) -> (SealedSegment, f64) {
             vectors: &data.base,
         };
         let start = Instant::now();
-        let sealed =
+        let mut sealed =
             SealedSegment::build(documents, 1, n as u64, config(), &BuildConfig::default())
                 .unwrap();
         eprintln!("built the graph in {:.1} s", start.elapsed().as_secs_f64());
@@ -108,7 +108,7 @@ fn throughput(data: &Data, sealed: &SealedSegment, ef: usize, threads: usize) ->
             scope.spawn(|| {
                 for _ in 0..ROUNDS {
                     for q in &data.queries {
-                        std::hint::black_box(sealed.search(0, q, K, ef, false));
+                        std::hint::black_box(sealed.search(0, q, K, ef, false).unwrap());
                     }
                 }
             });
@@ -153,13 +153,17 @@ fn main() {
         .map(|v| v.split(',').map(|x| x.parse().unwrap()).collect())
         .unwrap_or(vec![10, 16, 24, 32, 48, 64, 96, 128, 192, 256]);
     for ef in efs {
-        let (r, qps) = measure(&data, |q| sealed.search(0, q, K, ef, false), ROUNDS);
+        let (r, qps) = measure(
+            &data,
+            |q| sealed.search(0, q, K, ef, false).unwrap(),
+            ROUNDS,
+        );
         println!("| {ef} | {r:.4} | {qps:.0} |");
         rows.push(format!(
             "{{\"ef\": {ef}, \"recall\": {r:.5}, \"qps\": {qps:.1}}}"
         ));
     }
-    let (exact_recall, exact_qps) = measure(&data, |q| sealed.search(0, q, K, 0, true), 1);
+    let (exact_recall, exact_qps) = measure(&data, |q| sealed.search(0, q, K, 0, true).unwrap(), 1);
     println!("| exact | {exact_recall:.4} | {exact_qps:.0} |\n");
     let one = throughput(&data, &sealed, 64, 1);
     let two = throughput(&data, &sealed, 64, 2);

@@ -207,6 +207,7 @@ pub struct CollectionSpec {
     min_in_sync: u32,
     fields: Vec<FieldSpec>,
     quantization: Quantization,
+    vectors_on_disk: bool,
 }
 
 /// How a collection keeps its sealed vectors for the graph walk. Returned scores are always
@@ -292,12 +293,21 @@ impl CollectionSpec {
             min_in_sync: 0,
             fields: Vec::new(),
             quantization: Quantization::None,
+            vectors_on_disk: false,
         }
     }
 
     /// Quantized copies of sealed vectors for the graph walk (none unless set).
     pub fn quantization(mut self, quantization: Quantization) -> CollectionSpec {
         self.quantization = quantization;
+        self
+    }
+
+    /// Leaves sealed full vectors in the segment files, read only to rescore a search's best
+    /// candidates and for `get` (off unless set; needs a [`Quantization`], the server refuses
+    /// it without one).
+    pub fn vectors_on_disk(mut self, on_disk: bool) -> CollectionSpec {
+        self.vectors_on_disk = on_disk;
         self
     }
 
@@ -364,6 +374,7 @@ impl CollectionSpec {
             min_in_sync: self.min_in_sync,
             fields: self.fields.iter().map(FieldSpec::to_wire).collect(),
             quantization: self.quantization.to_wire(),
+            vectors_on_disk: self.vectors_on_disk,
         }
     }
 }
@@ -422,6 +433,10 @@ pub struct CollectionInfo {
     pub quantization: Quantization,
     /// Approximate bytes its segments hold in memory (vectors, codes, graphs, ids).
     pub memory_bytes: u64,
+    /// Sealed full vectors are left in the segment files.
+    pub vectors_on_disk: bool,
+    /// Of `bytes_on_disk`, the full vectors not held in memory.
+    pub cold_bytes: u64,
 }
 
 impl CollectionInfo {
@@ -458,6 +473,8 @@ impl CollectionInfo {
             fields: FieldSpec::list_from_wire(info.fields),
             quantization: Quantization::from_wire(info.quantization),
             memory_bytes: info.memory_bytes,
+            vectors_on_disk: info.vectors_on_disk,
+            cold_bytes: info.cold_bytes,
         })
     }
 }

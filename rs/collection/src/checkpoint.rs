@@ -242,8 +242,8 @@ impl Checkpointer {
         let rebuild_fraction = self.shared.config.rebuild_tombstone_fraction;
         for (frozen_seq, frozen) in work.to_seal.iter().rev() {
             let id = work.next_segment_id;
-            let segment = self.timed_build(|| {
-                in_build_pool(|| {
+            let mut segment = self.timed_build(|| {
+                Ok(in_build_pool(|| {
                     SealedSegment::seal_compacting(
                         frozen,
                         id,
@@ -251,11 +251,11 @@ impl Checkpointer {
                         rebuild_fraction,
                         &build_config(),
                     )
-                })
-            });
+                }))
+            })?;
             work.next_segment_id += 1;
             if segment.figures().n_slots > 0 {
-                self.write_segment(&segment)?;
+                self.write_segment(&mut segment)?;
                 work.sealed.push(Arc::new(segment));
             }
             work.changed = true;
@@ -282,11 +282,11 @@ impl Checkpointer {
             self.check_stopping()?;
             let (a, b) = (work.sealed.remove(0), work.sealed.remove(0));
             let id = work.next_segment_id;
-            let merged = self.timed_build(|| {
+            let mut merged = self.timed_build(|| {
                 SealedSegment::rebuild(&[&a, &b], id, index_config, &build_config())
-            });
+            })?;
             work.next_segment_id += 1;
-            self.write_segment(&merged)?;
+            self.write_segment(&mut merged)?;
             tracing::info!(from = ?[a.id(), b.id()], to = merged.id(), "merged sealed segments");
             work.rebuilt.extend([a.id(), b.id()]);
             work.sealed.push(Arc::new(merged));
@@ -296,11 +296,11 @@ impl Checkpointer {
             if slot.tombstone_fraction() > rebuild_fraction {
                 self.check_stopping()?;
                 let id = work.next_segment_id;
-                let fresh = self.timed_build(|| {
+                let mut fresh = self.timed_build(|| {
                     SealedSegment::rebuild(&[slot], id, index_config, &build_config())
-                });
+                })?;
                 work.next_segment_id += 1;
-                self.write_segment(&fresh)?;
+                self.write_segment(&mut fresh)?;
                 tracing::info!(
                     from = slot.id(),
                     to = fresh.id(),
@@ -396,7 +396,9 @@ impl Checkpointer {
         }
     }
 
-    fn write_segment(&self, segment: &SealedSegment) -> Result<()> {
+    /// Writes a new segment's file (with `vectors_on_disk`, its vectors are then read from
+    /// there).
+    fn write_segment(&self, segment: &mut SealedSegment) -> Result<()> {
         segment.write(
             &self
                 .shared
@@ -494,11 +496,14 @@ impl Checkpointer {
 
     /// Runs a build (sealing, a merge, a rebuild) and counts its vectors and time for the build
     /// throughput metric.
-    fn timed_build(&self, build: impl FnOnce() -> SealedSegment) -> SealedSegment {
+    fn timed_build(
+        &self,
+        build: impl FnOnce() -> tarn_index::Result<SealedSegment>,
+    ) -> Result<SealedSegment> {
         let started = std::time::Instant::now();
         // Tests arm it with `panic` to crash a checkpoint in the middle of a build.
         fail::fail_point!("checkpoint::build");
-        let segment = build();
+        let segment = build()?;
         let micros = started.elapsed().as_micros() as u64;
         let n_slots = segment.figures().n_slots as u64;
         self.shared
@@ -507,7 +512,7 @@ impl Checkpointer {
         self.shared
             .build_micros
             .fetch_add(micros, Ordering::Relaxed);
-        segment
+        Ok(segment)
     }
 
     fn check_stopping(&self) -> Result<()> {

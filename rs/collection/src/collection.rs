@@ -219,6 +219,8 @@ pub struct CollectionStats {
     pub memory_bytes: u64,
     /// Of `memory_bytes`, the sealed segments' quantized codes (with their ranges).
     pub quantized_bytes: u64,
+    /// Full vectors left in the sealed segment files (`vectors_on_disk`), not in memory.
+    pub cold_bytes: u64,
     pub n_ingest_errors: u64,
     /// Checkpoints completed since open.
     pub n_checkpoints: u64,
@@ -652,13 +654,17 @@ impl Collection {
     }
 
     /// The stored vectors (unit length under cosine) of the listed documents of one tenant that
-    /// exist, in request order.
-    pub fn get(&self, user_id: u128, doc_ids: &[u128]) -> Vec<(u128, Vec<f32>)> {
+    /// exist, in request order. An error when a vector left on disk cannot be read or fails
+    /// its checksum (`vectors_on_disk`): [`ErrorKind::DataLoss`] for a damaged file.
+    pub fn get(&self, user_id: u128, doc_ids: &[u128]) -> Result<Vec<(u128, Vec<f32>)>> {
         let set = self.shared().segments();
-        doc_ids
-            .iter()
-            .filter_map(|&doc_id| set.get(user_id, doc_id).map(|v| (doc_id, v)))
-            .collect()
+        let mut found = Vec::with_capacity(doc_ids.len());
+        for &doc_id in doc_ids {
+            if let Some(vector) = set.get(user_id, doc_id)? {
+                found.push((doc_id, vector));
+            }
+        }
+        Ok(found)
     }
 
     /// `get` with each document's attributes: `(doc_id, vector, attributes)` of the listed
@@ -668,37 +674,38 @@ impl Collection {
         &self,
         user_id: u128,
         doc_ids: &[u128],
-    ) -> Vec<(u128, Vec<f32>, Attributes)> {
+    ) -> Result<Vec<(u128, Vec<f32>, Attributes)>> {
         let set = self.shared().segments();
-        doc_ids
-            .iter()
-            .filter_map(|&doc_id| {
-                set.get_with_attributes(user_id, doc_id)
-                    .map(|(vector, attributes)| (doc_id, vector, attributes))
-            })
-            .collect()
+        let mut found = Vec::with_capacity(doc_ids.len());
+        for &doc_id in doc_ids {
+            if let Some((vector, attributes)) = set.get_with_attributes(user_id, doc_id)? {
+                found.push((doc_id, vector, attributes));
+            }
+        }
+        Ok(found)
     }
 
     /// Every live document, as `(user_id, doc_id, vector)` in (user, doc) order, read from the
     /// segments at the moment of the call (what an import into another collection copies). Writes
     /// applied meanwhile may or may not be included; call it on a collection that takes none.
-    pub fn export_documents(&self) -> impl Iterator<Item = (u128, u128, Vec<f32>)> {
-        let set = self.shared().segments();
-        let pairs = set.live_documents();
-        pairs.into_iter().filter_map(move |(user_id, doc_id)| {
-            set.get(user_id, doc_id).map(|v| (user_id, doc_id, v))
-        })
+    /// An item is an error when a vector left on disk cannot be read (as `get`).
+    pub fn export_documents(&self) -> impl Iterator<Item = Result<(u128, u128, Vec<f32>)>> {
+        self.export_documents_with_attributes()
+            .map(|item| item.map(|(user_id, doc_id, vector, _)| (user_id, doc_id, vector)))
     }
 
     /// `export_documents` with each document's attributes.
     pub fn export_documents_with_attributes(
         &self,
-    ) -> impl Iterator<Item = (u128, u128, Vec<f32>, Attributes)> {
+    ) -> impl Iterator<Item = Result<(u128, u128, Vec<f32>, Attributes)>> {
         let set = self.shared().segments();
         let pairs = set.live_documents();
         pairs.into_iter().filter_map(move |(user_id, doc_id)| {
             set.get_with_attributes(user_id, doc_id)
-                .map(|(vector, attributes)| (user_id, doc_id, vector, attributes))
+                .map(|found| {
+                    found.map(|(vector, attributes)| (user_id, doc_id, vector, attributes))
+                })
+                .transpose()
         })
     }
 
@@ -818,7 +825,7 @@ impl Collection {
             ef.max(request.top_k),
             request.exact,
             request.filter.as_ref(),
-        );
+        )?;
         Ok(hits
             .into_iter()
             .map(|hit| SearchHit {
@@ -907,6 +914,7 @@ impl Collection {
             stats.n_removed_not_compacted += figures.n_tombstoned as u64;
             stats.memory_bytes += figures.memory_bytes as u64;
             stats.quantized_bytes += figures.quantized_bytes as u64;
+            stats.cold_bytes += figures.cold_bytes as u64;
         }
         stats
     }

@@ -57,6 +57,11 @@ pub struct CollectionConfig {
     /// quantization existed have none.
     #[serde(default, skip_serializing_if = "QuantizationConfig::is_none")]
     pub quantization: QuantizationConfig,
+    /// Sealed partitions that walk quantized codes leave their full vectors in the segment
+    /// files and read only the candidates they rescore, and Get's vectors (fixed at creation;
+    /// needs `quantization`). Left out when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub vectors_on_disk: bool,
 }
 
 /// A collection's quantization (`tarn_index::Quantization`, which knows nothing of serde).
@@ -142,6 +147,7 @@ impl CollectionConfig {
             seal_unindexed: default_seal_unindexed(),
             fields: Vec::new(),
             quantization: QuantizationConfig::None,
+            vectors_on_disk: false,
         }
     }
 
@@ -201,6 +207,13 @@ impl CollectionConfig {
                 ));
             }
         }
+        if self.vectors_on_disk && self.quantization.is_none() {
+            return Err(CollectionError::invalid(
+                "vectors_on_disk",
+                "needs a quantization: the graph search walks the quantized codes in memory \
+                 and reads only the candidates it rescores",
+            ));
+        }
         self.schema()?;
         Ok(())
     }
@@ -240,6 +253,7 @@ impl CollectionConfig {
         };
         config.graph_threshold = self.graph_threshold;
         config.quantization = self.quantization.index();
+        config.vectors_on_disk = self.vectors_on_disk;
         config
     }
 }
@@ -333,6 +347,19 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+        config.quantization = QuantizationConfig::Int8 { rescore: 3 };
+        config.vectors_on_disk = true;
+        let json = serde_json::to_string(&config).unwrap();
+        assert!(json.contains(r#""vectors_on_disk":true"#), "{json}");
+        let back: CollectionConfig = serde_json::from_str(&json).unwrap();
+        assert!(back.index_config().vectors_on_disk);
+        config.quantization = QuantizationConfig::None;
+        match config.validate() {
+            Err(CollectionError::InvalidArgument { field, .. }) => {
+                assert_eq!(field, "vectors_on_disk")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -344,6 +371,8 @@ mod tests {
         assert!(back.fields.is_empty());
         assert!(!json.contains("quantization"), "{json}");
         assert_eq!(back.quantization, QuantizationConfig::None);
+        assert!(!json.contains("vectors_on_disk"), "{json}");
+        assert!(!back.vectors_on_disk);
         config.fields = vec![
             FieldSpec::new("section", FieldType::Keyword),
             FieldSpec::new("tags", FieldType::Keywords),

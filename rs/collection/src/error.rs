@@ -103,7 +103,10 @@ impl CollectionError {
             | CollectionError::Failed(_) => ErrorKind::Unavailable,
             CollectionError::OutOfSpace(_) => ErrorKind::OutOfSpace,
             CollectionError::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
-            CollectionError::Corrupt(_) => ErrorKind::DataLoss,
+            // A damaged segment file, found by a read of vectors left on disk or at open.
+            CollectionError::Corrupt(_) | CollectionError::Index(IndexError::Corrupt { .. }) => {
+                ErrorKind::DataLoss
+            }
             CollectionError::Wal(_) | CollectionError::Index(_) | CollectionError::Io { .. } => {
                 ErrorKind::Internal
             }

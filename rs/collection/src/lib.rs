@@ -229,7 +229,7 @@ mod tests {
         )
         .unwrap();
         assert!(segment.figures().quantized_bytes > 0);
-        let encoded = segment.encode();
+        let encoded = segment.encode().unwrap();
         let body = &encoded[..encoded.len() - 4];
         assert!(super::fuzzing::decode_segment(body));
         let mut rng = StdRng::seed_from_u64(29);

@@ -167,8 +167,11 @@ mod tests {
         let reopened = Collection::open(&path).unwrap();
         assert_eq!(reopened.last_seq_no(), 5);
         assert_eq!(reopened.epoch_starts().unwrap(), [(3, 1)]);
-        assert_eq!(reopened.get(1, &[4]).len(), 1);
-        assert!(reopened.get(1, &[5]).is_empty(), "a cut entry came back");
+        assert_eq!(reopened.get(1, &[4]).unwrap().len(), 1);
+        assert!(
+            reopened.get(1, &[5]).unwrap().is_empty(),
+            "a cut entry came back"
+        );
         // A checkpoint at 5 (after a flush) refuses a cut before it, and changes nothing.
         rt.block_on(reopened.flush()).unwrap();
         reopened.close();
@@ -182,6 +185,6 @@ mod tests {
         }
         let reopened = Collection::open(&path).unwrap();
         assert_eq!(reopened.last_seq_no(), 5);
-        assert_eq!(reopened.get(1, &[4]).len(), 1);
+        assert_eq!(reopened.get(1, &[4]).unwrap().len(), 1);
     }
 }

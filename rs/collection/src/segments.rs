@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use tarn_index::{Attributes, Filter, Hit, MutableSegment, SealedSegment};
 
+use crate::error::Result;
 use crate::op::Operation;
 
 /// What the apply lock (`Shared::apply`) guards: everything ingestion changes per operation
@@ -155,30 +156,36 @@ impl SegmentSet {
         pairs
     }
 
-    pub(crate) fn get(&self, user_id: u128, doc_id: u128) -> Option<Vec<f32>> {
-        self.mutable
-            .get(user_id, doc_id)
-            .or_else(|| self.frozen.iter().find_map(|(_, f)| f.get(user_id, doc_id)))
-            .or_else(|| self.sealed.iter().find_map(|s| s.get(user_id, doc_id)))
+    /// A live document's vector (`None` when it is not live); an error when a sealed
+    /// segment's cold vector cannot be read or fails its checksum.
+    pub(crate) fn get(&self, user_id: u128, doc_id: u128) -> Result<Option<Vec<f32>>> {
+        Ok(self
+            .get_with_attributes(user_id, doc_id)?
+            .map(|(vector, _)| vector))
     }
 
     pub(crate) fn get_with_attributes(
         &self,
         user_id: u128,
         doc_id: u128,
-    ) -> Option<(Vec<f32>, Attributes)> {
-        self.mutable
+    ) -> Result<Option<(Vec<f32>, Attributes)>> {
+        let in_memory = self
+            .mutable
             .get_with_attributes(user_id, doc_id)
             .or_else(|| {
                 self.frozen
                     .iter()
                     .find_map(|(_, f)| f.get_with_attributes(user_id, doc_id))
-            })
-            .or_else(|| {
-                self.sealed
-                    .iter()
-                    .find_map(|s| s.get_with_attributes(user_id, doc_id))
-            })
+            });
+        if in_memory.is_some() {
+            return Ok(in_memory);
+        }
+        for sealed in &self.sealed {
+            if let Some(found) = sealed.get_with_attributes(user_id, doc_id)? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
     }
 
     /// The live `(user, doc)` pairs of the given tenants whose attributes match `filter`,
@@ -236,7 +243,7 @@ impl SegmentSet {
         ef: usize,
         exact: bool,
         filter: Option<&Filter>,
-    ) -> Vec<Hit> {
+    ) -> Result<Vec<Hit>> {
         let mut seen: HashSet<(u128, u128)> = HashSet::new();
         let mut hits = Vec::new();
         let mut tenants: Vec<u128> = Operation::tenants(user_ids).to_vec();
@@ -250,10 +257,10 @@ impl SegmentSet {
                 .frozen
                 .iter()
                 .flat_map(|(_, f)| f.search_filtered(user_id, query, k, ef, exact, filter));
-            let from_sealed = self
-                .sealed
-                .iter()
-                .flat_map(|s| s.search_filtered(user_id, query, k, ef, exact, filter));
+            let mut from_sealed = Vec::new();
+            for segment in &self.sealed {
+                from_sealed.extend(segment.search_filtered(user_id, query, k, ef, exact, filter)?);
+            }
             for hit in from_mutable
                 .into_iter()
                 .chain(from_frozen)
@@ -271,7 +278,7 @@ impl SegmentSet {
                 .then(a.doc_id.cmp(&b.doc_id))
         });
         hits.truncate(k);
-        hits
+        Ok(hits)
     }
 
     /// Stored vectors waiting for a graph: the mutable segment's and the frozen ones'

@@ -67,11 +67,15 @@ fn check(c: &Collection, base: &[f32], when: &str) {
     assert_eq!(c.documents_per_tenant()[&0], 290, "{when}");
     for doc in (0..50).step_by(5) {
         assert!(
-            c.get(0, &[doc]).is_empty(),
+            c.get(0, &[doc]).unwrap().is_empty(),
             "{when}: removed doc {doc} is back"
         );
     }
-    assert_eq!(c.get(0, &[1])[0].1, FAR.to_vec(), "{when}: upsert lost");
+    assert_eq!(
+        c.get(0, &[1]).unwrap()[0].1,
+        FAR.to_vec(),
+        "{when}: upsert lost"
+    );
     for i in (300..600).step_by(29) {
         let request = SearchRequest {
             user_ids: vec![1],

@@ -112,6 +112,7 @@ fn assert_matches(c: &Collection, model: &Model, when: &str) {
         let all: Vec<u128> = (0..2 * HALF).collect();
         let found: Model = c
             .get(user_id, &all)
+            .unwrap()
             .into_iter()
             .map(|(doc_id, v)| ((user_id, doc_id), v))
             .collect();

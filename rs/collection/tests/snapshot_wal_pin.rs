@@ -150,8 +150,8 @@ fn a_snapshot_keeps_the_wal_after_its_checkpoint_while_later_checkpoints_truncat
     for doc in 0..k * 4 {
         let doc = u128::from(doc);
         match expected.get(&doc) {
-            Some(vector) => assert_eq!(r.get(0, &[doc]), vec![(doc, vector.clone())]),
-            None => assert!(r.get(0, &[doc]).is_empty(), "doc {doc}"),
+            Some(vector) => assert_eq!(r.get(0, &[doc]).unwrap(), vec![(doc, vector.clone())]),
+            None => assert!(r.get(0, &[doc]).unwrap().is_empty(), "doc {doc}"),
         }
     }
     fail::remove("collection::wal_segment_bytes");
@@ -229,11 +229,14 @@ fn a_wal_tail_copies_the_entries_after_a_snapshot_at_the_same_sequence_numbers()
     for doc in 0..k * 4 {
         let doc = u128::from(doc);
         assert_eq!(
-            copy.get(0, &[doc]),
-            c.get(0, &[doc]),
+            copy.get(0, &[doc]).unwrap(),
+            c.get(0, &[doc]).unwrap(),
             "doc {doc} differs between the source and the copy"
         );
-        assert_eq!(copy.get(0, &[doc]).is_empty(), !expected.contains_key(&doc));
+        assert_eq!(
+            copy.get(0, &[doc]).unwrap().is_empty(),
+            !expected.contains_key(&doc)
+        );
     }
     // Reopened, the copy is the same log.
     drop(copy);

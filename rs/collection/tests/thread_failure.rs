@@ -38,7 +38,7 @@ fn docs(first: u128, n: u128) -> (Vec<u128>, Vec<f32>) {
 }
 
 fn assert_present(c: &Collection, ids: &[u128]) {
-    let found = c.get(0, ids);
+    let found = c.get(0, ids).unwrap();
     assert_eq!(
         found.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
         ids,

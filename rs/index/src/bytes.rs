@@ -58,6 +58,11 @@ impl<'a> ByteReader<'a> {
         self.bytes.len() - self.offset
     }
 
+    /// Bytes read so far.
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+
     pub(crate) fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
         if n > self.remaining() {
             return Err(IndexError::Format(format!(

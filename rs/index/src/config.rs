@@ -36,6 +36,10 @@ pub struct IndexConfig {
     /// What sealed partitions with a graph walk on: full vectors, or quantized codes rescored
     /// on the full vectors (`quantized.rs`).
     pub quantization: Quantization,
+    /// Sealed partitions that walk quantized codes leave their full vectors in the segment
+    /// file and read only the candidates they rescore (`cold.rs`); without quantization it
+    /// changes nothing.
+    pub vectors_on_disk: bool,
 }
 
 impl IndexConfig {
@@ -46,6 +50,7 @@ impl IndexConfig {
             hnsw: HnswParams::default(),
             graph_threshold: 1024,
             quantization: Quantization::None,
+            vectors_on_disk: false,
         }
     }
 }

@@ -22,6 +22,7 @@ mod attributes;
 mod bitset;
 mod builder;
 mod bytes;
+mod cold;
 mod config;
 mod error;
 mod filter;

@@ -15,12 +15,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use crate::attribute_index::{AttributeIndex, SlotSet};
 use crate::attributes::{Attributes, Schema};
 use crate::bitset::AtomicBitset;
 use crate::builder::{build_graph, BuildConfig};
 use crate::bytes::{ByteReader, ByteWriter};
+use crate::cold::{FirstError, SegmentFile, StoredVectors};
 use crate::config::IndexConfig;
 use crate::error::{IndexError, Result};
 use crate::filter::Filter;
@@ -57,10 +59,14 @@ const PREFETCH_MAX_LINES: usize = 32;
 /// unindexed tail is at least `1 / HNSW_RS_INSERT_COST` of it.
 const HNSW_RS_INSERT_COST: f64 = 4.0;
 
+/// Where each partition's vectors start in a segment file: `(user_id, byte offset)`.
+type VectorOffsets = Vec<(u128, u64)>;
+
 /// One tenant's part of a sealed segment.
 #[derive(Debug)]
 pub(crate) struct SealedPartition {
-    vectors: Vec<f32>,
+    /// The full vectors by slot: in memory, or left in the segment file (`cold.rs`).
+    vectors: StoredVectors,
     /// By slot.
     doc_ids: Vec<u128>,
     /// `(doc_id, slot)` of the documents live at sealing, sorted by doc id.
@@ -85,7 +91,7 @@ impl SealedPartition {
     ) -> Self {
         let n = doc_ids.len();
         SealedPartition {
-            vectors,
+            vectors: StoredVectors::Memory(vectors),
             doc_index: doc_ids
                 .iter()
                 .enumerate()
@@ -134,12 +140,21 @@ impl SealedPartition {
             .count()
     }
 
-    fn vector(&self, slot: u32, dim: usize) -> &[f32] {
-        &self.vectors[slot as usize * dim..(slot as usize + 1) * dim]
+    /// The metric's distance from `query` to slot `slot`'s full vector (read from the file
+    /// when cold).
+    #[inline]
+    fn distance(&self, metric: Metric, query: &[f32], slot: u32) -> Result<f32> {
+        self.vectors
+            .with(slot, query.len(), |vector| metric.distance(query, vector))
+    }
+
+    /// Slot `slot`'s full vector.
+    fn vector(&self, slot: u32, dim: usize) -> Result<Vec<f32>> {
+        self.vectors.with(slot, dim, <[f32]>::to_vec)
     }
 
     fn memory_bytes(&self) -> usize {
-        self.vectors.len() * 4
+        self.vectors.memory_bytes()
             + self.doc_ids.len() * 16
             + self.doc_index.len() * 32
             + self.n_slots().div_ceil(8)
@@ -151,7 +166,9 @@ impl SealedPartition {
     fn quantize(&mut self, quantization: Quantization, dim: usize) {
         match quantization {
             Quantization::Int8 { .. } if self.graph.is_some() && self.int8.is_none() => {
-                self.int8 = Some(Int8Codes::encode(&self.vectors, dim));
+                if let Some(vectors) = self.vectors.in_memory() {
+                    self.int8 = Some(Int8Codes::encode(vectors, dim));
+                }
             }
             _ => {}
         }
@@ -159,7 +176,7 @@ impl SealedPartition {
 
     /// Approximate nearest slots through the graph (which the partition must have), nearest
     /// first, with exact distances: on the full vectors, or on the int8 codes with the best
-    /// `k x rescore` then rescored on the full vectors.
+    /// `k x rescore` then rescored on the full vectors (read from the file when cold).
     #[allow(clippy::too_many_arguments)]
     fn graph_search(
         &self,
@@ -169,18 +186,24 @@ impl SealedPartition {
         k: usize,
         ef: usize,
         is_live: impl Fn(u32) -> bool,
-    ) -> Vec<Candidate> {
+    ) -> Result<Vec<Candidate>> {
         let dim = config.dimension;
         let metric = config.metric;
-        let exact = |slot: u32| metric.distance(query, self.vector(slot, dim));
+        let failure = FirstError::default();
+        let exact = |slot: u32| failure.distance(self.distance(metric, query, slot));
         let Some(codes) = &self.int8 else {
-            return graph.search(
+            let found = graph.search(
                 k,
                 ef,
                 exact,
-                |slot| prefetch(self.vector(slot, dim), PREFETCH_MAX_LINES),
+                |slot| {
+                    if let Some(vectors) = self.vectors.in_memory() {
+                        prefetch(&vectors[slot as usize * dim..][..dim], PREFETCH_MAX_LINES)
+                    }
+                },
                 is_live,
             );
+            return failure.into_result(found);
         };
         let rescore = match config.quantization {
             Quantization::Int8 { rescore } => rescore,
@@ -198,9 +221,18 @@ impl SealedPartition {
         for candidate in &mut found {
             candidate.distance = exact(candidate.node);
         }
+        failure.into_result(())?;
         found.sort_unstable();
         found.truncate(k);
-        found
+        Ok(found)
+    }
+
+    /// Leaves the vectors in `file`, at `offset`, where they were written, when the partition
+    /// walks codes (a graph and quantized codes): only the rescored candidates are read back.
+    fn make_cold(&mut self, dim: usize, file: &Arc<SegmentFile>, offset: u64) {
+        if self.graph.is_some() && self.int8.is_some() {
+            self.vectors.make_cold(dim, Arc::clone(file), offset);
+        }
     }
 }
 
@@ -248,6 +280,8 @@ pub struct SegmentFigures {
     pub index_bytes: usize,
     /// Of `memory_bytes`, the quantized codes with their ranges and corrections.
     pub quantized_bytes: usize,
+    /// Bytes of full vectors left in the segment file (`vectors_on_disk`), not in memory.
+    pub cold_bytes: usize,
 }
 
 impl SealedSegment {
@@ -364,10 +398,10 @@ impl SealedSegment {
                     doc_index.sort_unstable();
                     let n_slots = data.doc_ids.len();
                     SealedPartition {
-                        vectors: graph_vectors(
+                        vectors: StoredVectors::Memory(graph_vectors(
                             std::iter::once(&data.vectors[..]),
                             data.vectors.len(),
-                        ),
+                        )),
                         doc_ids: data.doc_ids.clone(),
                         doc_index,
                         tombstones: AtomicBitset::from_words(
@@ -390,12 +424,15 @@ impl SealedSegment {
     /// Builds a fresh segment from the live documents of `sources` (merging several, or
     /// rebuilding one with many tombstones). Graphs are rebuilt from scratch by tarn's builder
     /// (`build` threads).
+    ///
+    /// Cold vectors are read whole, one source partition at a time (an error if a read fails
+    /// or a checksum does not match): a rebuild holds the vectors it builds from in memory.
     pub fn rebuild(
         sources: &[&SealedSegment],
         id: u64,
         config: IndexConfig,
         build: &BuildConfig,
-    ) -> SealedSegment {
+    ) -> Result<SealedSegment> {
         let dim = config.dimension;
         let max_seq = sources.iter().map(|s| s.max_seq).max().unwrap_or(0);
         // Fields are only ever appended, so the longest schema extends every other one.
@@ -406,19 +443,23 @@ impl SealedSegment {
             .max_by_key(|schema| schema.len())
             .cloned()
             .unwrap_or_default();
-        let mut by_user: HashMap<u128, Vec<LiveDocument<'_>>> = HashMap::new();
+        let mut vectors_by_partition = Vec::new();
         for source in sources {
             for (user_id, partition) in &source.partitions {
-                let live = by_user.entry(*user_id).or_default();
-                for &(doc_id, slot) in &partition.doc_index {
-                    if !partition.tombstones.get(slot as usize) {
-                        live.push(LiveDocument {
-                            doc_id,
-                            vector: partition.vector(slot, dim),
-                            attributes: &partition.attributes,
-                            slot,
-                        });
-                    }
+                vectors_by_partition.push((*user_id, partition, partition.vectors.all()?));
+            }
+        }
+        let mut by_user: HashMap<u128, Vec<LiveDocument<'_>>> = HashMap::new();
+        for (user_id, partition, vectors) in &vectors_by_partition {
+            let live = by_user.entry(*user_id).or_default();
+            for &(doc_id, slot) in &partition.doc_index {
+                if !partition.tombstones.get(slot as usize) {
+                    live.push(LiveDocument {
+                        doc_id,
+                        vector: &vectors[slot as usize * dim..][..dim],
+                        attributes: &partition.attributes,
+                        slot,
+                    });
                 }
             }
         }
@@ -430,7 +471,7 @@ impl SealedSegment {
                 (user_id, partition)
             })
             .collect();
-        SealedSegment::assemble(id, max_seq, config, partitions)
+        Ok(SealedSegment::assemble(id, max_seq, config, partitions))
     }
 
     /// Builds a segment from raw documents with tarn's own parallel HNSW builder (`builder.rs`,
@@ -570,7 +611,7 @@ impl SealedSegment {
         config: IndexConfig,
         build: &BuildConfig,
     ) -> Result<(SealedSegment, u64)> {
-        let segment =
+        let mut segment =
             Self::build_with_attributes(documents, attributes, id, max_seq, config, build)?;
         let bytes = segment.write(path)?;
         Ok((segment, bytes))
@@ -608,24 +649,32 @@ impl SealedSegment {
             .is_some_and(|p| p.slot_of(doc_id).is_some())
     }
 
-    pub fn get(&self, user_id: u128, doc_id: u128) -> Option<Vec<f32>> {
-        let partition = self.partitions.get(&user_id)?;
-        let slot = partition.slot_of(doc_id)?;
-        Some(partition.vector(slot, self.config.dimension).to_vec())
+    /// The stored vector of a live document (`None` when it is not live here); an error when
+    /// a cold vector cannot be read or fails its checksum.
+    pub fn get(&self, user_id: u128, doc_id: u128) -> Result<Option<Vec<f32>>> {
+        let Some(partition) = self.partitions.get(&user_id) else {
+            return Ok(None);
+        };
+        let Some(slot) = partition.slot_of(doc_id) else {
+            return Ok(None);
+        };
+        partition.vector(slot, self.config.dimension).map(Some)
     }
 
-    /// The stored vector and the attributes of a live document.
+    /// The stored vector and the attributes of a live document (as `get`).
     pub fn get_with_attributes(
         &self,
         user_id: u128,
         doc_id: u128,
-    ) -> Option<(Vec<f32>, Attributes)> {
-        let partition = self.partitions.get(&user_id)?;
-        let slot = partition.slot_of(doc_id)?;
-        Some((
-            partition.vector(slot, self.config.dimension).to_vec(),
-            partition.attributes.attributes_of(slot),
-        ))
+    ) -> Result<Option<(Vec<f32>, Attributes)>> {
+        let Some(partition) = self.partitions.get(&user_id) else {
+            return Ok(None);
+        };
+        let Some(slot) = partition.slot_of(doc_id) else {
+            return Ok(None);
+        };
+        let vector = partition.vector(slot, self.config.dimension)?;
+        Ok(Some((vector, partition.attributes.attributes_of(slot))))
     }
 
     /// The live documents of one tenant whose attributes match `filter`, in no order.
@@ -640,7 +689,8 @@ impl SealedSegment {
             .collect()
     }
 
-    /// Nearest live documents of one tenant, nearest first.
+    /// Nearest live documents of one tenant, nearest first; an error when a cold vector cannot
+    /// be read or fails its checksum.
     pub fn search(
         &self,
         user_id: u128,
@@ -648,7 +698,7 @@ impl SealedSegment {
         k: usize,
         ef: usize,
         exact: bool,
-    ) -> Vec<Hit> {
+    ) -> Result<Vec<Hit>> {
         self.search_filtered(user_id, query, k, ef, exact, None)
     }
 
@@ -663,13 +713,13 @@ impl SealedSegment {
         ef: usize,
         exact: bool,
         filter: Option<&Filter>,
-    ) -> Vec<Hit> {
+    ) -> Result<Vec<Hit>> {
         let Some(partition) = self.partitions.get(&user_id) else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
-        let dim = self.config.dimension;
         let metric = self.config.metric;
-        let distance = |slot: u32| metric.distance(query, partition.vector(slot, dim));
+        let failure = FirstError::default();
+        let distance = |slot: u32| failure.distance(partition.distance(metric, query, slot));
         if let Some(filter) = filter {
             let matches = partition.live_matches(filter);
             let n_matches = matches.count();
@@ -677,25 +727,30 @@ impl SealedSegment {
             let n_live = partition.n_live_slots();
             let plan = plan(n_matches, n_live, k, ef, graph.is_some(), exact);
             let graph_search = |ef: usize| match graph {
-                Some(graph) => partition.graph_search(
-                    graph,
-                    query,
-                    &self.config,
-                    k,
-                    ef,
-                    // Tombstones set since the matches were taken count too.
-                    |slot| matches.contains(slot) && !partition.tombstones.get(slot as usize),
-                ),
+                Some(graph) => partition
+                    .graph_search(
+                        graph,
+                        query,
+                        &self.config,
+                        k,
+                        ef,
+                        // Tombstones set since the matches were taken count too.
+                        |slot| matches.contains(slot) && !partition.tombstones.get(slot as usize),
+                    )
+                    .unwrap_or_else(|error| {
+                        failure.distance(Err(error));
+                        Vec::new()
+                    }),
                 None => Vec::new(),
             };
             let candidates = filtered_top_k(&matches, n_matches, k, plan, graph_search, distance);
-            return to_hits(user_id, candidates, &partition.doc_ids);
+            return failure.into_result(to_hits(user_id, candidates, &partition.doc_ids));
         }
         let candidates = match (&partition.graph, exact) {
             (Some(graph), false) => {
                 partition.graph_search(graph, query, &self.config, k, ef, |slot| {
                     !partition.tombstones.get(slot as usize)
-                })
+                })?
             }
             _ => exact_top_k(
                 partition
@@ -707,7 +762,7 @@ impl SealedSegment {
                 distance,
             ),
         };
-        to_hits(user_id, candidates, &partition.doc_ids)
+        failure.into_result(to_hits(user_id, candidates, &partition.doc_ids))
     }
 
     pub fn live_counts(&self) -> HashMap<u128, u64> {
@@ -720,15 +775,40 @@ impl SealedSegment {
 
     pub fn figures(&self) -> SegmentFigures {
         let mut figures = SegmentFigures::default();
+        let mut vector_bytes = 0;
         for partition in self.partitions.values() {
             figures.n_slots += partition.n_slots();
             figures.n_live += partition.n_live();
             figures.n_tombstoned += partition.tombstones.count();
             figures.memory_bytes += partition.memory_bytes();
             figures.quantized_bytes += partition.int8.as_ref().map_or(0, Int8Codes::memory_bytes);
+            figures.cold_bytes += partition.vectors.cold_bytes();
+            if !partition.vectors.is_cold() {
+                vector_bytes += partition.vectors.n_values() * 4;
+            }
         }
-        figures.index_bytes = figures.memory_bytes - figures.n_slots * self.config.dimension * 4;
+        figures.index_bytes = figures.memory_bytes - vector_bytes;
         figures
+    }
+
+    /// Bytes cold reads have asked of this segment's file since it was opened or written.
+    pub fn cold_bytes_read(&self) -> u64 {
+        self.cold_file().map_or(0, |file| file.bytes_read())
+    }
+
+    /// Drops this segment's file from the page cache (`POSIX_FADV_DONTNEED`) when it has cold
+    /// vectors, so that the next cold reads go to the disk: for benchmarks of cold searches.
+    pub fn evict_cold_vectors(&self) -> Result<()> {
+        match self.cold_file() {
+            Some(file) => file.evict(),
+            None => Ok(()),
+        }
+    }
+
+    fn cold_file(&self) -> Option<&Arc<SegmentFile>> {
+        self.partitions
+            .values()
+            .find_map(|partition| partition.vectors.file())
     }
 
     /// Share of slots that are tombstoned (0 for an empty segment).
@@ -746,14 +826,17 @@ impl SealedSegment {
     }
 
     /// Encodes the segment (vectors, ids, graphs, the tombstones at sealing and the attributes)
-    /// with a CRC32 trailer over everything before it.
-    pub fn encode(&self) -> Vec<u8> {
-        self.encode_version(FORMAT_VERSION)
+    /// with a CRC32 trailer over everything before it. Cold vectors are read back (an error if
+    /// that fails).
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        Ok(self.encode_version(FORMAT_VERSION)?.0)
     }
 
     /// `encode` in format `version`: 2, or 1 (no section table; for tests of old files, and
-    /// only for segments without attributes).
-    fn encode_version(&self, version: u32) -> Vec<u8> {
+    /// only for segments without attributes). Also returns where each partition's vectors
+    /// start in the bytes.
+    fn encode_version(&self, version: u32) -> Result<(Vec<u8>, VectorOffsets)> {
+        let mut vector_offsets = Vec::with_capacity(self.partitions.len());
         let mut out = ByteWriter::default();
         out.bytes.extend_from_slice(SEGMENT_MAGIC);
         out.u32(version);
@@ -769,7 +852,8 @@ impl SealedSegment {
             out.u128(*user_id);
             out.u32(p.n_slots() as u32);
             out.u32(p.doc_index.len() as u32);
-            out.f32s(&p.vectors);
+            vector_offsets.push((*user_id, out.bytes.len() as u64));
+            out.f32s(&p.vectors.all()?);
             for doc_id in &p.doc_ids {
                 out.u128(*doc_id);
             }
@@ -812,21 +896,49 @@ impl SealedSegment {
         }
         let crc = crc32fast::hash(&out.bytes);
         out.u32(crc);
-        out.bytes
+        Ok((out.bytes, vector_offsets))
     }
 
-    /// Writes the segment file durably (temp file, fsync, rename, directory fsync).
-    pub fn write(&self, path: &Path) -> Result<u64> {
-        let bytes = self.encode();
+    /// Writes the segment file durably (temp file, fsync, rename, directory fsync). With
+    /// `config.vectors_on_disk`, the vectors of partitions that walk quantized codes are then
+    /// left in the file (`cold.rs`) and their memory freed.
+    pub fn write(&mut self, path: &Path) -> Result<u64> {
+        let (bytes, vector_offsets) = self.encode_version(FORMAT_VERSION)?;
         crate::fsutil::write_durably(path, &bytes)
             .map_err(|e| IndexError::io("write segment", path, e))?;
+        if self.config.vectors_on_disk {
+            self.leave_vectors_in(path, &vector_offsets)?;
+        }
         Ok(bytes.len() as u64)
     }
 
+    /// Makes cold the in-memory vectors of the partitions that walk codes, which are at
+    /// `vector_offsets` of the file at `path`.
+    fn leave_vectors_in(&mut self, path: &Path, vector_offsets: &[(u128, u64)]) -> Result<()> {
+        let goes_cold = |p: &SealedPartition| p.graph.is_some() && p.int8.is_some();
+        if !self.partitions.values().any(goes_cold) {
+            return Ok(());
+        }
+        let file = SegmentFile::open(path)?;
+        let dim = self.config.dimension;
+        for (user_id, offset) in vector_offsets {
+            if let Some(partition) = self.partitions.get_mut(user_id) {
+                partition.make_cold(dim, &file, *offset);
+            }
+        }
+        Ok(())
+    }
+
     /// Opens a segment file, checking its checksum and that it belongs to `config`'s collection.
+    /// With `config.vectors_on_disk`, the vectors of partitions that walk quantized codes stay
+    /// in the file (the whole file is read once, to check it and to checksum each vector).
     pub fn open(path: &Path, config: IndexConfig) -> Result<SealedSegment> {
         let bytes = std::fs::read(path).map_err(|e| IndexError::io("read segment", path, e))?;
-        Self::decode(&bytes, config).map_err(|e| match e {
+        let file = match config.vectors_on_disk {
+            true => Some(SegmentFile::open(path)?),
+            false => None,
+        };
+        Self::decode_from(&bytes, config, file.as_ref()).map_err(|e| match e {
             IndexError::Format(reason) => IndexError::Corrupt {
                 path: path.to_owned(),
                 reason,
@@ -839,7 +951,18 @@ impl SealedSegment {
         })
     }
 
+    /// Decodes a segment's bytes, its vectors in memory.
     pub fn decode(bytes: &[u8], config: IndexConfig) -> Result<SealedSegment> {
+        Self::decode_from(bytes, config, None)
+    }
+
+    /// `decode` of the bytes of `file` when given: the vectors of partitions that walk codes
+    /// then stay in it.
+    fn decode_from(
+        bytes: &[u8],
+        config: IndexConfig,
+        file: Option<&Arc<SegmentFile>>,
+    ) -> Result<SealedSegment> {
         let body = check_trailer(bytes)?;
         let mut input = ByteReader::new(body);
         if input.take(8, "magic")? != SEGMENT_MAGIC {
@@ -863,6 +986,7 @@ impl SealedSegment {
         let max_seq = input.u64("max seq")?;
         let n_partitions = input.u32("partition count")? as usize;
         let mut partitions = HashMap::with_capacity(n_partitions.min(1 << 16));
+        let mut vector_offsets = Vec::with_capacity(n_partitions.min(1 << 16));
         for _ in 0..n_partitions {
             let user_id = input.u128("user id")?;
             let n_slots = input.u32("slot count")? as usize;
@@ -875,7 +999,11 @@ impl SealedSegment {
             let n_values = n_slots
                 .checked_mul(dimension)
                 .ok_or_else(|| IndexError::Format("slot count overflows".into()))?;
-            let vectors = input.f32s(n_values, "vectors")?;
+            let vector_offset = input.offset() as u64;
+            let vector_bytes = n_values
+                .checked_mul(4)
+                .ok_or_else(|| IndexError::Format("slot count overflows".into()))?;
+            let vector_block = input.take(vector_bytes, "vectors")?;
             let doc_ids = input.u128s(n_slots, "doc ids")?;
             let mut doc_index = Vec::with_capacity(n_indexed);
             for _ in 0..n_indexed {
@@ -905,6 +1033,18 @@ impl SealedSegment {
                     "int8 codes in a partition without a graph".into(),
                 ));
             }
+            let vectors = match file {
+                Some(file) if int8.is_some() => StoredVectors::cold_from_bytes(
+                    vector_block,
+                    dimension,
+                    Arc::clone(file),
+                    vector_offset,
+                ),
+                _ => {
+                    StoredVectors::Memory(ByteReader::new(vector_block).f32s(n_values, "vectors")?)
+                }
+            };
+            vector_offsets.push((user_id, vector_offset));
             let previous = partitions.insert(
                 user_id,
                 SealedPartition {
@@ -928,7 +1068,16 @@ impl SealedSegment {
                 "trailing bytes after the partitions".into(),
             ));
         }
-        Ok(SealedSegment::assemble(id, max_seq, config, partitions))
+        let mut segment = SealedSegment::assemble(id, max_seq, config, partitions);
+        // Partitions written without codes got them in `assemble`: theirs go cold now.
+        if let Some(file) = file {
+            for (user_id, offset) in vector_offsets {
+                if let Some(partition) = segment.partitions.get_mut(&user_id) {
+                    partition.make_cold(dimension, file, offset);
+                }
+            }
+        }
+        Ok(segment)
     }
 
     /// Encodes every partition's tombstones (with a CRC32 trailer) and clears the dirty flag.
@@ -1227,6 +1376,7 @@ mod tests {
     fn found(segment: &SealedSegment, user_id: u128, filter: &Filter) -> Vec<u128> {
         let mut ids: Vec<u128> = segment
             .search_filtered(user_id, &vector(0), 1000, 64, false, Some(filter))
+            .unwrap()
             .iter()
             .map(|hit| hit.doc_id)
             .collect();
@@ -1247,18 +1397,28 @@ mod tests {
                 .filter(|&i| i != 4 && (if i == 7 { 8 } else { i }) % 3 == 1)
                 .collect();
             assert_eq!(found(&sealed, 1, &section_s1()), expected, "n = {n}");
-            assert_eq!(sealed.get_with_attributes(1, 7).unwrap().1, attributes(8));
             assert_eq!(
-                sealed.get_with_attributes(2, 1).unwrap().1,
+                sealed.get_with_attributes(1, 7).unwrap().unwrap().1,
+                attributes(8)
+            );
+            assert_eq!(
+                sealed.get_with_attributes(2, 1).unwrap().unwrap().1,
                 Attributes::new()
             );
-            let decoded = SealedSegment::decode(&sealed.encode(), config()).unwrap();
+            let decoded = SealedSegment::decode(&sealed.encode().unwrap(), config()).unwrap();
             assert_eq!(found(&decoded, 1, &section_s1()), expected);
-            assert_eq!(decoded.get_with_attributes(1, 7).unwrap().1, attributes(8));
+            assert_eq!(
+                decoded.get_with_attributes(1, 7).unwrap().unwrap().1,
+                attributes(8)
+            );
             assert!(found(&decoded, 2, &section_s1()).is_empty());
-            let rebuilt = SealedSegment::rebuild(&[&decoded], 2, config(), &BuildConfig::default());
+            let rebuilt =
+                SealedSegment::rebuild(&[&decoded], 2, config(), &BuildConfig::default()).unwrap();
             assert_eq!(found(&rebuilt, 1, &section_s1()), expected);
-            assert_eq!(rebuilt.get_with_attributes(1, 5).unwrap().1, attributes(5));
+            assert_eq!(
+                rebuilt.get_with_attributes(1, 5).unwrap().unwrap().1,
+                attributes(5)
+            );
         }
     }
 
@@ -1269,10 +1429,11 @@ mod tests {
         let older = SealedSegment::seal(&old, 1, 1);
         let newer = SealedSegment::seal(&mutable(5, true), 2, 2);
         let merged =
-            SealedSegment::rebuild(&[&older, &newer], 3, config(), &BuildConfig::default());
+            SealedSegment::rebuild(&[&older, &newer], 3, config(), &BuildConfig::default())
+                .unwrap();
         assert_eq!(found(&merged, 1, &section_s1()), vec![1, 4]);
         assert_eq!(
-            merged.get_with_attributes(1, 100).unwrap().1,
+            merged.get_with_attributes(1, 100).unwrap().unwrap().1,
             Attributes::new()
         );
         let not_s1 = Filter::Not(Box::new(section_s1()));
@@ -1282,16 +1443,16 @@ mod tests {
     #[test]
     fn version_1_segments_open_as_having_no_attributes() {
         let sealed = SealedSegment::seal(&mutable(100, false), 1, 5);
-        let old_bytes = sealed.encode_version(FORMAT_VERSION_NO_SECTIONS);
+        let old_bytes = sealed.encode_version(FORMAT_VERSION_NO_SECTIONS).unwrap().0;
         assert_eq!(&old_bytes[8..12], &1u32.to_le_bytes());
         let opened = SealedSegment::decode(&old_bytes, config()).unwrap();
         assert_eq!(opened.figures(), sealed.figures());
-        assert_eq!(opened.get(1, 3), sealed.get(1, 3));
+        assert_eq!(opened.get(1, 3).unwrap(), sealed.get(1, 3).unwrap());
         assert!(found(&opened, 1, &Filter::Exists("size".to_string())).is_empty());
         let everything = Filter::Not(Box::new(Filter::Exists("size".to_string())));
         assert_eq!(found(&opened, 1, &everything).len(), 100);
         // Version 2 without attributes: version 1 plus an empty section table per partition.
-        let new_bytes = sealed.encode();
+        let new_bytes = sealed.encode().unwrap();
         assert_eq!(new_bytes.len(), old_bytes.len() + 2 * 4);
     }
 
@@ -1300,7 +1461,7 @@ mod tests {
     fn with_sections(table: &[(u16, u16, Vec<u8>)]) -> Vec<u8> {
         let segment = MutableSegment::new(config());
         segment.upsert(1, 1, &vector(1));
-        let bytes = SealedSegment::seal(&segment, 1, 1).encode();
+        let bytes = SealedSegment::seal(&segment, 1, 1).encode().unwrap();
         let mut body = bytes[..bytes.len() - 8].to_vec();
         body.extend_from_slice(&(table.len() as u32).to_le_bytes());
         for (kind, flags, section) in table {
@@ -1323,7 +1484,8 @@ mod tests {
         assert_eq!(
             SealedSegment::decode(&optional, config())
                 .unwrap()
-                .get(1, 1),
+                .get(1, 1)
+                .unwrap(),
             Some(vector(1))
         );
         let refused = |bytes: Vec<u8>, expected: &str| {
@@ -1365,7 +1527,7 @@ mod tests {
     #[test]
     fn damaged_attribute_sections_are_errors_never_panics() {
         let sealed = SealedSegment::seal(&mutable(30, true), 1, 5);
-        let bytes = sealed.encode();
+        let bytes = sealed.encode().unwrap();
         // Tenant 2's partition (3 slots, no attributes) comes last; tenant 1's attribute
         // section ends right before its user id.
         let section = sealed.partitions[&1].attributes.encode_section();
@@ -1423,9 +1585,18 @@ mod tests {
             &BuildConfig::default(),
         )
         .unwrap();
-        assert_eq!(built.get_with_attributes(1, 10).unwrap().1, attributes(2));
-        assert_eq!(built.get_with_attributes(1, 11).unwrap().1, attributes(1));
-        assert_eq!(built.get_with_attributes(2, 10).unwrap().1, attributes(3));
+        assert_eq!(
+            built.get_with_attributes(1, 10).unwrap().unwrap().1,
+            attributes(2)
+        );
+        assert_eq!(
+            built.get_with_attributes(1, 11).unwrap().unwrap().1,
+            attributes(1)
+        );
+        assert_eq!(
+            built.get_with_attributes(2, 10).unwrap().unwrap().1,
+            attributes(3)
+        );
         let s2 = Filter::Match {
             field: "section".to_string(),
             any_of: vec!["s2".to_string()],

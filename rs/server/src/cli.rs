@@ -441,6 +441,10 @@ pub enum CollectionCommand {
         /// (candidates per result rescored on the full vectors; 0 or unset = the default).
         #[arg(long, default_value = "none")]
         quantization: String,
+        /// Leave sealed full vectors in the segment files, read only to rescore a search's
+        /// best candidates and for get (needs --quantization).
+        #[arg(long)]
+        vectors_on_disk: bool,
     },
     /// Add attribute fields to a collection (documents written before have no value for them).
     AddField {

@@ -94,6 +94,12 @@ fn print_info(info: &CollectionInfo) {
     );
     println!("bytes on disk:      {}", info.bytes_on_disk);
     println!("bytes in memory:    {}", info.memory_bytes);
+    if info.vectors_on_disk {
+        println!(
+            "vectors on disk:    yes ({} bytes read only to rescore and for get)",
+            info.cold_bytes
+        );
+    }
     match info.quantization {
         Quantization::Int8 { rescore } => {
             println!("quantization:       int8 (rescore x{rescore})")
@@ -391,11 +397,13 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 min_in_sync,
                 fields,
                 quantization,
+                vectors_on_disk,
             } => {
                 let metric: Metric = metric.parse()?;
                 let mut spec = CollectionSpec::new(name, dimension)
                     .metric(metric)
                     .quantization(quantization.parse()?)
+                    .vectors_on_disk(vectors_on_disk)
                     .hnsw(m, ef_construction, ef_search)
                     .shards(shards, shard_key.parse()?)
                     .replicas(replicas, min_in_sync);

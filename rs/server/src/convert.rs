@@ -83,6 +83,8 @@ pub fn collection_config(
     };
     config.fields = field_specs(&request.fields)?;
     config.quantization = quantization(request.quantization.as_ref())?;
+    // Without a quantization: refused by `validate`, naming vectors_on_disk.
+    config.vectors_on_disk = request.vectors_on_disk;
     // Bad rescores are refused by `validate` when the collection is created.
     // Bad names, repeats, too many fields: refused here, before a cluster records the config.
     config.schema()?;
@@ -174,6 +176,8 @@ pub fn collection_info(
         fields: fields_to_wire(fields),
         quantization: Some(quantization_to_wire(config.quantization)),
         memory_bytes: stats.memory_bytes,
+        vectors_on_disk: config.vectors_on_disk,
+        cold_bytes: stats.cold_bytes,
     }
 }
 

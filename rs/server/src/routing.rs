@@ -665,6 +665,7 @@ impl TarnService {
             total.durable_seq_no += info.durable_seq_no;
             total.bytes_on_disk += info.bytes_on_disk;
             total.memory_bytes += info.memory_bytes;
+            total.cold_bytes += info.cold_bytes;
             total.n_sealed_segments += info.n_sealed_segments;
             total.n_removed_not_compacted += info.n_removed_not_compacted;
             // USER sharding: a tenant lives on one shard, so the sum is exact. DOC sharding: a
@@ -1030,16 +1031,17 @@ impl TarnService {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Batch>(4);
         let reader = {
             let copy = copy.clone();
-            tokio::task::spawn_blocking(move || {
+            tokio::task::spawn_blocking(move || -> Result<(), ApiError> {
                 let mut batch: Option<Batch> = None;
-                for (user, doc, vector, attributes) in copy.export_documents_with_attributes() {
+                for document in copy.export_documents_with_attributes() {
+                    let (user, doc, vector, attributes) = document?;
                     if batch
                         .as_ref()
                         .is_some_and(|b| b.0 != user || b.1.len() >= IMPORT_BATCH)
                     {
                         if let Some(full) = batch.take() {
                             if tx.blocking_send(full).is_err() {
-                                return;
+                                return Ok(());
                             }
                         }
                     }
@@ -1054,6 +1056,7 @@ impl TarnService {
                 if let Some(last) = batch {
                     let _ = tx.blocking_send(last);
                 }
+                Ok(())
             })
         };
         let mut n_copied = 0u64;
@@ -1076,7 +1079,7 @@ impl TarnService {
         }
         reader
             .await
-            .map_err(|e| ApiError::Internal(format!("the import reader: {e}")))?;
+            .map_err(|e| ApiError::Internal(format!("the import reader: {e}")))??;
         Ok(n_copied)
     }
 }

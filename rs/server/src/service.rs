@@ -817,7 +817,7 @@ impl TarnService {
         Ok(self
             .resolve(name)
             .await?
-            .get_with_attributes(user_id, doc_ids)
+            .get_with_attributes(user_id, doc_ids)?
             .into_iter()
             .map(|(doc_id, vector, attributes)| {
                 (doc_id, vector, convert::attributes_to_wire(&attributes))

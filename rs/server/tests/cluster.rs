@@ -1216,7 +1216,10 @@ fn local_copies(node_dir: &Path, collection: &str) -> BTreeMap<u32, Vec<(u128, u
             continue;
         }
         let copy = tarn_collection::Collection::open(&entry.path()).unwrap();
-        let mut docs: Vec<(u128, u128)> = copy.export_documents().map(|(u, d, _)| (u, d)).collect();
+        let mut docs: Vec<(u128, u128)> = copy
+            .export_documents()
+            .map(|d| d.map(|(u, d, _)| (u, d)).unwrap())
+            .collect();
         docs.sort_unstable();
         copy.close();
         copies.insert(shard.shard, docs);

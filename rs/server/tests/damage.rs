@@ -287,3 +287,104 @@ fn a_damaged_newest_checkpoint_falls_back_and_nothing_valid_left_refuses_to_star
         ),
     }
 }
+
+/// A collection with `vectors_on_disk`: sealed vectors are read from the segment file only to
+/// rescore and for Get. Damaged in place while the server runs, they are answered DATA_LOSS
+/// (never a wrong vector or a wrong ranking); the other tenants' documents are still served.
+#[test]
+fn damaged_vectors_on_disk_are_answered_data_loss_never_served() {
+    const N: usize = 1_500; // over the default graph threshold (1,024): one cold partition
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let vectors: Vec<f32> = (0..N * DIM)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0)
+        .collect();
+    rt.block_on(async {
+        let mut c = server.client().await;
+        let mut request = create(COLLECTION, DIM as u32, pb::Metric::L2);
+        request.quantization = Some(pb::Quantization {
+            kind: pb::QuantizationKind::QuantizationInt8 as i32,
+            rescore: 0,
+        });
+        request.vectors_on_disk = true;
+        c.create_collection(request).await.unwrap();
+        let docs: Vec<u128> = (0..N as u128).collect();
+        c.insert(insert(COLLECTION, &docs, &[1], vectors.clone()))
+            .await
+            .unwrap();
+        c.insert(insert(COLLECTION, &[5], &[2], vec![0.5; DIM]))
+            .await
+            .unwrap();
+        c.flush(pb::FlushRequest {
+            collection: COLLECTION.into(),
+        })
+        .await
+        .unwrap();
+        let info = c
+            .get_collection(pb::GetCollectionRequest {
+                name: COLLECTION.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .collection
+            .unwrap();
+        assert!(info.vectors_on_disk);
+        assert_eq!(info.cold_bytes, (N * DIM * 4) as u64, "{info:?}");
+        let got = c
+            .get(pb::GetRequest {
+                collection: COLLECTION.into(),
+                user_id: Some(id(1)),
+                doc_ids: vec![id(3)],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(got.docs[0].vector, vectors[3 * DIM..4 * DIM]);
+    });
+
+    // Tenant 1's vectors start after the segment header (37 bytes) and its partition's
+    // (user, slots, indexed) fields (24 bytes): overwrite all of them in place.
+    let collection_dir = dir.path().join("collections").join(COLLECTION);
+    let segments = tarn_testkit::files_starting_with(&collection_dir, "").unwrap();
+    let segment = segments
+        .iter()
+        .find(|p| p.extension().is_some_and(|e| e == "tseg"))
+        .unwrap();
+    let mut bytes = std::fs::read(segment).unwrap();
+    bytes[61..61 + N * DIM * 4].fill(0x5a);
+    std::fs::write(segment, &bytes).unwrap();
+
+    rt.block_on(async {
+        let mut c = server.client().await;
+        let status = c
+            .get(pb::GetRequest {
+                collection: COLLECTION.into(),
+                user_id: Some(id(1)),
+                doc_ids: vec![id(3)],
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::DataLoss, "{status:?}");
+        assert!(status.message().contains("checksum"), "{status:?}");
+        assert!(
+            !status.message().contains(".tseg"),
+            "no server path: {status:?}"
+        );
+        let status = c
+            .search(search(COLLECTION, &[1], vectors[..DIM].to_vec(), 5))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::DataLoss, "{status:?}");
+        // Tenant 2's document (in memory: below the graph threshold) is still served.
+        let hits = c
+            .search(search(COLLECTION, &[2], vec![0.5; DIM], 5))
+            .await
+            .unwrap()
+            .into_inner()
+            .hits;
+        assert_eq!(hits.len(), 1);
+    });
+    server.kill();
+}

@@ -87,6 +87,34 @@ fn every_rpc_and_every_error_code() {
             assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
             assert!(status.message().contains(field), "{}", status.message());
         }
+        // Vectors on disk: reported; refused without a quantization, naming the field.
+        int8.quantization = Some(pb::Quantization {
+            kind: pb::QuantizationKind::QuantizationInt8 as i32,
+            rescore: 2,
+        });
+        int8.vectors_on_disk = true;
+        let info = c
+            .create_collection(int8.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .collection
+            .unwrap();
+        assert!(info.vectors_on_disk);
+        assert_eq!(info.cold_bytes, 0);
+        c.drop_collection(pb::DropCollectionRequest {
+            name: "int8".into(),
+        })
+        .await
+        .unwrap();
+        int8.quantization = None;
+        let status = c.create_collection(int8.clone()).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().contains("vectors_on_disk"),
+            "{}",
+            status.message()
+        );
         // ListCollections / GetCollection
         assert_eq!(
             c.list_collections(pb::ListCollectionsRequest {})
@@ -1003,12 +1031,14 @@ fn the_cli_creates_inserts_searches_gets_removes_flushes_and_drops() {
         "8",
         "--quantization",
         "int8:2",
+        "--vectors-on-disk",
     ]);
     let info = tarn(&["collection", "info", "q8"]);
     assert!(
         info.contains("quantization:       int8 (rescore x2)"),
         "{info}"
     );
+    assert!(info.contains("vectors on disk:    yes"), "{info}");
     tarn(&["collection", "drop", "q8"]);
 }
 

@@ -200,7 +200,7 @@ pub(crate) fn check(c: &Collection, model: &Model, queries: &[Vec<f32>], when: &
         }
     }
     for (pair, (vector, attributes)) in model.iter().step_by(7) {
-        let got = c.get_with_attributes(pair.0, &[pair.1]);
+        let got = c.get_with_attributes(pair.0, &[pair.1]).unwrap();
         assert_eq!(
             got,
             vec![(pair.1, vector.clone(), attributes.clone())],
@@ -680,10 +680,10 @@ fn added_fields_take_values_from_then_on_older_documents_have_none_and_replay_re
         assert_eq!(count(&red), 10, "{when}");
         assert_eq!(count(&has_colour), 15, "{when}");
         assert_eq!(count(&no_colour), 100, "{when}");
-        let old = c.get_with_attributes(1, &[3]);
+        let old = c.get_with_attributes(1, &[3]).unwrap();
         assert!(old[0].2.get("colour").is_none(), "{when}");
         assert_eq!(old[0].2, doc_3);
-        let new = c.get_with_attributes(1, &[112]);
+        let new = c.get_with_attributes(1, &[112]).unwrap();
         assert_eq!(new[0].2, colour("blue"), "{when}");
         assert_eq!(c.schema().field_type("colour"), Some(FieldType::Keyword));
     };
@@ -809,7 +809,10 @@ fn a_segment_of_the_format_before_attributes_opens_and_takes_new_fields() {
         };
         assert_eq!(count(&has_colour), 10);
         assert_eq!(count(&no_colour), 100);
-        assert_eq!(c.get_with_attributes(0, &[5])[0].2, Attributes::new());
+        assert_eq!(
+            c.get_with_attributes(0, &[5]).unwrap()[0].2,
+            Attributes::new()
+        );
     };
     expect(&c);
     rt.block_on(c.flush()).unwrap();

@@ -175,10 +175,13 @@ fn tenants_upserts_and_removes_survive_recovery_and_sealing() {
     let expect = |c: &Collection| {
         // Tenant 1 has rows 0..300, tenant 2 rows 300..600; doc 5 of tenant 1 moved far away,
         // doc 6 of tenant 1 removed; doc 7 stored for tenants 1 and 3 (multi-tenant insert).
-        assert_eq!(c.get(1, &[5])[0].1, far);
-        assert!(c.get(1, &[6]).is_empty());
-        assert_eq!(c.get(3, &[7]).len(), 1);
-        assert!(c.get(2, &[5]).is_empty(), "tenant 2 never had doc 5");
+        assert_eq!(c.get(1, &[5]).unwrap()[0].1, far);
+        assert!(c.get(1, &[6]).unwrap().is_empty());
+        assert_eq!(c.get(3, &[7]).unwrap().len(), 1);
+        assert!(
+            c.get(2, &[5]).unwrap().is_empty(),
+            "tenant 2 never had doc 5"
+        );
         for exact in [true, false] {
             let hits = c.search(&request(&[1], row(&base, 6), 10, exact)).unwrap();
             assert!(hits
@@ -230,7 +233,7 @@ fn tenants_upserts_and_removes_survive_recovery_and_sealing() {
     drop(c);
     let c = Collection::open(&path).unwrap();
     expect(&c);
-    assert!(c.get(2, &[8]).is_empty());
+    assert!(c.get(2, &[8]).unwrap().is_empty());
     rt.block_on(c.flush()).unwrap();
     drop(c);
     let c = Collection::open(&path).unwrap();
@@ -309,8 +312,8 @@ fn a_damaged_newest_checkpoint_falls_back_to_the_previous_one_and_nothing_is_los
     {
         let c = Collection::open(&path).unwrap();
         assert_eq!(c.stats().n_documents, 399);
-        assert!(c.get(0, &[3]).is_empty());
-        assert_eq!(c.get(0, &[399])[0].1, row(&base, 399).to_vec());
+        assert!(c.get(0, &[3]).unwrap().is_empty());
+        assert_eq!(c.get(0, &[399]).unwrap()[0].1, row(&base, 399).to_vec());
         // Working normally: the next checkpoint supersedes the damaged one.
         rt.block_on(c.flush()).unwrap();
     }
@@ -475,7 +478,10 @@ fn automatic_checkpoints_by_mutable_size() {
     assert_eq!(c.stats().n_documents, 100);
     for i in [0usize, 37, 99] {
         let expected = &base[(19 * 100 + i) * DIM..][..DIM];
-        assert_eq!(c.get(0, &[i as u128]), vec![(i as u128, expected.to_vec())]);
+        assert_eq!(
+            c.get(0, &[i as u128]).unwrap(),
+            vec![(i as u128, expected.to_vec())]
+        );
     }
 }
 
@@ -532,7 +538,7 @@ fn a_load_that_outruns_the_indexer_is_sealed_by_the_builder_and_searched_well_me
         "recall fell to {worst} during the load: {recalls:?}"
     );
     let ids: Vec<u128> = (0..n as u128).collect();
-    assert_eq!(c.get(0, &ids).len(), n);
+    assert_eq!(c.get(0, &ids).unwrap().len(), n);
     drop(c);
     let c = Collection::open(&dir.path().join("c")).unwrap();
     assert_eq!(c.stats().n_documents, n as u64);
@@ -614,7 +620,7 @@ fn writes_during_background_checkpoints_are_never_lost_or_resurrected() {
     let check = |c: &Collection, when: &str| {
         for user in 0..2u128 {
             for id in 0..300u128 {
-                let got = c.get(user, &[id]);
+                let got = c.get(user, &[id]).unwrap();
                 match model.get(&(user, id)) {
                     Some(v) => assert_eq!(got, vec![(id, v.clone())], "{when}: ({user}, {id})"),
                     None => assert!(got.is_empty(), "{when}: ({user}, {id}) resurrected"),
@@ -690,8 +696,10 @@ fn export_lists_every_live_document_once_from_every_kind_of_segment() {
     });
     let got: std::collections::BTreeMap<(u128, u128), Vec<f32>> = c
         .export_documents()
-        .map(|(user, doc, vector)| ((user, doc), vector))
-        .collect();
+        .map(|document| document.map(|(user, doc, vector)| ((user, doc), vector)))
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let got: std::collections::BTreeMap<(u128, u128), Vec<f32>> = got.into_iter().collect();
     assert_eq!(got.len(), want.len());
     assert_eq!(got, want);
     assert_eq!(c.export_documents().count(), c.stats().n_documents as usize);

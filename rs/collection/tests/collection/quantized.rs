@@ -1,5 +1,6 @@
 //! Int8 quantized collections: sealed partitions get codes when sealed, merged, reopened and
-//! restored, and searches keep returning exact scores.
+//! restored, and searches keep returning exact scores; with `vectors_on_disk`, their full
+//! vectors stay in the segment files through all of it.
 
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ fn codes_bytes(n_slots: u64, n_segments: u64) -> u64 {
 /// distance to the stored vector, and Get returns the exact vectors (never decoded codes).
 fn check(c: &Collection, base: &[f32], n: usize, label: &str) {
     let sample: Vec<u128> = (0..n as u128).step_by(41).collect();
-    let got = c.get(7, &sample);
+    let got = c.get(7, &sample).unwrap();
     assert_eq!(got.len(), sample.len(), "{label}");
     for (doc_id, vector) in got {
         assert_eq!(
@@ -55,11 +56,33 @@ fn check(c: &Collection, base: &[f32], n: usize, label: &str) {
     }
 }
 
+/// Sealed vectors kept in files (`cold_bytes`) with `vectors_on_disk`, none otherwise.
+fn assert_cold(c: &Collection, n_sealed: u64, on_disk: bool, label: &str) {
+    let stats = c.stats();
+    let expected = if on_disk {
+        n_sealed * DIM as u64 * 4
+    } else {
+        0
+    };
+    assert_eq!(stats.cold_bytes, expected, "{label}: {stats:?}");
+}
+
 #[test]
 fn int8_codes_are_made_at_sealing_and_survive_merges_reopening_and_restores() {
+    lifecycle(false);
+}
+
+#[test]
+fn vectors_on_disk_stay_in_files_through_merges_reopening_and_restores() {
+    lifecycle(true);
+}
+
+fn lifecycle(on_disk: bool) {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
-    let c = Collection::create(&dir.path().join("c"), int8_config()).unwrap();
+    let mut config = int8_config();
+    config.vectors_on_disk = on_disk;
+    let c = Collection::create(&dir.path().join("c"), config).unwrap();
     let base = clustered_vectors(1800, DIM, 12, 21);
     rt.block_on(async {
         let seq = insert_rows(&c, &base, 0..600, 7).await;
@@ -72,6 +95,7 @@ fn int8_codes_are_made_at_sealing_and_survive_merges_reopening_and_restores() {
     let stats = c.stats();
     assert_eq!(stats.n_sealed_segments, 1);
     assert_eq!(stats.quantized_bytes, codes_bytes(600, 1));
+    assert_cold(&c, 600, on_disk, "sealed");
     check(&c, &base, 600, "sealed");
     rt.block_on(async {
         for part in 1..3 {
@@ -86,6 +110,7 @@ fn int8_codes_are_made_at_sealing_and_survive_merges_reopening_and_restores() {
         stats.quantized_bytes,
         codes_bytes(1800, stats.n_sealed_segments as u64)
     );
+    assert_cold(&c, 1800, on_disk, "merged");
     check(&c, &base, 1800, "merged");
     let bytes = read_all(&mut c.snapshot().unwrap());
     drop(c);
@@ -95,7 +120,10 @@ fn int8_codes_are_made_at_sealing_and_survive_merges_reopening_and_restores() {
         c.config().quantization,
         QuantizationConfig::Int8 { rescore: 3 }
     );
+    assert_eq!(c.config().vectors_on_disk, on_disk);
     assert_eq!(c.stats().quantized_bytes, stats.quantized_bytes);
+    assert_eq!(c.stats().memory_bytes, stats.memory_bytes);
+    assert_cold(&c, 1800, on_disk, "reopened");
     check(&c, &base, 1800, "reopened");
 
     restore(&bytes, &dir.path().join("restored"), 1 << 16).unwrap();
@@ -105,5 +133,6 @@ fn int8_codes_are_made_at_sealing_and_survive_merges_reopening_and_restores() {
         QuantizationConfig::Int8 { rescore: 3 }
     );
     assert_eq!(r.stats().quantized_bytes, stats.quantized_bytes);
+    assert_cold(&r, 1800, on_disk, "restored");
     check(&r, &base, 1800, "restored");
 }

@@ -133,7 +133,7 @@ fn check_model(c: &Collection, model: &Model, when: &str) {
     );
     for user in 0..N_USERS {
         for doc in 0..N_DOCS {
-            let got = c.get(user, &[doc]);
+            let got = c.get(user, &[doc]).unwrap();
             match model.get(&(user, doc)) {
                 Some(v) => assert_eq!(got, vec![(doc, v.clone())], "{when}: ({user}, {doc})"),
                 None => assert!(got.is_empty(), "{when}: ({user}, {doc}) should be absent"),

@@ -58,10 +58,10 @@ fn builder_recall_at_10_is_at_least_0_95_for_cosine_and_l2_and_0_90_for_dot_on_c
         ] {
             let segment = built(config(metric), base, &threads(2));
             let graph = mean_recall(metric, base, queries, |q| {
-                segment.search(7, q, 10, ef, false)
+                segment.search(7, q, 10, ef, false).unwrap()
             });
             let exact = mean_recall(metric, base, queries, |q| {
-                segment.search(7, q, 10, ef, true)
+                segment.search(7, q, 10, ef, true).unwrap()
             });
             eprintln!("{name} {metric:?}: graph {graph:.4} exact {exact:.4}");
             assert!(graph >= floor, "{name} {metric:?}: recall {graph}");
@@ -80,13 +80,15 @@ fn tiny_graphs_of_1_2_3_5_and_17_vectors_find_everything() {
             let segment = built(cfg, &base, &threads(4));
             assert_eq!(segment.figures().n_live, n);
             let all = mean_recall(metric, &base, &base, |q| {
-                segment.search(7, q, 10, 64, false)
+                segment.search(7, q, 10, 64, false).unwrap()
             });
             assert_eq!(all, 1.0, "n={n} {metric:?}");
             if metric != Metric::Dot {
                 // Under dot product a vector need not be its own best match.
                 for (i, row) in base.chunks_exact(DIM).enumerate() {
-                    let hits = segment.search(7, &prepared(metric, row), 1, 16, false);
+                    let hits = segment
+                        .search(7, &prepared(metric, row), 1, 16, false)
+                        .unwrap();
                     assert_eq!(hits[0].doc_id, i as u128, "n={n} {metric:?} row {i}");
                 }
             }
@@ -132,19 +134,21 @@ fn one_tenant_with_many_vectors_beside_many_small_tenants_and_repeated_ids_keep_
     for user in 2..40u128 {
         assert_eq!(counts[&user], (user - 1) as u64);
     }
-    assert_eq!(segment.get(1, 5).unwrap(), far);
-    assert_eq!(segment.search(1, &far, 1, 64, false)[0].doc_id, 5);
+    assert_eq!(segment.get(1, 5).unwrap().unwrap(), far);
+    assert_eq!(segment.search(1, &far, 1, 64, false).unwrap()[0].doc_id, 5);
     // Tenant 1's recall, with row 5 now far away in the truth as well.
     let mut truth_base = big.clone();
     truth_base[5 * DIM..6 * DIM].copy_from_slice(&far);
     let queries = clustered_vectors(100, DIM, 30, 33);
     let big_recall = mean_recall(metric, &truth_base, &queries, |q| {
-        segment.search(1, q, 10, 64, false)
+        segment.search(1, q, 10, 64, false).unwrap()
     });
     assert!(big_recall >= 0.95, "tenant 1 recall {big_recall}");
     // Tenants never mix: a small tenant's search returns its own documents only.
     for user in [2u128, 17, 39] {
-        let hits = segment.search(user, &queries[..DIM], 100, 64, false);
+        let hits = segment
+            .search(user, &queries[..DIM], 100, 64, false)
+            .unwrap();
         assert_eq!(hits.len(), (user - 1) as usize);
         assert!(hits
             .iter()
@@ -152,6 +156,7 @@ fn one_tenant_with_many_vectors_beside_many_small_tenants_and_repeated_ids_keep_
     }
     assert!(segment
         .search(40, &queries[..DIM], 10, 64, false)
+        .unwrap()
         .is_empty());
 }
 
@@ -165,7 +170,9 @@ fn a_parallel_build_never_loses_a_vector() {
     assert_eq!(segment.live_documents().count(), 6000);
     for (i, row) in base.chunks_exact(DIM).enumerate() {
         assert!(segment.contains(7, i as u128));
-        let hits = segment.search(7, &prepared(metric, row), 1, 32, false);
+        let hits = segment
+            .search(7, &prepared(metric, row), 1, 32, false)
+            .unwrap();
         assert_eq!(hits[0].doc_id, i as u128, "row {i} not found by itself");
     }
 }
@@ -179,7 +186,7 @@ fn parallel_builds_reach_the_same_recall_within_0_01_and_one_thread_builds_are_i
         .map(|_| {
             let segment = built(config(metric), &base, &threads(3));
             mean_recall(metric, &base, &queries, |q| {
-                segment.search(7, q, 10, 32, false)
+                segment.search(7, q, 10, 32, false).unwrap()
             })
         })
         .collect();
@@ -192,11 +199,11 @@ fn parallel_builds_reach_the_same_recall_within_0_01_and_one_thread_builds_are_i
     let second = built(config(metric), &base, &threads(1));
     for q in queries.chunks_exact(DIM) {
         assert_eq!(
-            first.search(7, q, 10, 32, false),
-            second.search(7, q, 10, 32, false)
+            first.search(7, q, 10, 32, false).unwrap(),
+            second.search(7, q, 10, 32, false).unwrap()
         );
     }
-    assert_eq!(first.encode(), second.encode());
+    assert_eq!(first.encode().unwrap(), second.encode().unwrap());
 }
 
 #[test]
@@ -226,9 +233,9 @@ fn a_built_segment_file_opens_and_searches_through_the_sealed_code_with_checksum
     for q in queries.chunks_exact(DIM) {
         let q = prepared(metric, q);
         for user in [0, 1] {
-            let from_file = opened.search(user, &q, 10, 64, false);
-            assert_eq!(from_file, built.search(user, &q, 10, 64, false));
-            let exact = opened.search(user, &q, 10, 64, true);
+            let from_file = opened.search(user, &q, 10, 64, false).unwrap();
+            assert_eq!(from_file, built.search(user, &q, 10, 64, false).unwrap());
+            let exact = opened.search(user, &q, 10, 64, true).unwrap();
             let doc = |h: &tarn_index::Hit| h.doc_id as usize;
             overlap += recall(
                 &from_file.iter().map(doc).collect::<Vec<_>>(),
@@ -245,11 +252,11 @@ fn a_built_segment_file_opens_and_searches_through_the_sealed_code_with_checksum
     // Tombstones work on a built segment as on a sealed one.
     assert!(opened.tombstone(1, 1003));
     assert!(!opened.contains(1, 1003));
-    assert!(
-        ids(&opened.search(1, &prepared(metric, &base[DIM..2 * DIM]), 10, 64, false))
-            .iter()
-            .all(|&d| d != 1003)
-    );
+    assert!(ids(&opened
+        .search(1, &prepared(metric, &base[DIM..2 * DIM]), 10, 64, false)
+        .unwrap())
+    .iter()
+    .all(|&d| d != 1003));
     // The checksum covers the built graph: any flipped bit is an error, never a panic.
     let bytes = std::fs::read(&path).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(63);

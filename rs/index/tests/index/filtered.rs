@@ -192,11 +192,11 @@ fn filtered_search_returns_min_k_matches_with_recall_1_on_the_exact_path_in_both
     });
     let sealed = SealedSegment::seal(&mutable, 1, 1);
     check("sealed", &model, &queries, |q, f, exact| {
-        sealed.search_filtered(7, q, K, 64, exact, Some(f))
+        sealed.search_filtered(7, q, K, 64, exact, Some(f)).unwrap()
     });
-    let opened = SealedSegment::decode(&sealed.encode(), config(Metric::L2)).unwrap();
+    let opened = SealedSegment::decode(&sealed.encode().unwrap(), config(Metric::L2)).unwrap();
     check("opened", &model, &queries, |q, f, exact| {
-        opened.search_filtered(7, q, K, 64, exact, Some(f))
+        opened.search_filtered(7, q, K, 64, exact, Some(f)).unwrap()
     });
     for i in (2..N).step_by(19) {
         if opened.tombstone(7, i as u128) {
@@ -204,16 +204,18 @@ fn filtered_search_returns_min_k_matches_with_recall_1_on_the_exact_path_in_both
         }
     }
     check("tombstoned", &model, &queries, |q, f, exact| {
-        opened.search_filtered(7, q, K, 64, exact, Some(f))
+        opened.search_filtered(7, q, K, 64, exact, Some(f)).unwrap()
     });
     let rebuilt =
-        SealedSegment::rebuild(&[&opened], 2, config(Metric::L2), &BuildConfig::default());
+        SealedSegment::rebuild(&[&opened], 2, config(Metric::L2), &BuildConfig::default()).unwrap();
     check("rebuilt", &model, &queries, |q, f, exact| {
-        rebuilt.search_filtered(7, q, K, 64, exact, Some(f))
+        rebuilt
+            .search_filtered(7, q, K, 64, exact, Some(f))
+            .unwrap()
     });
     for (doc_id, (vector, attributes)) in model.iter().take(100) {
         assert_eq!(
-            rebuilt.get_with_attributes(7, *doc_id),
+            rebuilt.get_with_attributes(7, *doc_id).unwrap(),
             Some((vector.clone(), attributes.clone()))
         );
     }

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
 mod builder;
+mod cold;
 mod filtered;
 mod quantized;
 
@@ -72,10 +73,10 @@ fn recall_at_10_is_at_least_0_95_in_both_segment_kinds_for_every_metric() {
             mutable.search(7, q, 10, ef, false)
         });
         let sealed_recall = mean_recall(metric, &base, &queries, |q| {
-            sealed.search(7, q, 10, ef, false)
+            sealed.search(7, q, 10, ef, false).unwrap()
         });
         let exact_recall = mean_recall(metric, &base, &queries, |q| {
-            sealed.search(7, q, 10, 64, true)
+            sealed.search(7, q, 10, 64, true).unwrap()
         });
         eprintln!("{metric:?}: mutable {mutable_recall:.3} sealed {sealed_recall:.3} exact {exact_recall:.3}");
         assert!(
@@ -102,7 +103,7 @@ fn sealed_search_returns_what_hnsw_rs_returns_on_the_same_graph() {
     let (mut identical, mut overlap) = (0, 0.0);
     for q in queries.chunks_exact(DIM) {
         let from_hnsw_rs = ids(&mutable.search(7, q, 10, 64, false));
-        let from_tarn = ids(&sealed.search(7, q, 10, 64, false));
+        let from_tarn = ids(&sealed.search(7, q, 10, 64, false).unwrap());
         identical += usize::from(from_hnsw_rs == from_tarn);
         overlap += recall(&from_tarn, &from_hnsw_rs, 10);
     }
@@ -123,9 +124,9 @@ fn every_live_document_is_found_by_its_own_vector() {
     let mutable = filled(Metric::L2, &base);
     let sealed = SealedSegment::seal(&mutable, 1, 1);
     let rebuilt =
-        SealedSegment::rebuild(&[&sealed], 2, config(Metric::L2), &BuildConfig::default());
+        SealedSegment::rebuild(&[&sealed], 2, config(Metric::L2), &BuildConfig::default()).unwrap();
     for (i, row) in base.chunks_exact(DIM).enumerate() {
-        let hits = rebuilt.search(7, row, 1, 64, false);
+        let hits = rebuilt.search(7, row, 1, 64, false).unwrap();
         assert_eq!(hits[0].doc_id, i as u128, "row {i} not found by itself");
     }
 }
@@ -163,15 +164,16 @@ fn upserts_hide_old_versions_removes_hide_documents_and_tenants_never_mix() {
     };
     check(&|u, q, e| segment.search(u, q, 10, 64, e));
     let sealed = SealedSegment::seal(&segment, 1, 1);
-    check(&|u, q, e| sealed.search(u, q, 10, 64, e));
-    assert_eq!(sealed.get(0, 0).unwrap(), far);
-    assert!(sealed.get(0, 3).is_none());
+    check(&|u, q, e| sealed.search(u, q, 10, 64, e).unwrap());
+    assert_eq!(sealed.get(0, 0).unwrap().unwrap(), far);
+    assert!(sealed.get(0, 3).unwrap().is_none());
     assert_eq!(sealed.live_counts()[&0], 199);
     // Tombstones in a sealed segment.
     assert!(sealed.tombstone(1, 1));
     assert!(!sealed.tombstone(1, 1));
     assert!(sealed
         .search(1, &base[DIM..2 * DIM], 10, 64, false)
+        .unwrap()
         .iter()
         .all(|h| h.doc_id != 1));
     assert!(sealed.tombstones_dirty());
@@ -184,7 +186,7 @@ fn segment_files_round_trip_and_damage_is_an_error_not_a_panic() {
     for i in 0..50u128 {
         mutable.remove(7, i * 3);
     }
-    let sealed = SealedSegment::seal(&mutable, 9, 1234);
+    let mut sealed = SealedSegment::seal(&mutable, 9, 1234);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("seg-9.tseg");
     sealed.write(&path).unwrap();
@@ -193,8 +195,8 @@ fn segment_files_round_trip_and_damage_is_an_error_not_a_panic() {
     assert_eq!(reopened.figures(), sealed.figures());
     let q = prepared(Metric::Cosine, &base[5 * DIM..6 * DIM]);
     assert_eq!(
-        reopened.search(7, &q, 10, 64, false),
-        sealed.search(7, &q, 10, 64, false)
+        reopened.search(7, &q, 10, 64, false).unwrap(),
+        sealed.search(7, &q, 10, 64, false).unwrap()
     );
     // Tombstones file.
     assert!(reopened.tombstone(7, 1));
@@ -234,7 +236,8 @@ fn rebuild_merges_segments_and_drops_tombstones() {
         let segment = if i < 600 { &a } else { &b };
         assert!(segment.tombstone(i % 2, i));
     }
-    let merged = SealedSegment::rebuild(&[&a, &b], 3, config(Metric::L2), &BuildConfig::default());
+    let merged =
+        SealedSegment::rebuild(&[&a, &b], 3, config(Metric::L2), &BuildConfig::default()).unwrap();
     assert_eq!(merged.max_seq(), 20);
     let figures = merged.figures();
     assert_eq!(
@@ -243,8 +246,11 @@ fn rebuild_merges_segments_and_drops_tombstones() {
     );
     assert_eq!(merged.live_counts()[&0], 300);
     assert_eq!(merged.live_counts()[&1], 600);
-    assert!(merged.get(0, 4).is_none());
-    assert_eq!(merged.get(1, 5).unwrap(), base[5 * DIM..6 * DIM].to_vec());
+    assert!(merged.get(0, 4).unwrap().is_none());
+    assert_eq!(
+        merged.get(1, 5).unwrap().unwrap(),
+        base[5 * DIM..6 * DIM].to_vec()
+    );
 }
 
 #[test]

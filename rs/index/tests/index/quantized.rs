@@ -44,13 +44,21 @@ fn int8_keeps_recall_within_0_01_of_f32_and_returns_exact_distances() {
         for q in queries.chunks_exact(DIM) {
             let q = prepared(metric, q);
             let truth = brute_force_top_k(&base, DIM, &q, 10, metric);
-            let hits = int8.search(7, &q, 10, 128, false);
-            plain_recall += recall(&ids(&plain.search(7, &q, 10, 128, false)), &truth, 10);
+            let hits = int8.search(7, &q, 10, 128, false).unwrap();
+            plain_recall += recall(
+                &ids(&plain.search(7, &q, 10, 128, false).unwrap()),
+                &truth,
+                10,
+            );
             int8_recall += recall(&ids(&hits), &truth, 10);
-            unscored_recall += recall(&ids(&unscored.search(7, &q, 10, 128, false)), &truth, 10);
+            unscored_recall += recall(
+                &ids(&unscored.search(7, &q, 10, 128, false).unwrap()),
+                &truth,
+                10,
+            );
             // Returned distances are the exact metric on the stored vectors, nearest first.
             for hit in &hits {
-                let stored = int8.get(7, hit.doc_id).unwrap();
+                let stored = int8.get(7, hit.doc_id).unwrap().unwrap();
                 assert_eq!(hit.distance, metric.distance(&q, &stored), "{metric:?}");
             }
             assert!(hits.windows(2).all(|w| w[0].distance <= w[1].distance));
@@ -74,7 +82,7 @@ fn int8_codes_survive_files_rebuilds_and_old_segments_get_them_when_opened() {
     let metric = Metric::L2;
     let quantization = Quantization::Int8 { rescore: 3 };
     let base = clustered_vectors(1500, DIM, 20, 13);
-    let segment = built(metric, quantization, &base);
+    let mut segment = built(metric, quantization, &base);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("seg.tseg");
     segment.write(&path).unwrap();
@@ -83,8 +91,8 @@ fn int8_codes_survive_files_rebuilds_and_old_segments_get_them_when_opened() {
     let queries = clustered_vectors(20, DIM, 20, 14);
     for q in queries.chunks_exact(DIM) {
         assert_eq!(
-            reopened.search(7, q, 10, 64, false),
-            segment.search(7, q, 10, 64, false)
+            reopened.search(7, q, 10, 64, false).unwrap(),
+            segment.search(7, q, 10, 64, false).unwrap()
         );
     }
     // The same file opened by a collection without quantization: the codes are still used (and
@@ -93,14 +101,14 @@ fn int8_codes_survive_files_rebuilds_and_old_segments_get_them_when_opened() {
     let as_plain = SealedSegment::open(&path, plain_config).unwrap();
     assert_eq!(as_plain.figures(), segment.figures());
     // A segment written without codes gets them when opened in an int8 collection.
-    let old = built(metric, Quantization::None, &base);
+    let mut old = built(metric, Quantization::None, &base);
     old.write(&path).unwrap();
     let upgraded = SealedSegment::open(&path, config(metric, quantization)).unwrap();
     assert_eq!(upgraded.figures(), segment.figures());
     for q in queries.chunks_exact(DIM) {
         assert_eq!(
-            upgraded.search(7, q, 10, 64, false),
-            segment.search(7, q, 10, 64, false)
+            upgraded.search(7, q, 10, 64, false).unwrap(),
+            segment.search(7, q, 10, 64, false).unwrap()
         );
     }
     // A rebuild (merge) quantizes its new partitions.
@@ -109,13 +117,18 @@ fn int8_codes_survive_files_rebuilds_and_old_segments_get_them_when_opened() {
         2,
         config(metric, quantization),
         &BuildConfig::default(),
-    );
+    )
+    .unwrap();
     let codes = segment.figures().quantized_bytes;
     assert_eq!(codes, 1500 * (DIM + 4) + DIM * 8);
     assert_eq!(rebuilt.figures().quantized_bytes, codes);
     let mut found = 0.0;
     for (i, row) in base.chunks_exact(DIM).enumerate().step_by(50) {
-        found += recall(&ids(&rebuilt.search(7, row, 1, 64, false)), &[i], 1);
+        found += recall(
+            &ids(&rebuilt.search(7, row, 1, 64, false).unwrap()),
+            &[i],
+            1,
+        );
     }
     assert_eq!(
         found, 30.0,
