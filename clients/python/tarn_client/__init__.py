@@ -260,6 +260,10 @@ class CollectionInfo:
     # Approximate bytes the segments hold in memory, and the collection's bytes on disk.
     memory_bytes: int = 0
     bytes_on_disk: int = 0
+    # Sealed full vectors left in the segment files (read only to rescore and for get), and
+    # their bytes (of bytes_on_disk, not in memory).
+    vectors_on_disk: bool = False
+    cold_bytes: int = 0
 
     @staticmethod
     def from_pb(info: tarn_pb2.CollectionInfo) -> "CollectionInfo":
@@ -281,6 +285,8 @@ class CollectionInfo:
             rescore=info.quantization.rescore,
             memory_bytes=info.memory_bytes,
             bytes_on_disk=info.bytes_on_disk,
+            vectors_on_disk=info.vectors_on_disk,
+            cold_bytes=info.cold_bytes,
         )
 
 
@@ -364,6 +370,7 @@ class Client:
         min_in_sync: int = 0,
         quantization: str = "none",
         rescore: int = 0,
+        vectors_on_disk: bool = False,
     ) -> CollectionInfo:
         """Creates a collection. In cluster mode, `shards` (0: 8) and `shard_key` ("user": a
         tenant's documents on one shard; "doc": spread by document) say how it is split, and
@@ -372,7 +379,8 @@ class Client:
         search: `{"name": "keyword" | "keywords" | "number" | "bool"}` (every one is indexed).
         `quantization` ("none" or "int8") keeps one-byte codes of sealed vectors for the graph
         walk, `rescore` candidates per result (0: the server's default) rescored on the full
-        vectors: scores stay exact."""
+        vectors: scores stay exact. `vectors_on_disk` (with a quantization) leaves the sealed
+        full vectors in the segment files, read only for rescoring and `get`."""
         if quantization.lower() not in _QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {sorted(_QUANTIZATIONS)}, got {quantization!r}")
         request = tarn_pb2.CreateCollectionRequest(
@@ -387,6 +395,7 @@ class Client:
             replication_factor=replication_factor,
             min_in_sync=min_in_sync,
             quantization=tarn_pb2.Quantization(kind=_QUANTIZATIONS[quantization.lower()], rescore=rescore),
+            vectors_on_disk=vectors_on_disk,
         )
         return CollectionInfo.from_pb(self._call(self.stub.CreateCollection, request).collection)
 

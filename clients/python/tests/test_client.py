@@ -326,3 +326,25 @@ def test_int8_quantized_collection_reports_its_settings_and_scores_exactly(clien
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "quantization.rescore" in error.value.details()
     client.drop_collection(name)
+
+
+def test_vectors_on_disk_keep_memory_small_and_get_exact(client):
+    rng = np.random.default_rng(30)
+    name = "py_on_disk"
+    info = client.create_collection(name, dimension=32, quantization="int8", vectors_on_disk=True)
+    assert info.vectors_on_disk and info.cold_bytes == 0
+    rows = unit_rows(rng, 1500, 32)
+    client.insert(name, doc_ids=range(1500), vectors=rows)
+    client.flush(name)  # sealed: the full vectors now stay in the segment file
+    info = client.collection(name)
+    assert info.cold_bytes == 1500 * 32 * 4
+    got = client.get(name, [3, 1499])
+    assert [d.doc_id for d in got] == [3, 1499]
+    np.testing.assert_allclose(got[0].vector, rows[3], atol=1e-6)
+    hits = client.search(name, rows[700], top_k=5)
+    assert hits[0].doc_id == 700 and hits[0].score == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(grpc.RpcError) as error:
+        client.create_collection("py_bad_disk", dimension=4, vectors_on_disk=True)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "vectors_on_disk" in error.value.details()
+    client.drop_collection(name)
