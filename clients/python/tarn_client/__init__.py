@@ -231,7 +231,11 @@ class Document:
     attributes: dict = dc_field(default_factory=dict)
 
 
-_QUANTIZATIONS = {"none": tarn_pb2.QUANTIZATION_NONE, "int8": tarn_pb2.QUANTIZATION_INT8}
+_QUANTIZATIONS = {
+    "none": tarn_pb2.QUANTIZATION_NONE,
+    "int8": tarn_pb2.QUANTIZATION_INT8,
+    "rabitq": tarn_pb2.QUANTIZATION_RABITQ,
+}
 _QUANTIZATION_NAMES = {v: k for k, v in _QUANTIZATIONS.items()}
 
 
@@ -254,9 +258,11 @@ class CollectionInfo:
     min_in_sync: int = 1
     # The declared attribute fields: name -> "keyword" | "keywords" | "number" | "bool".
     fields: dict = dc_field(default_factory=dict)
-    # "none" or "int8", and the candidates per result rescored on the full vectors (0 for none).
+    # "none", "int8" or "rabitq", RaBitQ's bits per dimension (0 otherwise), and the candidates
+    # per result rescored on the full vectors (0 for none).
     quantization: str = "none"
     rescore: int = 0
+    bits: int = 0
     # Approximate bytes the segments hold in memory, and the collection's bytes on disk.
     memory_bytes: int = 0
     bytes_on_disk: int = 0
@@ -283,6 +289,7 @@ class CollectionInfo:
             fields={f.name: _FIELD_TYPE_NAMES.get(f.type, "unspecified") for f in info.fields},
             quantization=_QUANTIZATION_NAMES.get(info.quantization.kind, "unspecified"),
             rescore=info.quantization.rescore,
+            bits=info.quantization.bits,
             memory_bytes=info.memory_bytes,
             bytes_on_disk=info.bytes_on_disk,
             vectors_on_disk=info.vectors_on_disk,
@@ -371,15 +378,17 @@ class Client:
         quantization: str = "none",
         rescore: int = 0,
         vectors_on_disk: bool = False,
+        bits: int = 0,
     ) -> CollectionInfo:
         """Creates a collection. In cluster mode, `shards` (0: 8) and `shard_key` ("user": a
         tenant's documents on one shard; "doc": spread by document) say how it is split, and
         `replication_factor` (0: the server's default) and `min_in_sync` (0: one less, at least
         1) how many copies each shard has. `fields` declares attribute fields for filtered
         search: `{"name": "keyword" | "keywords" | "number" | "bool"}` (every one is indexed).
-        `quantization` ("none" or "int8") keeps one-byte codes of sealed vectors for the graph
-        walk, `rescore` candidates per result (0: the server's default) rescored on the full
-        vectors: scores stay exact. `vectors_on_disk` (with a quantization) leaves the sealed
+        `quantization` ("none", "int8" or "rabitq") keeps codes of sealed vectors for the graph
+        walk (int8: a byte per dimension; rabitq: `bits` per dimension, 0 = 1), `rescore`
+        candidates per result (0: the server's default) rescored on the full vectors: scores
+        stay exact. `vectors_on_disk` (with a quantization) leaves the sealed
         full vectors in the segment files, read only for rescoring and `get`."""
         if quantization.lower() not in _QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {sorted(_QUANTIZATIONS)}, got {quantization!r}")
@@ -394,7 +403,9 @@ class Client:
             fields=_field_specs(fields),
             replication_factor=replication_factor,
             min_in_sync=min_in_sync,
-            quantization=tarn_pb2.Quantization(kind=_QUANTIZATIONS[quantization.lower()], rescore=rescore),
+            quantization=tarn_pb2.Quantization(
+                kind=_QUANTIZATIONS[quantization.lower()], bits=bits, rescore=rescore
+            ),
             vectors_on_disk=vectors_on_disk,
         )
         return CollectionInfo.from_pb(self._call(self.stub.CreateCollection, request).collection)

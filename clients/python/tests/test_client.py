@@ -322,6 +322,10 @@ def test_int8_quantized_collection_reports_its_settings_and_scores_exactly(clien
     with pytest.raises(ValueError):
         client.create_collection("py_bad_q", dimension=4, quantization="int4")
     with pytest.raises(grpc.RpcError) as error:
+        client.create_collection("py_bad_q", dimension=4, quantization="rabitq", bits=9)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "quantization.bits" in error.value.details()
+    with pytest.raises(grpc.RpcError) as error:
         client.create_collection("py_bad_q", dimension=4, quantization="int8", rescore=65)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "quantization.rescore" in error.value.details()
@@ -331,8 +335,9 @@ def test_int8_quantized_collection_reports_its_settings_and_scores_exactly(clien
 def test_vectors_on_disk_keep_memory_small_and_get_exact(client):
     rng = np.random.default_rng(30)
     name = "py_on_disk"
-    info = client.create_collection(name, dimension=32, quantization="int8", vectors_on_disk=True)
+    info = client.create_collection(name, dimension=32, quantization="rabitq", vectors_on_disk=True)
     assert info.vectors_on_disk and info.cold_bytes == 0
+    assert (info.quantization, info.bits, info.rescore) == ("rabitq", 1, 6)
     rows = unit_rows(rng, 1500, 32)
     client.insert(name, doc_ids=range(1500), vectors=rows)
     client.flush(name)  # sealed: the full vectors now stay in the segment file

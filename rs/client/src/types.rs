@@ -224,6 +224,15 @@ pub enum Quantization {
         /// default).
         rescore: u32,
     },
+    /// RaBitQ codes (a randomly rotated residual, `bits` per dimension); the graph walk reads
+    /// the codes.
+    Rabitq {
+        /// Bits per dimension, 1 to 8 (0 when creating: 1).
+        bits: u32,
+        /// Candidates per result rescored on the full vectors (0 when creating: the server's
+        /// default for the bits).
+        rescore: u32,
+    },
 }
 
 impl Quantization {
@@ -232,6 +241,12 @@ impl Quantization {
             Quantization::None => None,
             Quantization::Int8 { rescore } => Some(pb::Quantization {
                 kind: pb::QuantizationKind::QuantizationInt8 as i32,
+                bits: 0,
+                rescore,
+            }),
+            Quantization::Rabitq { bits, rescore } => Some(pb::Quantization {
+                kind: pb::QuantizationKind::QuantizationRabitq as i32,
+                bits,
                 rescore,
             }),
         }
@@ -242,6 +257,12 @@ impl Quantization {
             Some(q) if q.kind == pb::QuantizationKind::QuantizationInt8 as i32 => {
                 Quantization::Int8 { rescore: q.rescore }
             }
+            Some(q) if q.kind == pb::QuantizationKind::QuantizationRabitq as i32 => {
+                Quantization::Rabitq {
+                    bits: q.bits,
+                    rescore: q.rescore,
+                }
+            }
             _ => Quantization::None,
         }
     }
@@ -250,27 +271,40 @@ impl Quantization {
 impl std::str::FromStr for Quantization {
     type Err = Error;
 
-    /// `none`, `int8`, or `int8:RESCORE`.
+    /// `none`, `int8`, `int8:RESCORE`, `rabitq` (1 bit), `rabitq:BITS` or
+    /// `rabitq:BITS:RESCORE`.
     fn from_str(text: &str) -> Result<Quantization> {
-        let (kind, rescore) = match text.split_once(':') {
-            Some((kind, rescore)) => (kind, Some(rescore)),
-            None => (text, None),
-        };
-        let rescore = rescore
-            .map(|r| {
-                r.trim()
+        let mut parts = text.split(':');
+        let kind = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+        let numbers = parts
+            .map(|n| {
+                n.trim()
                     .parse::<u32>()
-                    .map_err(|_| Error::invalid("quantization", format!("bad rescore {r:?}")))
+                    .map_err(|_| Error::invalid("quantization", format!("bad number {n:?}")))
             })
-            .transpose()?;
-        match (kind.trim().to_ascii_lowercase().as_str(), rescore) {
-            ("none", None) => Ok(Quantization::None),
-            ("int8", rescore) => Ok(Quantization::Int8 {
-                rescore: rescore.unwrap_or(0),
+            .collect::<Result<Vec<u32>>>()?;
+        match (kind.as_str(), numbers.as_slice()) {
+            ("none", []) => Ok(Quantization::None),
+            ("int8", []) => Ok(Quantization::Int8 { rescore: 0 }),
+            ("int8", [rescore]) => Ok(Quantization::Int8 { rescore: *rescore }),
+            ("rabitq", []) => Ok(Quantization::Rabitq {
+                bits: 1,
+                rescore: 0,
+            }),
+            ("rabitq", [bits]) => Ok(Quantization::Rabitq {
+                bits: *bits,
+                rescore: 0,
+            }),
+            ("rabitq", [bits, rescore]) => Ok(Quantization::Rabitq {
+                bits: *bits,
+                rescore: *rescore,
             }),
             _ => Err(Error::invalid(
                 "quantization",
-                format!("{text:?} is not none, int8 or int8:RESCORE"),
+                format!(
+                    "{text:?} is not none, int8, int8:RESCORE, rabitq, rabitq:BITS or \
+                     rabitq:BITS:RESCORE"
+                ),
             )),
         }
     }
@@ -880,6 +914,29 @@ mod tests {
         assert!(error.message().starts_with("metric:"), "{error}");
         let error = "never".parse::<Durability>().unwrap_err();
         assert!(error.message().starts_with("durability:"), "{error}");
+        assert_eq!("none".parse::<Quantization>(), Ok(Quantization::None));
+        assert_eq!(
+            "INT8:2".parse::<Quantization>(),
+            Ok(Quantization::Int8 { rescore: 2 })
+        );
+        assert_eq!(
+            "rabitq".parse::<Quantization>(),
+            Ok(Quantization::Rabitq {
+                bits: 1,
+                rescore: 0
+            })
+        );
+        assert_eq!(
+            "rabitq:4:6".parse::<Quantization>(),
+            Ok(Quantization::Rabitq {
+                bits: 4,
+                rescore: 6
+            })
+        );
+        for bad in ["int4", "int8:x", "rabitq:1:2:3", "none:1"] {
+            let error = bad.parse::<Quantization>().unwrap_err();
+            assert!(error.message().starts_with("quantization:"), "{error}");
+        }
     }
 }
 

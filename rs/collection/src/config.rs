@@ -73,6 +73,9 @@ pub enum QuantizationConfig {
     None,
     /// Int8 codes per dimension; `rescore` candidates per result rescored on the full vectors.
     Int8 { rescore: usize },
+    /// RaBitQ codes of `bits` per dimension (1 to 8); `rescore` candidates per result
+    /// rescored on the full vectors.
+    Rabitq { bits: u8, rescore: usize },
 }
 
 impl QuantizationConfig {
@@ -84,6 +87,7 @@ impl QuantizationConfig {
         match self {
             QuantizationConfig::None => Quantization::None,
             QuantizationConfig::Int8 { rescore } => Quantization::Int8 { rescore },
+            QuantizationConfig::Rabitq { bits, rescore } => Quantization::Rabitq { bits, rescore },
         }
     }
 }
@@ -195,7 +199,18 @@ impl CollectionConfig {
                 "must be in (0, 1]",
             ));
         }
-        if let QuantizationConfig::Int8 { rescore } = self.quantization {
+        if let QuantizationConfig::Rabitq { bits, .. } = self.quantization {
+            if !(1..=Quantization::MAX_RABITQ_BITS).contains(&bits) {
+                return Err(CollectionError::invalid(
+                    "quantization.bits",
+                    format!(
+                        "must be from 1 to {}, got {bits}",
+                        Quantization::MAX_RABITQ_BITS
+                    ),
+                ));
+            }
+        }
+        if let Some(rescore) = self.quantization.index().rescore() {
             if !(1..=Quantization::MAX_RESCORE).contains(&rescore) {
                 return Err(CollectionError::invalid(
                     "quantization.rescore",
@@ -343,6 +358,37 @@ mod tests {
             match config.validate() {
                 Err(CollectionError::InvalidArgument { field, .. }) => {
                     assert_eq!(field, "quantization.rescore")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        config.quantization = QuantizationConfig::Rabitq {
+            bits: 2,
+            rescore: 5,
+        };
+        let json = serde_json::to_string(&config).unwrap();
+        assert!(
+            json.contains(r#""quantization":{"kind":"rabitq","bits":2,"rescore":5}"#),
+            "{json}"
+        );
+        let back: CollectionConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            back.index_config().quantization,
+            Quantization::Rabitq {
+                bits: 2,
+                rescore: 5
+            }
+        );
+        for (bits, rescore, field) in [
+            (0, 5, "quantization.bits"),
+            (9, 5, "quantization.bits"),
+            (1, 0, "quantization.rescore"),
+            (1, 65, "quantization.rescore"),
+        ] {
+            config.quantization = QuantizationConfig::Rabitq { bits, rescore };
+            match config.validate() {
+                Err(CollectionError::InvalidArgument { field: named, .. }) => {
+                    assert_eq!(named, field)
                 }
                 other => panic!("{other:?}"),
             }

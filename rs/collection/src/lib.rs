@@ -111,13 +111,13 @@ pub mod fuzzing {
 
     /// A sealed segment file's body (its CRC32 trailer is appended here, so that the parser
     /// behind the checksum is what gets fuzzed: section tables, graphs, attribute and int8
-    /// sections), for a collection of dimension 4 under L2 with int8 quantization; an opened
-    /// segment is searched and its figures taken.
+    /// sections), for a collection of dimension 4 under L2 without quantization (so that
+    /// whatever codes the segment has, int8 or RaBitQ, are walked); an opened segment is
+    /// searched and its figures taken.
     pub fn decode_segment(body: &[u8]) -> bool {
         let mut bytes = body.to_vec();
         bytes.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
-        let mut config = tarn_index::IndexConfig::new(4, tarn_index::Metric::L2);
-        config.quantization = tarn_index::Quantization::Int8 { rescore: 2 };
+        let config = tarn_index::IndexConfig::new(4, tarn_index::Metric::L2);
         tarn_index::SealedSegment::decode(&bytes, config).is_ok_and(|segment| {
             let _ = segment.figures();
             for (user_id, _) in segment.live_documents().take(2) {
@@ -193,12 +193,28 @@ mod tests {
         assert!(refused > 1_000, "only {refused} of 4,000 mutations refused");
     }
 
-    /// The segment entry point over a segment with a graph, int8 codes and attributes, and
-    /// seeded mutations of its body: it decides, never panics.
+    /// The segment entry point over segments with a graph, attributes and int8 or RaBitQ
+    /// codes, and seeded mutations of their bodies: it decides, never panics.
     #[test]
     fn the_segment_fuzz_entry_point_accepts_valid_segments_and_survives_mutations() {
+        for quantization in [
+            tarn_index::Quantization::Int8 { rescore: 2 },
+            tarn_index::Quantization::Rabitq {
+                bits: 1,
+                rescore: 4,
+            },
+            tarn_index::Quantization::Rabitq {
+                bits: 4,
+                rescore: 2,
+            },
+        ] {
+            segment_mutations(quantization);
+        }
+    }
+
+    fn segment_mutations(quantization: tarn_index::Quantization) {
         let mut config = tarn_index::IndexConfig::new(4, tarn_index::Metric::L2);
-        config.quantization = tarn_index::Quantization::Int8 { rescore: 2 };
+        config.quantization = quantization;
         config.graph_threshold = 16;
         let n = 40usize;
         let vectors: Vec<f32> = (0..n * 4).map(|i| ((i * 37) % 23) as f32 - 11.0).collect();

@@ -33,6 +33,7 @@ mod hnsw_graph;
 mod metric;
 mod mutable;
 mod quantized;
+mod rabitq;
 mod sealed;
 mod search;
 pub mod simd;

@@ -14,6 +14,7 @@
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::error::{IndexError, Result};
 use crate::metric::{dot, Metric};
+use crate::rabitq::{RabitqCodes, RabitqQuery};
 
 /// How sealed partitions with a graph keep the vectors the graph search walks on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -24,15 +25,131 @@ pub enum Quantization {
     /// One byte per dimension, a range per dimension; `rescore` candidates per result are
     /// rescored on the full vectors.
     Int8 { rescore: usize },
+    /// RaBitQ codes of `bits` bits per dimension (1 to 8, `rabitq.rs`); `rescore` candidates
+    /// per result are rescored on the full vectors.
+    Rabitq { bits: u8, rescore: usize },
 }
 
 impl Quantization {
-    /// Candidates per result rescored on the full vectors when the collection does not say:
-    /// the smallest that kept recall@10 within 0.01 of `f32` at every ef measured on
+    /// Candidates per result rescored on the full vectors when an int8 collection does not
+    /// say: the smallest that kept recall@10 within 0.01 of `f32` at every ef measured on
     /// minilm-debian (docs/BENCHMARKS.md, "Quantized vectors").
     pub const DEFAULT_RESCORE: usize = 3;
     /// The most candidates per result a collection may ask to rescore.
     pub const MAX_RESCORE: usize = 64;
+    /// The most bits per dimension of RaBitQ codes.
+    pub const MAX_RABITQ_BITS: u8 = 8;
+
+    /// Candidates per result rescored when a RaBitQ collection does not say (minilm-debian,
+    /// docs/BENCHMARKS.md, "Quantized vectors"): the fewer the bits, the more candidates the
+    /// codes need to keep recall@10 within 0.01 of `f32` at ef 64.
+    pub fn default_rabitq_rescore(bits: u8) -> usize {
+        match bits {
+            0 | 1 => 6,
+            2 => 4,
+            _ => 3,
+        }
+    }
+
+    /// The candidates per result this quantization rescores (`None`: nothing is quantized).
+    pub fn rescore(self) -> Option<usize> {
+        match self {
+            Quantization::None => None,
+            Quantization::Int8 { rescore } | Quantization::Rabitq { rescore, .. } => Some(rescore),
+        }
+    }
+}
+
+/// The seed of every RaBitQ rotation tarn draws (any seed gives RaBitQ's guarantee for data
+/// that does not depend on it; one fixed seed makes segments reproducible).
+const RABITQ_SEED: u64 = 0x7461_726e_5261_4269;
+
+/// The quantized codes of one partition's slots.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Codes {
+    Int8(Int8Codes),
+    Rabitq(RabitqCodes),
+}
+
+/// A query prepared against a partition's codes.
+pub(crate) enum CodesQuery<'a> {
+    Int8(Int8Query<'a>),
+    Rabitq(RabitqQuery<'a>),
+}
+
+impl Codes {
+    /// The codes `quantization` asks for, of `vectors` (`dimension` values per slot, as
+    /// stored); `None` for no quantization.
+    pub(crate) fn encode(
+        quantization: Quantization,
+        vectors: &[f32],
+        dimension: usize,
+    ) -> Option<Codes> {
+        match quantization {
+            Quantization::None => None,
+            Quantization::Int8 { .. } => Some(Codes::Int8(Int8Codes::encode(vectors, dimension))),
+            Quantization::Rabitq { bits, .. } => Some(Codes::Rabitq(RabitqCodes::encode(
+                vectors,
+                dimension,
+                bits,
+                RABITQ_SEED,
+            ))),
+        }
+    }
+
+    /// Whether these are the codes `quantization` asks for (any codes do for `None`: a
+    /// segment written with codes keeps walking them).
+    pub(crate) fn serve(&self, quantization: Quantization) -> bool {
+        match (self, quantization) {
+            (_, Quantization::None) => true,
+            (Codes::Int8(_), Quantization::Int8 { .. }) => true,
+            (Codes::Rabitq(codes), Quantization::Rabitq { bits, .. }) => codes.bits() == bits,
+            _ => false,
+        }
+    }
+
+    /// Candidates per result rescored when the collection does not say (a segment with codes
+    /// opened in a collection without quantization).
+    pub(crate) fn default_rescore(&self) -> usize {
+        match self {
+            Codes::Int8(_) => Quantization::DEFAULT_RESCORE,
+            Codes::Rabitq(codes) => Quantization::default_rabitq_rescore(codes.bits()),
+        }
+    }
+
+    pub(crate) fn memory_bytes(&self) -> usize {
+        match self {
+            Codes::Int8(codes) => codes.memory_bytes(),
+            Codes::Rabitq(codes) => codes.memory_bytes(),
+        }
+    }
+
+    pub(crate) fn query(&self, query: &[f32], metric: Metric) -> CodesQuery<'_> {
+        match self {
+            Codes::Int8(codes) => CodesQuery::Int8(codes.query(query, metric)),
+            Codes::Rabitq(codes) => CodesQuery::Rabitq(codes.query(query, metric)),
+        }
+    }
+}
+
+impl CodesQuery<'_> {
+    /// The metric's internal distance between the query and a slot's quantized vector.
+    #[inline]
+    pub(crate) fn distance(&self, slot: u32) -> f32 {
+        match self {
+            CodesQuery::Int8(query) => query.distance(slot),
+            CodesQuery::Rabitq(query) => query.distance(slot),
+        }
+    }
+
+    /// What `distance` reads of a slot, for prefetching.
+    #[inline]
+    pub(crate) fn codes_of(&self, slot: u32) -> &[u8] {
+        match self {
+            CodesQuery::Int8(query) => query.codes_of(slot),
+            CodesQuery::Rabitq(query) => query.codes_of(slot),
+        }
+    }
 }
 
 /// The int8 codes of one partition's slots, with their ranges and corrections.

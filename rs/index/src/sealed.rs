@@ -6,8 +6,9 @@
 //! optional section of the partition: format version 2); a segment of version 1 opens as one
 //! whose documents have no attributes.
 //!
-//! A partition with a graph of a collection with [`Quantization::Int8`] also keeps int8 codes
-//! of its vectors (an optional section: an older reader skips it and walks the full vectors).
+//! A partition with a graph of a quantized collection also keeps codes of its vectors, int8
+//! ([`Quantization::Int8`]) or RaBitQ ([`Quantization::Rabitq`]) (an optional section each: an
+//! older reader skips it and walks the full vectors).
 //! The graph search walks the codes and rescores its best `k x rescore` candidates on the full
 //! vectors, so returned distances are exact. Codes are made when a partition is sealed, merged
 //! or rebuilt, and when a segment written without them opens in such a collection.
@@ -30,7 +31,8 @@ use crate::filtered::{filtered_top_k, plan};
 use crate::flat_graph::{Candidate, FlatGraph};
 use crate::metric::Metric;
 use crate::mutable::MutableSegment;
-use crate::quantized::{Int8Codes, Quantization};
+use crate::quantized::{Codes, Int8Codes, Quantization};
+use crate::rabitq::RabitqCodes;
 use crate::search::{exact_top_k, to_hits, Hit};
 use crate::simd::prefetch;
 
@@ -45,6 +47,9 @@ const SECTION_ATTRIBUTES: u16 = 1;
 /// Section kind: the partition's int8 codes (`Int8Codes::encode_section`). Optional: the full
 /// vectors are still in the partition.
 const SECTION_INT8: u16 = 2;
+/// Section kind: the partition's RaBitQ codes (`RabitqCodes::encode_section`). Optional, as
+/// int8's.
+const SECTION_RABITQ: u16 = 3;
 /// Section flag: a reader that does not know the section's kind must refuse the file (the
 /// section changes what the partition means). Sections without it are skipped when unknown.
 const SECTION_REQUIRED: u16 = 1;
@@ -77,7 +82,7 @@ pub(crate) struct SealedPartition {
     attributes: AttributeIndex,
     /// Int8 codes of every slot, walked by the graph search instead of `vectors` (only with a
     /// graph, in a collection with [`Quantization::Int8`]).
-    int8: Option<Int8Codes>,
+    codes: Option<Codes>,
 }
 
 impl SealedPartition {
@@ -101,7 +106,7 @@ impl SealedPartition {
             tombstones: AtomicBitset::from_words(vec![0; AtomicBitset::words_for(n)]),
             graph,
             attributes,
-            int8: None,
+            codes: None,
         }
     }
 
@@ -159,24 +164,23 @@ impl SealedPartition {
             + self.doc_index.len() * 32
             + self.n_slots().div_ceil(8)
             + self.graph.as_ref().map_or(0, FlatGraph::memory_bytes)
-            + self.int8.as_ref().map_or(0, Int8Codes::memory_bytes)
+            + self.codes.as_ref().map_or(0, Codes::memory_bytes)
     }
 
-    /// Makes the codes `quantization` asks for when the partition has a graph and lacks them.
+    /// Makes the codes `quantization` asks for when the partition has a graph and lacks them
+    /// (or has codes of another kind).
     fn quantize(&mut self, quantization: Quantization, dim: usize) {
-        match quantization {
-            Quantization::Int8 { .. } if self.graph.is_some() && self.int8.is_none() => {
-                if let Some(vectors) = self.vectors.in_memory() {
-                    self.int8 = Some(Int8Codes::encode(vectors, dim));
-                }
-            }
-            _ => {}
+        if self.graph.is_none() || self.codes.as_ref().is_some_and(|c| c.serve(quantization)) {
+            return;
+        }
+        if let Some(vectors) = self.vectors.in_memory() {
+            self.codes = Codes::encode(quantization, vectors, dim);
         }
     }
 
     /// Approximate nearest slots through the graph (which the partition must have), nearest
-    /// first, with exact distances: on the full vectors, or on the int8 codes with the best
-    /// `k x rescore` then rescored on the full vectors (read from the file when cold).
+    /// first, with exact distances: on the full vectors, or on the quantized codes with the
+    /// best `k x rescore` then rescored on the full vectors (read from the file when cold).
     #[allow(clippy::too_many_arguments)]
     fn graph_search(
         &self,
@@ -191,7 +195,7 @@ impl SealedPartition {
         let metric = config.metric;
         let failure = FirstError::default();
         let exact = |slot: u32| failure.distance(self.distance(metric, query, slot));
-        let Some(codes) = &self.int8 else {
+        let Some(codes) = &self.codes else {
             let found = graph.search(
                 k,
                 ef,
@@ -205,10 +209,10 @@ impl SealedPartition {
             );
             return failure.into_result(found);
         };
-        let rescore = match config.quantization {
-            Quantization::Int8 { rescore } => rescore,
-            Quantization::None => Quantization::DEFAULT_RESCORE,
-        };
+        let rescore = config
+            .quantization
+            .rescore()
+            .unwrap_or_else(|| codes.default_rescore());
         let wanted = k.saturating_mul(rescore.max(1));
         let prepared = codes.query(query, metric);
         let mut found = graph.search(
@@ -230,7 +234,7 @@ impl SealedPartition {
     /// Leaves the vectors in `file`, at `offset`, where they were written, when the partition
     /// walks codes (a graph and quantized codes): only the rescored candidates are read back.
     fn make_cold(&mut self, dim: usize, file: &Arc<SegmentFile>, offset: u64) {
-        if self.graph.is_some() && self.int8.is_some() {
+        if self.graph.is_some() && self.codes.is_some() {
             self.vectors.make_cold(dim, Arc::clone(file), offset);
         }
     }
@@ -409,7 +413,7 @@ impl SealedSegment {
                         ),
                         graph: Some(graph),
                         attributes: data.attributes.clone(),
-                        int8: None,
+                        codes: None,
                     }
                 }
                 None => compact_partition(&doc_index, &data.attributes, |slot| {
@@ -781,7 +785,7 @@ impl SealedSegment {
             figures.n_live += partition.n_live();
             figures.n_tombstoned += partition.tombstones.count();
             figures.memory_bytes += partition.memory_bytes();
-            figures.quantized_bytes += partition.int8.as_ref().map_or(0, Int8Codes::memory_bytes);
+            figures.quantized_bytes += partition.codes.as_ref().map_or(0, Codes::memory_bytes);
             figures.cold_bytes += partition.vectors.cold_bytes();
             if !partition.vectors.is_cold() {
                 vector_bytes += partition.vectors.n_values() * 4;
@@ -881,8 +885,14 @@ impl SealedSegment {
                 let section = p.attributes.encode_section();
                 sections.push((SECTION_ATTRIBUTES, SECTION_REQUIRED, section));
             }
-            if let Some(codes) = &p.int8 {
-                sections.push((SECTION_INT8, 0, codes.encode_section()));
+            match &p.codes {
+                Some(Codes::Int8(codes)) => {
+                    sections.push((SECTION_INT8, 0, codes.encode_section()))
+                }
+                Some(Codes::Rabitq(codes)) => {
+                    sections.push((SECTION_RABITQ, 0, codes.encode_section()))
+                }
+                None => {}
             }
             out.u32(sections.len() as u32);
             for (kind, flags, bytes) in &sections {
@@ -915,7 +925,7 @@ impl SealedSegment {
     /// Makes cold the in-memory vectors of the partitions that walk codes, which are at
     /// `vector_offsets` of the file at `path`.
     fn leave_vectors_in(&mut self, path: &Path, vector_offsets: &[(u128, u64)]) -> Result<()> {
-        let goes_cold = |p: &SealedPartition| p.graph.is_some() && p.int8.is_some();
+        let goes_cold = |p: &SealedPartition| p.graph.is_some() && p.codes.is_some();
         if !self.partitions.values().any(goes_cold) {
             return Ok(());
         }
@@ -1023,18 +1033,20 @@ impl SealedSegment {
                 1 => Some(FlatGraph::read(&mut input, n_slots)?),
                 other => return Err(IndexError::Format(format!("bad graph flag {other}"))),
             };
-            let Sections { attributes, int8 } = if version == FORMAT_VERSION_NO_SECTIONS {
+            let Sections { attributes, codes } = if version == FORMAT_VERSION_NO_SECTIONS {
                 Sections::default()
             } else {
                 read_sections(&mut input, n_slots, dimension)?
             };
-            if int8.is_some() && graph.is_none() {
+            if codes.is_some() && graph.is_none() {
                 return Err(IndexError::Format(
-                    "int8 codes in a partition without a graph".into(),
+                    "quantized codes in a partition without a graph".into(),
                 ));
             }
+            // Codes of another kind than the collection's are made again in `assemble`.
+            let codes = codes.filter(|codes| codes.serve(config.quantization));
             let vectors = match file {
-                Some(file) if int8.is_some() => StoredVectors::cold_from_bytes(
+                Some(file) if codes.is_some() => StoredVectors::cold_from_bytes(
                     vector_block,
                     dimension,
                     Arc::clone(file),
@@ -1054,7 +1066,7 @@ impl SealedSegment {
                     tombstones: AtomicBitset::from_words(tombstones),
                     graph,
                     attributes,
-                    int8,
+                    codes,
                 },
             );
             if previous.is_some() {
@@ -1226,14 +1238,14 @@ fn compact_partition<'a>(
 struct Sections {
     /// An index of no fields when there is no attribute section.
     attributes: AttributeIndex,
-    int8: Option<Int8Codes>,
+    codes: Option<Codes>,
 }
 
 impl Default for Sections {
     fn default() -> Self {
         Sections {
             attributes: AttributeIndex::new(Schema::default()),
-            int8: None,
+            codes: None,
         }
     }
 }
@@ -1277,7 +1289,18 @@ fn read_sections(input: &mut ByteReader<'_>, n_slots: usize, dimension: usize) -
                     Int8Codes::decode_section(bytes, n_slots, dimension).map_err(|error| {
                         IndexError::Format(format!("int8 section: {}", format_reason(error)))
                     })?;
-                sections.int8 = Some(codes);
+                if sections.codes.replace(Codes::Int8(codes)).is_some() {
+                    return Err(IndexError::Format("two kinds of codes".into()));
+                }
+            }
+            SECTION_RABITQ => {
+                let codes =
+                    RabitqCodes::decode_section(bytes, n_slots, dimension).map_err(|error| {
+                        IndexError::Format(format!("RaBitQ section: {}", format_reason(error)))
+                    })?;
+                if sections.codes.replace(Codes::Rabitq(codes)).is_some() {
+                    return Err(IndexError::Format("two kinds of codes".into()));
+                }
             }
             _ if flags & SECTION_REQUIRED != 0 => {
                 return Err(IndexError::Format(format!(

@@ -14,8 +14,10 @@ use std::sync::LazyLock;
 /// A distance kernel over two slices of equal length.
 pub type Kernel = fn(&[f32], &[f32]) -> f32;
 
-/// The dot product of `f32` weights and `u8` codes of equal length (int8 quantized vectors,
-/// `quantized.rs`: the query's weights already carry each dimension's step).
+/// The dot product of `f32` weights and unsigned integer codes packed in bytes: over the first
+/// `min(weights, codes)` values, where the bytes hold 8, 2 or 1 codes each by the kernel
+/// (`dot_u1`, `dot_u4`, `dot_u8`). Quantized vectors (`quantized.rs`, `rabitq.rs`) keep their
+/// codes so; the query's weights carry whatever scaling the codes need.
 pub type CodeKernel = fn(&[f32], &[u8]) -> f32;
 
 /// One set of distance kernels.
@@ -24,7 +26,13 @@ pub struct Kernels {
     pub name: &'static str,
     pub dot: Kernel,
     pub l2_squared: Kernel,
+    /// One byte per code (int8 codes; RaBitQ codes of 5 to 8 bits).
     pub dot_u8: CodeKernel,
+    /// Two codes per byte, the low nibble first (RaBitQ codes of 2 to 4 bits).
+    pub dot_u4: CodeKernel,
+    /// Eight one-bit codes per byte, the lowest bit first: the sum of the weights whose bit is
+    /// set (1-bit RaBitQ codes).
+    pub dot_u1: CodeKernel,
 }
 
 static KERNELS: LazyLock<Kernels> = LazyLock::new(detect);
@@ -63,6 +71,8 @@ pub(crate) const PORTABLE: Kernels = Kernels {
     dot: portable_dot,
     l2_squared: portable_l2_squared,
     dot_u8: portable_dot_u8,
+    dot_u4: portable_dot_u4,
+    dot_u1: portable_dot_u1,
 };
 
 fn portable_dot(a: &[f32], b: &[f32]) -> f32 {
@@ -101,6 +111,43 @@ fn portable_dot_u8(a: &[f32], codes: &[u8]) -> f32 {
         .iter()
         .zip(chunks_c.remainder())
         .map(|(x, c)| x * *c as f32)
+        .sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+fn portable_dot_u4(a: &[f32], codes: &[u8]) -> f32 {
+    let n = a.len().min(codes.len() * 2);
+    let a = &a[..n];
+    let mut acc = [0.0f32; 8];
+    let mut chunks_a = a.chunks_exact(8);
+    for (x, c) in (&mut chunks_a).zip(codes.chunks_exact(4)) {
+        for j in 0..4 {
+            acc[2 * j] += x[2 * j] * (c[j] & 15) as f32;
+            acc[2 * j + 1] += x[2 * j + 1] * (c[j] >> 4) as f32;
+        }
+    }
+    let done = n - chunks_a.remainder().len();
+    let tail: f32 = (done..n)
+        .map(|i| a[i] * ((codes[i / 2] >> (4 * (i % 2))) & 15) as f32)
+        .sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+fn portable_dot_u1(a: &[f32], bits: &[u8]) -> f32 {
+    let n = a.len().min(bits.len() * 8);
+    let a = &a[..n];
+    let mut acc = [0.0f32; 8];
+    let mut chunks_a = a.chunks_exact(8);
+    for (x, byte) in (&mut chunks_a).zip(bits) {
+        for j in 0..8 {
+            // The weight's bits, or 0: a mask the compiler keeps in vector lanes.
+            let keep = 0u32.wrapping_sub(((byte >> j) & 1) as u32);
+            acc[j] += f32::from_bits(x[j].to_bits() & keep);
+        }
+    }
+    let done = n - chunks_a.remainder().len();
+    let tail: f32 = (done..n)
+        .map(|i| a[i] * ((bits[i / 8] >> (i % 8)) & 1) as f32)
         .sum();
     acc.iter().sum::<f32>() + tail
 }
@@ -182,12 +229,16 @@ mod x86 {
         dot: dot_avx2,
         l2_squared: l2_avx2,
         dot_u8: dot_u8_avx2,
+        dot_u4: dot_u4_avx2,
+        dot_u1: dot_u1_avx2,
     };
     pub(super) const AVX512: Kernels = Kernels {
         name: "avx512f",
         dot: dot_avx512,
         l2_squared: l2_avx512,
         dot_u8: dot_u8_avx512,
+        dot_u4: dot_u4_avx512,
+        dot_u1: dot_u1_avx512,
     };
 
     fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
@@ -218,6 +269,26 @@ mod x86 {
     fn dot_u8_avx512(a: &[f32], codes: &[u8]) -> f32 {
         // SAFETY: as for `dot_avx512`.
         unsafe { dot_u8_avx512_impl(a, codes) }
+    }
+
+    fn dot_u4_avx2(a: &[f32], codes: &[u8]) -> f32 {
+        // SAFETY: as for `dot_avx2`.
+        unsafe { dot_u4_avx2_impl(a, codes) }
+    }
+
+    fn dot_u4_avx512(a: &[f32], codes: &[u8]) -> f32 {
+        // SAFETY: as for `dot_avx512`.
+        unsafe { dot_u4_avx512_impl(a, codes) }
+    }
+
+    fn dot_u1_avx2(a: &[f32], bits: &[u8]) -> f32 {
+        // SAFETY: as for `dot_avx2`.
+        unsafe { dot_u1_avx2_impl(a, bits) }
+    }
+
+    fn dot_u1_avx512(a: &[f32], bits: &[u8]) -> f32 {
+        // SAFETY: as for `dot_avx512`.
+        unsafe { dot_u1_avx512_impl(a, bits) }
     }
 
     /// Horizontal sum of eight lanes.
@@ -354,6 +425,166 @@ mod x86 {
             total += a[j] * codes[j] as f32;
         }
         total
+    }
+
+    /// Sixteen nibbles in value order (low nibble of byte 0, its high nibble, then byte 1...)
+    /// from the low 8 bytes of `packed`, one per byte.
+    #[target_feature(enable = "avx2")]
+    fn unpack_nibbles(packed: __m128i) -> __m128i {
+        let low_nibbles = _mm_set1_epi8(0x0f);
+        let low = _mm_and_si128(packed, low_nibbles);
+        let high = _mm_and_si128(_mm_srli_epi16::<4>(packed), low_nibbles);
+        _mm_unpacklo_epi8(low, high)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_u4_avx2_impl(a: &[f32], codes: &[u8]) -> f32 {
+        let n = a.len().min(codes.len() * 2);
+        let (pa, pc) = (a.as_ptr(), codes.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY (all loads): every weight read is below `n <= a.len()`; each code load reads 8
+        // bytes from byte `i / 2`, which the loop bound keeps within `n / 2 <= codes.len()`.
+        while i + 32 <= n {
+            for pair in 0..2 {
+                let c = unsafe { _mm_loadl_epi64(pc.add(i / 2 + 8 * pair).cast()) };
+                let c = unpack_nibbles(c);
+                let low = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c));
+                let high = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(c)));
+                let x = unsafe { _mm256_loadu_ps(pa.add(i + 16 * pair)) };
+                let y = unsafe { _mm256_loadu_ps(pa.add(i + 16 * pair + 8)) };
+                acc[2 * pair] = _mm256_fmadd_ps(x, low, acc[2 * pair]);
+                acc[2 * pair + 1] = _mm256_fmadd_ps(y, high, acc[2 * pair + 1]);
+            }
+            i += 32;
+        }
+        let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut total = sum256(sum);
+        for j in i..n {
+            total += a[j] * ((codes[j / 2] >> (4 * (j % 2))) & 15) as f32;
+        }
+        total
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn dot_u4_avx512_impl(a: &[f32], codes: &[u8]) -> f32 {
+        let n = a.len().min(codes.len() * 2);
+        let (pa, pc) = (a.as_ptr(), codes.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY (all loads): every weight read is below `n <= a.len()`; each code load reads 8
+        // bytes from byte `i / 2 + 8 * j`, which the loop bound keeps within `n / 2`.
+        while i + 64 <= n {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let c = unsafe { _mm_loadl_epi64(pc.add(i / 2 + 8 * j).cast()) };
+                let c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(unpack_nibbles(c)));
+                let x = unsafe { _mm512_loadu_ps(pa.add(i + 16 * j)) };
+                *acc = _mm512_fmadd_ps(x, c, *acc);
+            }
+            i += 64;
+        }
+        while i + 16 <= n {
+            let c = unsafe { _mm_loadl_epi64(pc.add(i / 2).cast()) };
+            let c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(unpack_nibbles(c)));
+            let x = unsafe { _mm512_loadu_ps(pa.add(i)) };
+            acc[0] = _mm512_fmadd_ps(x, c, acc[0]);
+            i += 16;
+        }
+        let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        let mut total = _mm512_reduce_add_ps(sum);
+        for j in i..n {
+            total += a[j] * ((codes[j / 2] >> (4 * (j % 2))) & 15) as f32;
+        }
+        total
+    }
+
+    /// Eight lanes, each all ones where its bit of `word` is set: lane `j` takes bit
+    /// `8 * byte + j` (`byte` in 0..4).
+    #[target_feature(enable = "avx2")]
+    fn bit_lanes(word: __m256i, byte: usize) -> __m256 {
+        let shift = 31 - 8 * byte as i32;
+        let shifts = _mm256_setr_epi32(
+            shift,
+            shift - 1,
+            shift - 2,
+            shift - 3,
+            shift - 4,
+            shift - 5,
+            shift - 6,
+            shift - 7,
+        );
+        // The lane's bit moved to the sign, then spread over the lane.
+        _mm256_castsi256_ps(_mm256_srai_epi32::<31>(_mm256_sllv_epi32(word, shifts)))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_u1_avx2_impl(a: &[f32], bits: &[u8]) -> f32 {
+        let n = a.len().min(bits.len() * 8);
+        let (pa, pb) = (a.as_ptr(), bits.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY (all loads): every weight read is below `n <= a.len()`; each 4-byte load of
+        // bits starts at byte `i / 8` with `i + 32 <= n <= 8 * bits.len()`.
+        while i + 32 <= n {
+            let word = unsafe { pb.add(i / 8).cast::<i32>().read_unaligned() };
+            let word = _mm256_set1_epi32(word);
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let x = unsafe { _mm256_loadu_ps(pa.add(i + 8 * j)) };
+                *acc = _mm256_add_ps(*acc, _mm256_and_ps(x, bit_lanes(word, j)));
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            let word = _mm256_set1_epi32(bits[i / 8] as i32);
+            let x = unsafe { _mm256_loadu_ps(pa.add(i)) };
+            acc[0] = _mm256_add_ps(acc[0], _mm256_and_ps(x, bit_lanes(word, 0)));
+            i += 8;
+        }
+        let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut total = sum256(sum);
+        for j in i..n {
+            if (bits[j / 8] >> (j % 8)) & 1 == 1 {
+                total += a[j];
+            }
+        }
+        total
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn dot_u1_avx512_impl(a: &[f32], bits: &[u8]) -> f32 {
+        let n = a.len().min(bits.len() * 8);
+        let (pa, pb) = (a.as_ptr(), bits.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut i = 0;
+        // Each set bit selects its weight through an AVX-512 lane mask: 16 weights per 2 bytes.
+        // SAFETY (all loads): every weight read is below `n <= a.len()` (the last, partial load
+        // is masked to the lanes below `n`, and masked-off lanes are never read); each 8-byte
+        // load of bits starts at byte `i / 8` with `i + 64 <= n <= 8 * bits.len()`, and single
+        // bytes are read through bounds-checked indexing.
+        while i + 64 <= n {
+            let word = unsafe { pb.add(i / 8).cast::<u64>().read_unaligned() }.to_le();
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let x = unsafe { _mm512_loadu_ps(pa.add(i + 16 * j)) };
+                *acc = _mm512_mask_add_ps(*acc, (word >> (16 * j)) as u16, *acc, x);
+            }
+            i += 64;
+        }
+        while i < n {
+            let left = n - i;
+            let lanes: u16 = if left >= 16 {
+                u16::MAX
+            } else {
+                (1 << left) - 1
+            };
+            let low = bits[i / 8] as u16;
+            let high = if left > 8 { bits[i / 8 + 1] as u16 } else { 0 };
+            let mask = (low | (high << 8)) & lanes;
+            let x = unsafe { _mm512_maskz_loadu_ps(mask, pa.add(i)) };
+            acc[0] = _mm512_add_ps(acc[0], x);
+            i += 16;
+        }
+        let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        _mm512_reduce_add_ps(sum)
     }
 
     #[target_feature(enable = "avx512f")]
@@ -495,6 +726,53 @@ mod tests {
                     "{} n={n}: {got} against {naive}",
                     table.name
                 );
+            }
+        }
+    }
+
+    /// `dot_u1` and `dot_u4` against plain sums, at every length and with codes longer than
+    /// the weights (the kernels stop at the weights' end, ignoring the padding bits).
+    #[test]
+    fn every_packed_code_kernel_matches_a_naive_sum_at_every_length() {
+        for n in 0..300usize {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let values: Vec<u8> = (0..n).map(|i| (i * 97 % 256) as u8).collect();
+            // Unused high bits of the last byte set, to check they are ignored.
+            let mut bits = vec![0u8; n.div_ceil(8)];
+            let mut nibbles = vec![0u8; n.div_ceil(2)];
+            for (i, v) in values.iter().enumerate() {
+                bits[i / 8] |= (v & 1) << (i % 8);
+                nibbles[i / 2] |= (v & 15) << (4 * (i % 2));
+            }
+            if n % 8 != 0 {
+                *bits.last_mut().expect("n > 0") |= 0xff << (n % 8);
+            }
+            if n % 2 == 1 {
+                *nibbles.last_mut().expect("n > 0") |= 0xf0;
+            }
+            let naive_u1: f64 = (0..n).map(|i| a[i] as f64 * (values[i] & 1) as f64).sum();
+            let naive_u4: f64 = (0..n).map(|i| a[i] as f64 * (values[i] & 15) as f64).sum();
+            for table in supported() {
+                let got = (table.dot_u1)(&a, &bits) as f64;
+                assert!(
+                    (got - naive_u1).abs() < 1e-4 * (1.0 + naive_u1.abs()),
+                    "{} dot_u1 n={n}: {got} against {naive_u1}",
+                    table.name
+                );
+                let got = (table.dot_u4)(&a, &nibbles) as f64;
+                assert!(
+                    (got - naive_u4).abs() < 1e-4 * (1.0 + naive_u4.abs()),
+                    "{} dot_u4 n={n}: {got} against {naive_u4}",
+                    table.name
+                );
+                // Fewer weights than codes: only the weights' length counts.
+                let m = n / 2;
+                let naive_u1: f64 = (0..m).map(|i| a[i] as f64 * (values[i] & 1) as f64).sum();
+                let got = (table.dot_u1)(&a[..m], &bits) as f64;
+                assert!((got - naive_u1).abs() < 1e-4 * (1.0 + naive_u1.abs()));
+                let naive_u4: f64 = (0..m).map(|i| a[i] as f64 * (values[i] & 15) as f64).sum();
+                let got = (table.dot_u4)(&a[..m], &nibbles) as f64;
+                assert!((got - naive_u4).abs() < 1e-4 * (1.0 + naive_u4.abs()));
             }
         }
     }

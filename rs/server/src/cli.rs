@@ -437,8 +437,9 @@ pub enum CollectionCommand {
         /// (a list, e.g. tags), number or bool (repeat the flag). Every field is indexed.
         #[arg(long = "field", value_name = "NAME:TYPE")]
         fields: Vec<String>,
-        /// Quantized copies of sealed vectors for the graph walk: none, int8 or int8:RESCORE
-        /// (candidates per result rescored on the full vectors; 0 or unset = the default).
+        /// Quantized copies of sealed vectors for the graph walk: none, int8, int8:RESCORE,
+        /// rabitq (1 bit), rabitq:BITS (1 to 8) or rabitq:BITS:RESCORE (candidates per result
+        /// rescored on the full vectors; 0 or unset = the default).
         #[arg(long, default_value = "none")]
         quantization: String,
         /// Leave sealed full vectors in the segment files, read only to rescore a search's

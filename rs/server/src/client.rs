@@ -104,6 +104,9 @@ fn print_info(info: &CollectionInfo) {
         Quantization::Int8 { rescore } => {
             println!("quantization:       int8 (rescore x{rescore})")
         }
+        Quantization::Rabitq { bits, rescore } => {
+            println!("quantization:       rabitq {bits} bit(s) (rescore x{rescore})")
+        }
         _ => println!("quantization:       none"),
     }
     if info.shards > 1 {

@@ -96,23 +96,37 @@ fn quantization(request: Option<&pb::Quantization>) -> Result<QuantizationConfig
     let Some(request) = request else {
         return Ok(QuantizationConfig::None);
     };
-    let rescore = match request.rescore {
-        0 => Quantization::DEFAULT_RESCORE,
-        n => n as usize,
+    let rescore = |default: usize| match request.rescore {
+        0 => Ok(default),
+        n if n as usize > Quantization::MAX_RESCORE => Err(ApiError::invalid(
+            "quantization.rescore",
+            format!("must be at most {}, got {n}", Quantization::MAX_RESCORE),
+        )),
+        n => Ok(n as usize),
     };
     match pb::QuantizationKind::try_from(request.kind) {
         Ok(pb::QuantizationKind::QuantizationNone) => Ok(QuantizationConfig::None),
-        Ok(pb::QuantizationKind::QuantizationInt8) => {
-            if rescore > Quantization::MAX_RESCORE {
-                return Err(ApiError::invalid(
-                    "quantization.rescore",
-                    format!(
-                        "must be at most {}, got {rescore}",
-                        Quantization::MAX_RESCORE
-                    ),
-                ));
-            }
-            Ok(QuantizationConfig::Int8 { rescore })
+        Ok(pb::QuantizationKind::QuantizationInt8) => Ok(QuantizationConfig::Int8 {
+            rescore: rescore(Quantization::DEFAULT_RESCORE)?,
+        }),
+        Ok(pb::QuantizationKind::QuantizationRabitq) => {
+            let bits = match request.bits {
+                0 => 1,
+                n if n <= u32::from(Quantization::MAX_RABITQ_BITS) => n as u8,
+                n => {
+                    return Err(ApiError::invalid(
+                        "quantization.bits",
+                        format!(
+                            "must be from 1 to {} (0 = 1), got {n}",
+                            Quantization::MAX_RABITQ_BITS
+                        ),
+                    ))
+                }
+            };
+            Ok(QuantizationConfig::Rabitq {
+                bits,
+                rescore: rescore(Quantization::default_rabitq_rescore(bits))?,
+            })
         }
         Err(_) => Err(ApiError::invalid(
             "quantization.kind",
@@ -125,10 +139,17 @@ fn quantization_to_wire(config: QuantizationConfig) -> pb::Quantization {
     match config {
         QuantizationConfig::None => pb::Quantization {
             kind: pb::QuantizationKind::QuantizationNone as i32,
+            bits: 0,
             rescore: 0,
         },
         QuantizationConfig::Int8 { rescore } => pb::Quantization {
             kind: pb::QuantizationKind::QuantizationInt8 as i32,
+            bits: 0,
+            rescore: rescore as u32,
+        },
+        QuantizationConfig::Rabitq { bits, rescore } => pb::Quantization {
+            kind: pb::QuantizationKind::QuantizationRabitq as i32,
+            bits: u32::from(bits),
             rescore: rescore as u32,
         },
     }

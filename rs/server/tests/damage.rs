@@ -305,6 +305,7 @@ fn damaged_vectors_on_disk_are_answered_data_loss_never_served() {
         let mut request = create(COLLECTION, DIM as u32, pb::Metric::L2);
         request.quantization = Some(pb::Quantization {
             kind: pb::QuantizationKind::QuantizationInt8 as i32,
+            bits: 0,
             rescore: 0,
         });
         request.vectors_on_disk = true;

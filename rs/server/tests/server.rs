@@ -61,6 +61,7 @@ fn every_rpc_and_every_error_code() {
         let mut int8 = create("int8", 3, pb::Metric::L2);
         int8.quantization = Some(pb::Quantization {
             kind: pb::QuantizationKind::QuantizationInt8 as i32,
+            bits: 0,
             rescore: 0,
         });
         let info = c
@@ -82,14 +83,55 @@ fn every_rpc_and_every_error_code() {
         .unwrap();
         for (kind, rescore, field) in [(7, 0, "quantization.kind"), (1, 65, "quantization.rescore")]
         {
-            int8.quantization = Some(pb::Quantization { kind, rescore });
+            int8.quantization = Some(pb::Quantization {
+                kind,
+                bits: 0,
+                rescore,
+            });
             let status = c.create_collection(int8.clone()).await.unwrap_err();
             assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
             assert!(status.message().contains(field), "{}", status.message());
         }
+        // RaBitQ: bits 0 = 1, rescore 0 = the default for the bits; bad bits name the field.
+        let mut rabitq = create("rabitq", 3, pb::Metric::L2);
+        rabitq.quantization = Some(pb::Quantization {
+            kind: pb::QuantizationKind::QuantizationRabitq as i32,
+            bits: 0,
+            rescore: 0,
+        });
+        let info = c
+            .create_collection(rabitq.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .collection
+            .unwrap();
+        let quantization = info.quantization.unwrap();
+        assert_eq!(
+            (quantization.kind, quantization.bits, quantization.rescore),
+            (pb::QuantizationKind::QuantizationRabitq as i32, 1, 6)
+        );
+        c.drop_collection(pb::DropCollectionRequest {
+            name: "rabitq".into(),
+        })
+        .await
+        .unwrap();
+        rabitq.quantization = Some(pb::Quantization {
+            kind: pb::QuantizationKind::QuantizationRabitq as i32,
+            bits: 9,
+            rescore: 0,
+        });
+        let status = c.create_collection(rabitq).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().contains("quantization.bits"),
+            "{}",
+            status.message()
+        );
         // Vectors on disk: reported; refused without a quantization, naming the field.
         int8.quantization = Some(pb::Quantization {
             kind: pb::QuantizationKind::QuantizationInt8 as i32,
+            bits: 0,
             rescore: 2,
         });
         int8.vectors_on_disk = true;
@@ -1039,6 +1081,21 @@ fn the_cli_creates_inserts_searches_gets_removes_flushes_and_drops() {
         "{info}"
     );
     assert!(info.contains("vectors on disk:    yes"), "{info}");
+    tarn(&[
+        "collection",
+        "create",
+        "rq",
+        "--dimension",
+        "8",
+        "--quantization",
+        "rabitq:4",
+    ]);
+    let info = tarn(&["collection", "info", "rq"]);
+    assert!(
+        info.contains("quantization:       rabitq 4 bit(s) (rescore x3)"),
+        "{info}"
+    );
+    tarn(&["collection", "drop", "rq"]);
     tarn(&["collection", "drop", "q8"]);
 }
 

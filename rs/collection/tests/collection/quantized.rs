@@ -67,20 +67,36 @@ fn assert_cold(c: &Collection, n_sealed: u64, on_disk: bool, label: &str) {
     assert_eq!(stats.cold_bytes, expected, "{label}: {stats:?}");
 }
 
+const INT8: QuantizationConfig = QuantizationConfig::Int8 { rescore: 3 };
+
 #[test]
 fn int8_codes_are_made_at_sealing_and_survive_merges_reopening_and_restores() {
-    lifecycle(false);
+    lifecycle(INT8, false);
 }
 
 #[test]
 fn vectors_on_disk_stay_in_files_through_merges_reopening_and_restores() {
-    lifecycle(true);
+    lifecycle(INT8, true);
 }
 
-fn lifecycle(on_disk: bool) {
+#[test]
+fn rabitq_codes_with_vectors_on_disk_survive_merges_reopening_and_restores() {
+    for bits in [1, 4] {
+        lifecycle(QuantizationConfig::Rabitq { bits, rescore: 8 }, true);
+    }
+}
+
+/// The codes of `n_slots` slots in `n_segments` segments (one partition each), when the
+/// quantization's size is a formula of those (int8's).
+fn expected_codes(quantization: QuantizationConfig, n_slots: u64, n_segments: u64) -> Option<u64> {
+    (quantization == INT8).then(|| codes_bytes(n_slots, n_segments))
+}
+
+fn lifecycle(quantization: QuantizationConfig, on_disk: bool) {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
     let mut config = int8_config();
+    config.quantization = quantization;
     config.vectors_on_disk = on_disk;
     let c = Collection::create(&dir.path().join("c"), config).unwrap();
     let base = clustered_vectors(1800, DIM, 12, 21);
@@ -94,7 +110,10 @@ fn lifecycle(on_disk: bool) {
     });
     let stats = c.stats();
     assert_eq!(stats.n_sealed_segments, 1);
-    assert_eq!(stats.quantized_bytes, codes_bytes(600, 1));
+    assert!(stats.quantized_bytes > 0);
+    if let Some(expected) = expected_codes(quantization, 600, 1) {
+        assert_eq!(stats.quantized_bytes, expected);
+    }
     assert_cold(&c, 600, on_disk, "sealed");
     check(&c, &base, 600, "sealed");
     rt.block_on(async {
@@ -106,20 +125,16 @@ fn lifecycle(on_disk: bool) {
     // Three flushes with at most two sealed segments: a merge made at least one of them.
     let stats = c.stats();
     assert!(stats.n_sealed_segments <= 2, "{stats:?}");
-    assert_eq!(
-        stats.quantized_bytes,
-        codes_bytes(1800, stats.n_sealed_segments as u64)
-    );
+    if let Some(expected) = expected_codes(quantization, 1800, stats.n_sealed_segments as u64) {
+        assert_eq!(stats.quantized_bytes, expected);
+    }
     assert_cold(&c, 1800, on_disk, "merged");
     check(&c, &base, 1800, "merged");
     let bytes = read_all(&mut c.snapshot().unwrap());
     drop(c);
 
     let c = Collection::open(&dir.path().join("c")).unwrap();
-    assert_eq!(
-        c.config().quantization,
-        QuantizationConfig::Int8 { rescore: 3 }
-    );
+    assert_eq!(c.config().quantization, quantization);
     assert_eq!(c.config().vectors_on_disk, on_disk);
     assert_eq!(c.stats().quantized_bytes, stats.quantized_bytes);
     assert_eq!(c.stats().memory_bytes, stats.memory_bytes);
@@ -128,10 +143,7 @@ fn lifecycle(on_disk: bool) {
 
     restore(&bytes, &dir.path().join("restored"), 1 << 16).unwrap();
     let r = Collection::open(&dir.path().join("restored")).unwrap();
-    assert_eq!(
-        r.config().quantization,
-        QuantizationConfig::Int8 { rescore: 3 }
-    );
+    assert_eq!(r.config().quantization, quantization);
     assert_eq!(r.stats().quantized_bytes, stats.quantized_bytes);
     assert_cold(&r, 1800, on_disk, "restored");
     check(&r, &base, 1800, "restored");
