@@ -33,6 +33,7 @@ use common::*;
 const DIM: usize = 8;
 const CLIENTS: u128 = 6;
 const DOCS_PER_CLIENT: u128 = 400;
+/// The tenants of the default scenario (the on-disk one writes to the first only).
 const TENANTS: [u128; 3] = [1, 2, 3];
 const COLLECTION: &str = "crash";
 
@@ -90,8 +91,8 @@ struct ClientLog {
     n_acked: usize,
 }
 
-fn random_op(rng: &mut StdRng, client: u128, version: u64) -> Op {
-    let tenant = TENANTS[rng.random_range(0..TENANTS.len())];
+fn random_op(rng: &mut StdRng, tenants: &[u128], client: u128, version: u64) -> Op {
+    let tenant = tenants[rng.random_range(0..tenants.len())];
     let n = if rng.random_bool(0.2) {
         rng.random_range(20..=100)
     } else {
@@ -188,6 +189,7 @@ fn version_filter(version: u64) -> pb::Filter {
 /// Runs one client until the first error (the kill), returning its log.
 async fn run_client(
     addr: String,
+    tenants: &'static [u128],
     client_no: u128,
     seed: u64,
     start_version: u64,
@@ -201,7 +203,7 @@ async fn run_client(
     let mut version = start_version;
     while !stop.load(Ordering::Relaxed) {
         version += 1;
-        let op = random_op(&mut rng, client_no, version);
+        let op = random_op(&mut rng, tenants, client_no, version);
         log.in_doubt = Some(op.clone());
         match send(&mut client, &op).await {
             Ok(()) => {
@@ -267,7 +269,7 @@ struct Checked {
 
 /// Checks the restarted server against the clients' logs; panics on any lost or half-applied
 /// write. Each log's in-doubt operation is resolved to what is stored.
-async fn verify(addr: &str, logs: &mut [ClientLog], seed: u64) -> Checked {
+async fn verify(addr: &str, tenants: &[u128], logs: &mut [ClientLog], seed: u64) -> Checked {
     let mut client = tarn_proto::v1::tarn_client::TarnClient::connect(addr.to_owned())
         .await
         .unwrap();
@@ -279,7 +281,7 @@ async fn verify(addr: &str, logs: &mut [ClientLog], seed: u64) -> Checked {
         let base = client_no as u128 * 10_000;
         let all_docs: Vec<u128> = (base..base + DOCS_PER_CLIENT).collect();
         let mut observed: BTreeMap<(u128, u128), Vec<f32>> = BTreeMap::new();
-        for tenant in TENANTS {
+        for &tenant in tenants {
             for (doc, v) in stored(&mut client, tenant, &all_docs).await {
                 observed.insert((tenant, doc), v);
             }
@@ -368,11 +370,43 @@ fn env_u64(name: &str, default: u64) -> u64 {
 #[test]
 fn sigkill_under_load_loses_no_acknowledged_write() {
     let iterations = env_u64("TARN_CRASH_ITERATIONS", 20);
+    crash_loop("crash", &TENANTS, iterations, |_| {});
+}
+
+/// The same with int8 codes and vectors on disk, one tenant (so that its partition passes the
+/// graph threshold and its sealed vectors go cold): every acknowledged vector comes back from
+/// the segment files exactly.
+#[test]
+fn sigkill_under_load_with_vectors_on_disk_loses_no_acknowledged_write() {
+    let iterations = env_u64("TARN_CRASH_ITERATIONS", 8);
+    let cold_bytes = crash_loop("crash on disk", &TENANTS[..1], iterations, |request| {
+        request.quantization = Some(pb::Quantization {
+            kind: pb::QuantizationKind::QuantizationInt8 as i32,
+            bits: 0,
+            rescore: 0,
+        });
+        request.vectors_on_disk = true;
+    });
+    assert!(
+        cold_bytes > 0,
+        "no vector went cold: the scenario tested nothing new"
+    );
+}
+
+/// Kills the server under the clients' load `iterations` times, restarting and checking it
+/// each time; returns the collection's cold bytes at the end.
+fn crash_loop(
+    label: &str,
+    tenants: &'static [u128],
+    iterations: u64,
+    configure: impl Fn(&mut pb::CreateCollectionRequest),
+) -> u64 {
     let first_seed = env_u64("TARN_CRASH_SEED", 1);
     let rt = runtime();
     let dir = tempfile::tempdir().unwrap();
     let mut logs: Vec<ClientLog> = (0..CLIENTS).map(|_| ClientLog::default()).collect();
     let mut totals = Checked::default();
+    let mut cold_bytes = 0;
     let started = Instant::now();
     for seed in first_seed..first_seed + iterations {
         let server = Server::start(dir.path(), &[]);
@@ -385,6 +419,7 @@ fn sigkill_under_load_loses_no_acknowledged_write() {
                     name: "version".into(),
                     r#type: pb::FieldType::Number as i32,
                 }];
+                configure(&mut request);
                 client.create_collection(request).await.unwrap();
             });
         }
@@ -399,6 +434,7 @@ fn sigkill_under_load_loses_no_acknowledged_write() {
             .map(|(c, log)| {
                 rt.spawn(run_client(
                     addr.clone(),
+                    tenants,
                     c as u128,
                     seed,
                     start_version + c as u64 * 100_000_000,
@@ -419,19 +455,35 @@ fn sigkill_under_load_loses_no_acknowledged_write() {
         });
         let server = Server::start(dir.path(), &[]);
         // The stored state becomes the next iteration's acknowledged baseline.
-        let checked = rt.block_on(verify(&server.addr, &mut logs, seed));
+        let checked = rt.block_on(verify(&server.addr, tenants, &mut logs, seed));
         totals.acked_ops += checked.acked_ops;
         totals.keys += checked.keys;
         totals.in_doubt_applied += checked.in_doubt_applied;
         totals.in_doubt_absent += checked.in_doubt_absent;
+        if seed + 1 == first_seed + iterations {
+            cold_bytes = rt.block_on(async {
+                let mut client = server.client().await;
+                client
+                    .get_collection(pb::GetCollectionRequest {
+                        name: COLLECTION.into(),
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .collection
+                    .unwrap()
+                    .cold_bytes
+            });
+        }
         server.terminate();
     }
     println!(
-        "crash: {iterations} iterations from seed {first_seed} in {:.1} s; {} acknowledged operations, {} stored (tenant, doc) pairs checked, in-doubt operations applied {} / absent {}; lost 0",
+        "{label}: {iterations} iterations from seed {first_seed} in {:.1} s; {} acknowledged operations, {} stored (tenant, doc) pairs checked, in-doubt operations applied {} / absent {}; lost 0",
         started.elapsed().as_secs_f64(),
         totals.acked_ops,
         totals.keys,
         totals.in_doubt_applied,
         totals.in_doubt_absent
     );
+    cold_bytes
 }
