@@ -2002,7 +2002,11 @@ fn moved_shards_keep_attributes_filters_and_quantization() {
                     .metric(Metric::L2)
                     .shards(2, ShardKey::User)
                     .replicas(1, 0)
-                    .quantization(Quantization::Int8 { rescore: 3 })
+                    .quantization(Quantization::Rabitq {
+                        bits: 4,
+                        rescore: 3,
+                    })
+                    .vectors_on_disk(true)
                     .field("section", FieldType::Keyword)
                     .field("size", FieldType::Number),
             )
@@ -2017,7 +2021,7 @@ fn moved_shards_keep_attributes_filters_and_quantization() {
         let v = vectors(&mut rng, N as usize, DIM);
         let ids: Vec<u128> = (0..N).collect();
         // Two tenants, so that each of the two shards holds one (a partition of 1,500: a graph
-        // and int8 codes once sealed).
+        // and RaBitQ codes once sealed, its full vectors left in the segment file).
         for user in [7u128, 8] {
             client
                 .insert(
@@ -2109,8 +2113,17 @@ fn moved_shards_keep_attributes_filters_and_quantization() {
             }
         }
         let info = client.collection_info("tagged").await.unwrap();
-        assert_eq!(info.quantization, Quantization::Int8 { rescore: 3 });
+        assert_eq!(
+            info.quantization,
+            Quantization::Rabitq {
+                bits: 4,
+                rescore: 3
+            }
+        );
         assert_eq!(info.n_documents, 2 * N as u64);
+        // The moved copies opened their segments with the vectors left on disk.
+        assert!(info.vectors_on_disk);
+        assert_eq!(info.cold_bytes, 2 * N as u64 * DIM as u64 * 4);
         for server in servers {
             server.shutdown().await.unwrap();
         }
