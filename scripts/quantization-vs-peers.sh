@@ -30,4 +30,5 @@ export TARN_MINILM_DIR="$data"
 "$BENCH_PYTHON" scripts/py/quantization_vs_peers.py --data "$data" \
     --passes "${TARN_BENCH_PASSES:-5}" \
     --tarn-cmd "TARN_RESCORES=${TARN_RESCORES:-3} cargo bench --quiet -p tarn-benches --bench quantized_search -- --json {json}" \
-    --tarn-json "$PWD/target/quantized_search.json" --out-json target/quantization_vs_peers.json
+    --tarn-json "$PWD/target/quantized_search.json" --out-json target/quantization_vs_peers.json \
+    --png "${TARN_QUANT_PNG:-docs/img/quantization.png}"
