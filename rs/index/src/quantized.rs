@@ -329,13 +329,14 @@ impl Int8Query<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
     use super::*;
 
-    fn vectors(n: usize, dimension: usize, seed: u64) -> Vec<f32> {
+    /// Seeded vectors whose dimensions have different ranges (also for `rabitq.rs`'s tests).
+    pub(crate) fn vectors(n: usize, dimension: usize, seed: u64) -> Vec<f32> {
         let mut rng = StdRng::seed_from_u64(seed);
         (0..n * dimension)
             .map(|i| rng.random_range(-1.0..1.0f32) * (1.0 + (i % dimension) as f32 / 8.0))

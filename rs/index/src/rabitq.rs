@@ -716,13 +716,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
-
-    fn vectors(n: usize, dimension: usize, seed: u64) -> Vec<f32> {
-        let mut rng = StdRng::seed_from_u64(seed);
-        (0..n * dimension)
-            .map(|i| rng.random_range(-1.0..1.0f32) * (1.0 + (i % dimension) as f32 / 8.0))
-            .collect()
-    }
+    use crate::quantized::tests::vectors;
 
     fn gaussian(rng: &mut StdRng, dimension: usize) -> Vec<f32> {
         // Box-Muller.

@@ -463,16 +463,7 @@ fn crash_loop(
         if seed + 1 == first_seed + iterations {
             cold_bytes = rt.block_on(async {
                 let mut client = server.client().await;
-                client
-                    .get_collection(pb::GetCollectionRequest {
-                        name: COLLECTION.into(),
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner()
-                    .collection
-                    .unwrap()
-                    .cold_bytes
+                collection_info(&mut client, COLLECTION).await.cold_bytes
             });
         }
         server.terminate();

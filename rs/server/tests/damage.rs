@@ -322,15 +322,7 @@ fn damaged_vectors_on_disk_are_answered_data_loss_never_served() {
         })
         .await
         .unwrap();
-        let info = c
-            .get_collection(pb::GetCollectionRequest {
-                name: COLLECTION.into(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .collection
-            .unwrap();
+        let info = collection_info(&mut c, COLLECTION).await;
         assert!(info.vectors_on_disk);
         assert_eq!(info.cold_bytes, (N * DIM * 4) as u64, "{info:?}");
         let got = c

@@ -64,13 +64,7 @@ fn every_rpc_and_every_error_code() {
             bits: 0,
             rescore: 0,
         });
-        let info = c
-            .create_collection(int8.clone())
-            .await
-            .unwrap()
-            .into_inner()
-            .collection
-            .unwrap();
+        let info = created(&mut c, int8.clone()).await;
         let quantization = info.quantization.unwrap();
         assert_eq!(
             (quantization.kind, quantization.rescore),
@@ -99,13 +93,7 @@ fn every_rpc_and_every_error_code() {
             bits: 0,
             rescore: 0,
         });
-        let info = c
-            .create_collection(rabitq.clone())
-            .await
-            .unwrap()
-            .into_inner()
-            .collection
-            .unwrap();
+        let info = created(&mut c, rabitq.clone()).await;
         let quantization = info.quantization.unwrap();
         assert_eq!(
             (quantization.kind, quantization.bits, quantization.rescore),
@@ -135,13 +123,7 @@ fn every_rpc_and_every_error_code() {
             rescore: 2,
         });
         int8.vectors_on_disk = true;
-        let info = c
-            .create_collection(int8.clone())
-            .await
-            .unwrap()
-            .into_inner()
-            .collection
-            .unwrap();
+        let info = created(&mut c, int8.clone()).await;
         assert!(info.vectors_on_disk);
         assert_eq!(info.cold_bytes, 0);
         c.drop_collection(pb::DropCollectionRequest {

@@ -210,3 +210,17 @@ pub fn run_cli(addr: &str, args: &[&str]) -> String {
     );
     stdout
 }
+
+/// CreateCollection's answer, the new collection's info (panics on an error: for tests).
+pub async fn created(
+    client: &mut TarnClient<Channel>,
+    request: pb::CreateCollectionRequest,
+) -> pb::CollectionInfo {
+    client
+        .create_collection(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .collection
+        .unwrap()
+}
