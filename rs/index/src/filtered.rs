@@ -4,23 +4,52 @@
 //! made on an exact count, and the answer is never short: a search returns
 //! `min(k, matching live documents)` hits, whichever way it went.
 //!
-//! One function ([`plan`]) makes the choice, so that a measured crossover or a better filtered
-//! traversal (ACORN-style two-hop expansion, issue 28) replaces it in one place.
+//! One function ([`plan`]) makes the choice between three paths, each best somewhere on
+//! minilm-debian (60,733 x 384; docs/BENCHMARKS.md, "Filtered search", the crossover table):
+//! - few matches: the exact scan of the matches (recall 1.0; at 5% of that collection, 3,000
+//!   matches, it ran at 4,405 q/s against 3,233 for the two-hop walk at recall 0.96);
+//! - a fraction `s` between about 5% and 30%: the graph walked through accepted nodes only
+//!   ([`Walk::Accepted`], ACORN's two-hop expansion), whose cost hardly depends on `s` (20%:
+//!   2,299 q/s at recall 0.989 against 474 for walking every node and 470 for the scan);
+//! - `s` of 30% and more: the graph walked through every node ([`Walk::All`]) with the beam
+//!   widened by `1 / sqrt(s)` (50%: 2,041 q/s at recall 0.9924 against 1,443 at 0.9920 for the
+//!   two-hop walk; widening by `1 / s` instead over-recalls: 980 q/s at 0.9988).
+//!
+//! Several entry points for the two-hop walk (16 or 64 matches spread over the slot order, on
+//! top of the descent's entry) were measured and did not help (recall at 1%: 0.8918 with 16
+//! against 0.9248 without, same ef): the walk's recall falls below about 3% selectivity
+//! whatever its entry, and there the scan is both exact and faster.
 
 use crate::attribute_index::SlotSet;
-use crate::flat_graph::Candidate;
+use crate::flat_graph::{Candidate, Walk};
 use crate::search::exact_top_k;
 
-/// A partition whose filter matches at most this many live documents is searched by an exact
-/// scan of its matches (recall 1.0). Measured (docs/BENCHMARKS.md, "Filtered search", minilm
-/// 384-d): at 1% and 10% selectivity the chosen path runs at the exact scan's speed, at 50% the
-/// graph search is 2.65x the scan, and filters averaging 2,941 matches (a mix of both paths)
-/// gain 1.27x over scanning: the switch sits where neither path loses much.
+/// A partition whose filter matches at most this many live documents is always searched by an
+/// exact scan of its matches (recall 1.0): below it no graph path costs less (the two-hop
+/// walk's cost at the smallest beam, [`ACCEPTED_WALK_COST_PER_EF`] x 32, is about this).
 pub const FILTER_EXACT_SCAN_MAX_MATCHES: usize = 2048;
 
-/// The widest beam a filtered graph search is given (`ef` scaled by `1 / selectivity` is
-/// capped here, or at the request's own `ef` if that is larger).
+/// The widest beam a filtered graph search is given (the widened `ef` is capped here, or at
+/// the request's own `ef` if that is larger).
 const FILTERED_MAX_EF: usize = 4096;
+
+/// At or above this fraction of matching documents the graph is walked through every node
+/// ([`Walk::All`]); below it, through accepted nodes only ([`Walk::Accepted`]). Measured: the
+/// two paths tie at 30% (size_30pct: 1,596 q/s at recall 0.9978 walking every node at ef 32,
+/// 1,711 at 0.9956 for the two-hop walk at ef 64), walking every node wins at 50% and the
+/// two-hop walk below 30%.
+const WALK_ALL_MIN_SELECTIVITY: f64 = 0.3;
+
+/// How many new accepted nodes one step of the two-hop walk takes at most: the base layer's
+/// list length (2 M for M = 16). Measured: 16 loses recall (size_10pct 0.9710 against 0.9860
+/// at ef 64), 64 costs 10-30% more time for little recall.
+const ACCEPTED_MAX_FRESH: usize = 32;
+
+/// The two-hop walk's cost per unit of beam, in exact-scan distances: its time at ef 64 against
+/// the scan's on the same filters was that of scanning 2,500 (20%), 3,200 (10%), 4,100 (5%) and
+/// 4,500 (3%) matches, i.e. 40-70 per unit of ef; the high end is taken, so the scan keeps
+/// the ties (it is exact).
+const ACCEPTED_WALK_COST_PER_EF: f64 = 64.0;
 
 /// How one partition's filtered search runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,17 +58,19 @@ pub(crate) enum FilteredPlan {
     ExactScan,
     /// Graph search accepting only matching live slots, with this beam width; falls back to
     /// the exact scan if it comes back with fewer than `min(k, matches)` hits.
-    Graph { ef: usize },
+    Graph { ef: usize, walk: Walk },
 }
 
 /// Chooses how to search one partition whose filter matches `n_matches` of its `n_live` live
-/// documents:
+/// documents (the fraction `s`):
 /// - the exact scan when the request asks for it, the partition has no graph, or the matches
 ///   are at most [`FILTER_EXACT_SCAN_MAX_MATCHES`];
-/// - otherwise a graph search whose beam is widened to cover the selectivity
-///   `s = n_matches / n_live`: `ef / s`, capped at 4,096 (or the request's `ef`). A search that
-///   only accepts matches visits about `ef / s` nodes to collect `ef` of them, so when that
-///   exceeds `n_matches` the exact scan of the matches is the cheaper of the two and is chosen.
+/// - for `s` of at least [`WALK_ALL_MIN_SELECTIVITY`], the graph walked through every node with
+///   the beam widened to `ef / sqrt(s)` (capped at 4,096 or the request's `ef`), unless its
+///   expected visits (`beam / s`) exceed the matches, when the scan is cheaper;
+/// - below it, the two-hop walk with the beam widened to `ef * sqrt(0.3 / s)` (its recall
+///   falls with `s`: 0.9728 at 11% and 0.9480 at 3% at a plain ef 64 on minilm), unless its cost
+///   ([`ACCEPTED_WALK_COST_PER_EF`] x beam) reaches the matches', when the scan is chosen.
 pub(crate) fn plan(
     n_matches: usize,
     n_live: usize,
@@ -53,14 +84,31 @@ pub(crate) fn plan(
     }
     let selectivity = (n_matches as f64 / n_live.max(n_matches).max(1) as f64).max(1e-9);
     let ef = ef.max(k);
-    let widened = ((ef as f64 / selectivity).ceil() as usize)
-        .min(FILTERED_MAX_EF.max(ef))
-        .max(ef);
-    let expected_visits = widened as f64 / selectivity;
-    if expected_visits >= n_matches as f64 {
+    let widen = |factor: f64| {
+        ((ef as f64 * factor).ceil() as usize)
+            .min(FILTERED_MAX_EF.max(ef))
+            .max(ef)
+    };
+    if selectivity >= WALK_ALL_MIN_SELECTIVITY {
+        let beam = widen(1.0 / selectivity.sqrt());
+        if beam as f64 / selectivity >= n_matches as f64 {
+            return FilteredPlan::ExactScan;
+        }
+        return FilteredPlan::Graph {
+            ef: beam,
+            walk: Walk::All,
+        };
+    }
+    let beam = widen((WALK_ALL_MIN_SELECTIVITY / selectivity).sqrt());
+    if ACCEPTED_WALK_COST_PER_EF * beam as f64 >= n_matches as f64 {
         return FilteredPlan::ExactScan;
     }
-    FilteredPlan::Graph { ef: widened }
+    FilteredPlan::Graph {
+        ef: beam,
+        walk: Walk::Accepted {
+            max_fresh: ACCEPTED_MAX_FRESH,
+        },
+    }
 }
 
 /// Runs a partition's filtered search: `matches` are its matching live slots (`n_matches` of
@@ -72,14 +120,14 @@ pub(crate) fn filtered_top_k(
     n_matches: usize,
     k: usize,
     plan: FilteredPlan,
-    graph_search: impl FnOnce(usize) -> Vec<Candidate>,
+    graph_search: impl FnOnce(usize, Walk) -> Vec<Candidate>,
     distance: impl Fn(u32) -> f32,
 ) -> Vec<Candidate> {
     if n_matches == 0 || k == 0 {
         return Vec::new();
     }
-    if let FilteredPlan::Graph { ef } = plan {
-        let candidates = graph_search(ef);
+    if let FilteredPlan::Graph { ef, walk } = plan {
+        let candidates = graph_search(ef, walk);
         if candidates.len() >= k.min(n_matches) {
             return candidates;
         }
@@ -124,27 +172,83 @@ mod tests {
         );
     }
 
+    const ACCEPTED: Walk = Walk::Accepted {
+        max_fresh: ACCEPTED_MAX_FRESH,
+    };
+
     #[test]
-    fn plan_widens_the_beam_by_selectivity_and_prefers_the_scan_when_cheaper() {
-        // Half the documents match: the beam doubles.
+    fn plan_walks_every_node_for_wide_filters_with_the_beam_widened_by_the_root() {
+        // Half the documents match: 64 / sqrt(0.5) = 90.5.
         assert_eq!(
             plan(500_000, 1_000_000, 10, 64, true, false),
-            FilteredPlan::Graph { ef: 128 }
+            FilteredPlan::Graph {
+                ef: 91,
+                walk: Walk::All
+            }
         );
         // Everything matches: the request's own ef (at least k).
         assert_eq!(
             plan(10_000, 10_000, 100, 64, true, false),
-            FilteredPlan::Graph { ef: 100 }
+            FilteredPlan::Graph {
+                ef: 100,
+                walk: Walk::All
+            }
         );
-        // 1%: ef 6,400 capped at 4,096, about 409,600 visits; cheaper than 10,000 matches? No.
+        // A small partition: 117 / 0.3 = 390 visits against 2,100 matches: the graph.
+        assert_eq!(
+            plan(2_100, 7_000, 10, 64, true, false),
+            FilteredPlan::Graph {
+                ef: 117,
+                walk: Walk::All
+            }
+        );
+        // 4,096 / 0.3 visits would exceed the matches: the scan.
+        assert_eq!(
+            plan(3_000, 10_000, 10, 4_096, true, false),
+            FilteredPlan::ExactScan
+        );
+    }
+
+    #[test]
+    fn plan_walks_accepted_nodes_below_30_percent_unless_the_scan_is_cheaper() {
+        // 20%: 64 * sqrt(1.5) = 78.4; cost 79 * 64 = 5,056 distances against 200,000.
+        assert_eq!(
+            plan(200_000, 1_000_000, 10, 64, true, false),
+            FilteredPlan::Graph {
+                ef: 79,
+                walk: ACCEPTED
+            }
+        );
+        // 5%: 64 * sqrt(6) = 156.8.
+        assert_eq!(
+            plan(50_000, 1_000_000, 10, 64, true, false),
+            FilteredPlan::Graph {
+                ef: 157,
+                walk: ACCEPTED
+            }
+        );
+        // 1% of a million: beam 351, about 22,500 distances against 10,000 matches: the scan.
         assert_eq!(
             plan(10_000, 1_000_000, 10, 64, true, false),
             FilteredPlan::ExactScan
         );
-        // 1% of 100 million: the graph.
+        // 1% of 100 million: the walk.
         assert_eq!(
             plan(1_000_000, 100_000_000, 10, 64, true, false),
-            FilteredPlan::Graph { ef: 4096 }
+            FilteredPlan::Graph {
+                ef: 351,
+                walk: ACCEPTED
+            }
+        );
+        // 10% of minilm's 60,733: beam 111, 7,104 against 6,073 matches: the scan.
+        assert_eq!(
+            plan(6_073, 60_733, 10, 64, true, false),
+            FilteredPlan::ExactScan
+        );
+        // 0.01% of a billion: beam 3,505, about 224,000 distances against 100,000: the scan.
+        assert_eq!(
+            plan(100_000, 1_000_000_000, 10, 64, true, false),
+            FilteredPlan::ExactScan
         );
     }
 
@@ -155,7 +259,7 @@ mod tests {
             matches.insert(slot);
         }
         let distance = |slot: u32| (slot as f32 - 4.0).abs();
-        let short = |_ef: usize| {
+        let short = |_ef: usize, _walk: Walk| {
             vec![Candidate {
                 distance: 0.0,
                 node: 4,
@@ -165,7 +269,10 @@ mod tests {
             &matches,
             3,
             2,
-            FilteredPlan::Graph { ef: 8 },
+            FilteredPlan::Graph {
+                ef: 8,
+                walk: Walk::All,
+            },
             short,
             distance,
         );
@@ -175,7 +282,7 @@ mod tests {
             3,
             5,
             FilteredPlan::ExactScan,
-            |_| Vec::new(),
+            |_, _| Vec::new(),
             distance,
         );
         assert_eq!(scan.len(), 3);
@@ -184,7 +291,7 @@ mod tests {
             0,
             5,
             FilteredPlan::ExactScan,
-            |_| Vec::new(),
+            |_, _| Vec::new(),
             distance
         )
         .is_empty());

@@ -74,6 +74,57 @@ impl PartialOrd for Candidate {
     }
 }
 
+/// Which nodes a layer-0 search goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Walk {
+    /// Every node: each neighbour is measured and may steer the search; only accepted nodes
+    /// are results. Right when almost every node is accepted (tombstones, wide filters): the
+    /// graph stays connected as it was built.
+    All,
+    /// Accepted nodes only (ACORN's two-hop expansion, Patel et al., SIGMOD 2024): a node's
+    /// accepted neighbours are measured; each rejected neighbour is looked through, and its
+    /// own accepted neighbours are taken instead, until `max_fresh` new nodes are found. A
+    /// rejected node costs a bitmap test, not a distance, so a filter matching a fraction `s`
+    /// of the nodes costs about the distances of a search over the matches alone, where
+    /// [`Walk::All`] measures about `1 / s` nodes per accepted one; and the two-hop lists keep
+    /// the matches connected when one hop would strand the search.
+    Accepted { max_fresh: usize },
+}
+
+/// The unvisited accepted nodes among `neighbors` and, through each rejected one, among its
+/// own neighbours, up to `max_fresh` of them (nearest lists first, as lists are kept nearest
+/// first), marked visited. A rejected neighbour is marked visited once looked through.
+fn accepted_neighbors(
+    base: &CsrLayer,
+    neighbors: &[u32],
+    accept: &impl Fn(u32) -> bool,
+    visited: &mut crate::visited::VisitedSet,
+    max_fresh: usize,
+    fresh: &mut Vec<u32>,
+) {
+    for &n in neighbors {
+        if fresh.len() >= max_fresh {
+            return;
+        }
+        if accept(n) && visited.insert(n) {
+            fresh.push(n);
+        }
+    }
+    for &n in neighbors {
+        if accept(n) || !visited.insert(n) {
+            continue;
+        }
+        for &m in base.neighbors(n) {
+            if fresh.len() >= max_fresh {
+                return;
+            }
+            if accept(m) && visited.insert(m) {
+                fresh.push(m);
+            }
+        }
+    }
+}
+
 impl FlatGraph {
     pub(crate) fn n_nodes(&self) -> usize {
         self.layers.first().map_or(0, |l| l.offsets.len() - 1)
@@ -83,16 +134,17 @@ impl FlatGraph {
         self.layers.iter().map(CsrLayer::memory_bytes).sum()
     }
 
-    /// Approximate k nearest live nodes. `distance(node)` measures a node against the query;
-    /// `is_live(node)` excludes tombstoned nodes from the results (they are still traversed, so
-    /// the graph stays connected).
+    /// Approximate k nearest accepted nodes. `distance(node)` measures a node against the
+    /// query; `accept(node)` says which nodes may be results (live ones, matching a filter);
+    /// `walk` says which nodes the layer-0 search goes through ([`Walk`]).
     pub(crate) fn search(
         &self,
         k: usize,
         ef: usize,
         distance: impl Fn(u32) -> f32,
         prefetch: impl Fn(u32),
-        is_live: impl Fn(u32) -> bool,
+        accept: impl Fn(u32) -> bool,
+        walk: Walk,
     ) -> Vec<Candidate> {
         let n_nodes = self.n_nodes();
         if n_nodes == 0 || k == 0 {
@@ -131,7 +183,7 @@ impl FlatGraph {
             let mut results: BinaryHeap<Candidate> = BinaryHeap::with_capacity(ef + 1);
             let mut fresh: Vec<u32> = Vec::with_capacity(64);
             candidates.push(std::cmp::Reverse(entry));
-            if is_live(entry.node) {
+            if accept(entry.node) {
                 results.push(entry);
             }
             while let Some(std::cmp::Reverse(current)) = candidates.pop() {
@@ -142,12 +194,15 @@ impl FlatGraph {
                 // Mark the unvisited neighbours first and start loading their vectors, so
                 // that memory works while the distances are computed.
                 fresh.clear();
-                fresh.extend(
-                    base.neighbors(current.node)
-                        .iter()
-                        .copied()
-                        .filter(|&n| visited.insert(n)),
-                );
+                let neighbors = base.neighbors(current.node);
+                match walk {
+                    Walk::All => {
+                        fresh.extend(neighbors.iter().copied().filter(|&n| visited.insert(n)))
+                    }
+                    Walk::Accepted { max_fresh } => {
+                        accepted_neighbors(base, neighbors, &accept, visited, max_fresh, &mut fresh)
+                    }
+                }
                 fresh.iter().take(PREFETCH_AHEAD).for_each(|&n| prefetch(n));
                 for (i, &neighbor) in fresh.iter().enumerate() {
                     if let Some(&next) = fresh.get(i + PREFETCH_AHEAD) {
@@ -161,7 +216,7 @@ impl FlatGraph {
                             node: neighbor,
                         };
                         candidates.push(std::cmp::Reverse(candidate));
-                        if is_live(neighbor) {
+                        if accept(neighbor) {
                             results.push(candidate);
                             if results.len() > ef {
                                 results.pop();
@@ -270,6 +325,95 @@ pub(crate) fn reachable(lists: &[Vec<u32>], entry: u32) -> Vec<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A path 0 - 1 - 2 - ... - (n - 1), one layer, entered at 0.
+    fn path(n: u32) -> FlatGraph {
+        let lists: Vec<Vec<u32>> = (0..n)
+            .map(|i| {
+                let mut list = Vec::new();
+                if i + 1 < n {
+                    list.push(i + 1);
+                }
+                if i > 0 {
+                    list.push(i - 1);
+                }
+                list
+            })
+            .collect();
+        FlatGraph {
+            entry: 0,
+            layers: vec![CsrLayer::from_lists(&lists)],
+        }
+    }
+
+    #[test]
+    fn the_two_hop_walk_crosses_rejected_nodes_without_measuring_them() {
+        // Only even nodes are accepted: in one hop they never touch, so a walk through
+        // accepted nodes alone reaches them only by looking through the odd ones.
+        let graph = path(200);
+        let target = 150.0_f32;
+        let accept = |node: u32| node.is_multiple_of(2);
+        for walk in [Walk::All, Walk::Accepted { max_fresh: 32 }] {
+            let measured = std::cell::RefCell::new(Vec::new());
+            let distance = |node: u32| {
+                measured.borrow_mut().push(node);
+                (node as f32 - target).abs()
+            };
+            let found = graph.search(3, 300, distance, |_| {}, accept, walk);
+            let nodes: Vec<u32> = found.iter().map(|c| c.node).collect();
+            assert_eq!(nodes, vec![150, 148, 152], "{walk:?}");
+            let rejected_measured = measured
+                .borrow()
+                .iter()
+                .filter(|&&node| !accept(node))
+                .count();
+            match walk {
+                // Every node on the way is measured.
+                Walk::All => assert!(rejected_measured > 50, "{rejected_measured}"),
+                // None: the entry (0) is accepted, and rejected nodes are only looked through.
+                Walk::Accepted { .. } => assert_eq!(rejected_measured, 0),
+            }
+        }
+    }
+
+    #[test]
+    fn the_two_hop_walk_takes_at_most_max_fresh_nodes_per_step_and_never_repeats_one() {
+        // A star: 0 points to 1..=40 (all rejected), each of which points to 100 + itself
+        // (accepted) and back to 0.
+        let mut lists = vec![Vec::new(); 141];
+        lists[0] = (1..=40).collect();
+        for i in 1..=40u32 {
+            lists[i as usize] = vec![100 + i, 0];
+        }
+        let graph = FlatGraph {
+            entry: 0,
+            layers: vec![CsrLayer::from_lists(&lists)],
+        };
+        let accept = |node: u32| node > 100;
+        let measured = std::cell::RefCell::new(Vec::new());
+        let distance = |node: u32| {
+            measured.borrow_mut().push(node);
+            node as f32
+        };
+        let found = graph.search(
+            10,
+            10,
+            distance,
+            |_| {},
+            accept,
+            Walk::Accepted { max_fresh: 8 },
+        );
+        // The entry's step took 8 of the 40 accepted nodes two hops away and the accepted
+        // nodes lead nowhere: the answer is short (the caller's plan then scans the matches).
+        assert_eq!(found.len(), 8);
+        assert!(found.iter().all(|c| accept(c.node)));
+        let measured = measured.into_inner();
+        let mut unique = measured.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), measured.len(), "a node measured twice");
+        assert_eq!(measured.iter().filter(|&&n| accept(n)).count(), 8);
+    }
 
     #[test]
     fn orphans_are_reconnected() {

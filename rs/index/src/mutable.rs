@@ -394,7 +394,8 @@ impl MutableSegment {
             let n_matches = matches.count();
             let graph = data.graph.as_ref();
             let plan = plan(n_matches, data.by_doc.len(), k, ef, graph.is_some(), exact);
-            let graph_search = |ef: usize| {
+            // hnsw_rs walks every node: the mutable graph ignores the walk.
+            let graph_search = |ef: usize, _walk| {
                 let Some(graph) = graph else {
                     return Vec::new();
                 };
