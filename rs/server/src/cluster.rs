@@ -924,6 +924,7 @@ impl ClusterNode {
                         expected_epoch,
                         new,
                         unless_registered: Some(node_id),
+                        unless_registered_from: None,
                         expected,
                     })
                     .await

@@ -840,7 +840,7 @@ async fn copy_and_flip(
     let fenced = fence
         .clone()
         .ok_or_else(|| ApiError::Internal("handed over without a fence".to_owned()))?;
-    let owned = fenced.handed_over();
+    let owned = fenced.handed_over(&node.incarnation);
     flip(node, shard, &fenced, &owned).await?;
     let write_pause = fenced_at.map_or(0.0, |at| at.elapsed().as_secs_f64());
     tracing::info!(shard = %shard.local_name(), fence_ms = fence_ms, handed_over_ms, synced_ms,
@@ -919,6 +919,7 @@ fn swap<'a>(
         expected_epoch: epoch,
         new,
         unless_registered: None,
+        unless_registered_from: None,
         expected: None,
     }
 }
@@ -1065,6 +1066,7 @@ async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::ClusterState
             expected_epoch: planned.from.epoch,
             new: &planned.to,
             unless_registered: Some(&planned.dead_primary),
+            unless_registered_from: None,
             expected: Some(&planned.from),
         };
         match node.store().compare_and_set_shard(&swap).await {
@@ -1145,6 +1147,7 @@ async fn rereplicate(
                 expected_epoch: a.epoch,
                 new,
                 unless_registered,
+                unless_registered_from: None,
                 expected: Some(a),
             };
             let draining = a

@@ -421,6 +421,7 @@ impl ShardReplication {
                 expected_epoch: self.epoch,
                 new: &next,
                 unless_registered: None,
+                unless_registered_from: None,
                 expected: Some(&base),
             };
             let landed = node
@@ -487,7 +488,8 @@ impl ShardReplication {
         }
         let joined = self
             .change_record(node, |r| match r.role_of(replica) {
-                Some(tarn_cluster::CopyRole::CatchingUp) => r.with_in_sync(replica).map(Some),
+                // The replica's data directory is not known here yet: recorded as unknown.
+                Some(tarn_cluster::CopyRole::CatchingUp) => r.with_in_sync(replica, "").map(Some),
                 Some(tarn_cluster::CopyRole::InSyncReplica) => Some(None),
                 _ => None,
             })
