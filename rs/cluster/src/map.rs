@@ -121,7 +121,7 @@ pub struct ShardAssignment {
     /// when it leaves it. A node whose live registration carries another token came back on
     /// another disk (wiped or replaced): that directory holds no copy, so the node is not in
     /// sync for this shard, whatever `in_sync_replicas` says
-    /// ([`ShardAssignment::copy_replaced`], docs/CLUSTER.md, "In-sync means this disk"). A copy
+    /// ([`ShardAssignment::copy_replaced`], docs/CLUSTER.md, "In sync means on this disk"). A copy
     /// without an entry (a record written before tokens were recorded, or a node of an older
     /// tarn that registers none) is unknown, and its node's current registration is accepted.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
