@@ -21,7 +21,10 @@
 #     through each survivor, copies identical after they rejoin), a deposed primary cutting its
 #     unacknowledged tail (KIP-101), the last in-sync copy promoted and refusing writes below
 #     min_in_sync, no promotion while etcd is down, catch-up by snapshot past the log and
-#     after a wiped disk, re-replication of a dead node's copies after --replace-dead-after;
+#     after a wiped disk, re-replication of a dead node's copies after --replace-dead-after,
+#     in-sync incarnations (issue 31: a replica back on a wiped disk never promoted when its
+#     primary dies before probing it, and seeded again; a primary back on a wiped disk
+#     promoted over);
 #   - the seeded nemesis: writers and searchers through three nodes while kill -9 and restart,
 #     SIGSTOP, etcd connections cut, graceful restarts, drains and cancels follow one another
 #     (TARN_NEMESIS_SEED, TARN_NEMESIS_SECONDS, default 90 s; the seed is printed); run twice,

@@ -467,8 +467,13 @@ impl ClusterStore for EtcdStore {
         let inner = &self.inner;
         let key = inner.shard_key(swap.collection, swap.shard);
         let def_key = inner.key(&format!("collections/{}", swap.collection));
-        // One read of both keys at one revision.
-        let read = when(Vec::new(), vec![get_op(&def_key), get_op(&key)]);
+        let node_key = swap
+            .unless_registered
+            .map(|node_id| inner.key(&format!("nodes/{node_id}")));
+        // One read of the keys at one revision.
+        let mut reads = vec![get_op(&def_key), get_op(&key)];
+        reads.extend(node_key.as_deref().map(get_op));
+        let read = when(Vec::new(), reads);
         let response = inner.call("read shard", inner.client.txn(read)).await?;
         let mut found = range_results(&response.responses);
         let (Some(def), Some(current)) = (found.remove(&def_key), found.remove(&key)) else {
@@ -484,13 +489,24 @@ impl ClusterStore for EtcdStore {
             return Ok(false);
         }
         // etcd compares bytes or revisions, not JSON fields: the write goes through only if
-        // both keys are still the ones just read (and, for forget, the node is not registered).
+        // both keys are still the ones just read (and, for forget and failover, the node is not
+        // registered, or is still registered from the other data directory just read).
         let mut compare = vec![
             modified_at(&def_key, def.mod_revision),
             modified_at(&key, current.mod_revision),
         ];
-        if let Some(node_id) = swap.unless_registered {
-            compare.push(created_at(&inner.key(&format!("nodes/{node_id}")), 0));
+        if let Some(node_key) = node_key {
+            match found.remove(&node_key) {
+                None => compare.push(created_at(&node_key, 0)),
+                Some(registration) => {
+                    let elsewhere = serde_json::from_slice::<NodeInfo>(&registration.value)
+                        .is_ok_and(|info| swap.registered_elsewhere(&info));
+                    if !elsewhere {
+                        return Ok(false);
+                    }
+                    compare.push(modified_at(&node_key, registration.mod_revision));
+                }
+            }
         }
         let txn = when(compare, vec![put_op(&key, encode(&key, swap.new)?, 0)]);
         let response = inner.call("set shard", inner.client.txn(txn)).await?;

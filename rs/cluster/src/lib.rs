@@ -25,7 +25,8 @@ pub use map::{
 };
 pub use merge::{merge_top_k, ShardHit};
 pub use replicas::{
-    plan_promotions, replication_settings, CopyRole, PlannedPromotion, TooFewInSync,
+    is_another_directory, plan_promotions, plan_replaced_copies, replication_settings, CopyRole,
+    PlannedLeave, PlannedPromotion, TooFewInSync,
 };
 pub use store::{
     ClusterIdentity, ClusterStore, Leader, Liveness, MemoryStore, Registration, ShardSwap,

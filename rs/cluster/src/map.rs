@@ -115,6 +115,17 @@ pub struct ShardAssignment {
     /// added later starts from a copy of the primary's data, never empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub create_replicas_on: Vec<String>,
+    /// The data directory (its [`NodeInfo::incarnation`] token) that holds each in-sync copy,
+    /// by node: the owner's and each in-sync replica's, recorded when the copy became the
+    /// primary (a new shard, a promotion, a move's flip) or joined the in-sync set, and dropped
+    /// when it leaves it. A node whose live registration carries another token came back on
+    /// another disk (wiped or replaced): that directory holds no copy, so the node is not in
+    /// sync for this shard, whatever `in_sync_replicas` says
+    /// ([`ShardAssignment::copy_replaced`], docs/CLUSTER.md, "In sync means on this disk"). A copy
+    /// without an entry (a record written before tokens were recorded, or a node of an older
+    /// tarn that registers none) is unknown, and its node's current registration is accepted.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub incarnations: BTreeMap<String, String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -153,17 +164,21 @@ impl ShardAssignment {
             replicas: Vec::new(),
             in_sync_replicas: Vec::new(),
             create_replicas_on: Vec::new(),
+            incarnations: BTreeMap::new(),
         }
     }
 
     /// A new, empty shard of `owner` at `epoch`, to be created by the data directory
-    /// `incarnation`.
+    /// `incarnation` (which is recorded as the one holding the primary's copy).
     pub fn created(owner: impl Into<String>, epoch: u64, incarnation: &str) -> ShardAssignment {
-        ShardAssignment {
+        let mut created = ShardAssignment {
             create_on: Some(incarnation.to_owned()),
             data_since: epoch,
             ..ShardAssignment::serving(owner, epoch)
-        }
+        };
+        let owner = created.owner.clone();
+        created.record_incarnation(&owner, incarnation);
+        created
     }
 
     /// The fence of a move to `to`: same owner, next epoch, writes refused everywhere.
@@ -179,13 +194,15 @@ impl ShardAssignment {
             replicas: self.replicas.clone(),
             in_sync_replicas: self.in_sync_replicas.clone(),
             create_replicas_on: Vec::new(),
+            incarnations: self.incarnations.clone(),
         }
     }
 
-    /// After this fence: the taker serves the shard with the data it copied (the flip).
-    pub fn handed_over(&self) -> ShardAssignment {
+    /// After this fence: the taker serves the shard with the data it copied (the flip), on its
+    /// data directory `taker_incarnation`.
+    pub fn handed_over(&self, taker_incarnation: &str) -> ShardAssignment {
         let taker = self.moving_to.clone().unwrap_or_else(|| self.owner.clone());
-        ShardAssignment {
+        let mut owned = ShardAssignment {
             given_up: self
                 .given_up
                 .iter()
@@ -205,8 +222,16 @@ impl ShardAssignment {
                 .filter(|n| **n != taker)
                 .cloned()
                 .collect(),
-            ..ShardAssignment::serving(taker, self.epoch + 1)
-        }
+            incarnations: self
+                .incarnations
+                .iter()
+                .filter(|(n, _)| self.in_sync_replicas.contains(n) && **n != taker)
+                .map(|(n, t)| (n.clone(), t.clone()))
+                .collect(),
+            ..ShardAssignment::serving(taker.clone(), self.epoch + 1)
+        };
+        owned.record_incarnation(&taker, taker_incarnation);
+        owned
     }
 
     /// After this fence: the owner serves the shard again (the move was abandoned).
@@ -216,6 +241,7 @@ impl ShardAssignment {
             data_since: self.data_since,
             replicas: self.replicas.clone(),
             in_sync_replicas: self.in_sync_replicas.clone(),
+            incarnations: self.incarnations.clone(),
             ..ShardAssignment::serving(self.owner.clone(), self.epoch + 1)
         }
     }
@@ -399,7 +425,8 @@ impl ShardName {
 /// nodes after its primary in that order (never two copies on one node: the factor is capped
 /// at the number of nodes). Epochs start at 1; every copy is to be created empty by its node's
 /// data directory ([`ShardAssignment::create_on`], [`ShardAssignment::create_replicas_on`]),
-/// and every replica starts in sync (all copies are empty).
+/// and every replica starts in sync (all copies are empty), with that directory recorded as
+/// the one holding it ([`ShardAssignment::incarnations`]).
 pub fn initial_placement(
     collection: &str,
     n_shards: u32,
@@ -422,12 +449,16 @@ pub fn initial_placement(
             let replicas: Vec<&NodeInfo> = (1..n_copies)
                 .map(|i| nodes[(offset + shard + i) % nodes.len()])
                 .collect();
-            ShardAssignment {
+            let mut shard = ShardAssignment {
                 replicas: replicas.iter().map(|n| n.node_id.clone()).collect(),
                 in_sync_replicas: replicas.iter().map(|n| n.node_id.clone()).collect(),
                 create_replicas_on: replicas.iter().map(|n| n.incarnation.clone()).collect(),
                 ..ShardAssignment::created(node.node_id.clone(), 1, &node.incarnation)
+            };
+            for replica in &replicas {
+                shard.record_incarnation(&replica.node_id, &replica.incarnation);
             }
+            shard
         })
         .collect()
 }
@@ -948,7 +979,7 @@ mod token_tests {
             let slot = &mut state.collections.get_mut("c").unwrap().shards[m.shard as usize];
             *slot = ShardAssignment {
                 owner: m.to.clone(),
-                ..slot.fenced_for(&m.to).handed_over()
+                ..slot.fenced_for(&m.to).handed_over("")
             };
         }
         assert_eq!(counts(&state).get("a"), None);

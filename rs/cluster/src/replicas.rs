@@ -9,13 +9,27 @@
 //! | (none) | catching-up replica | placement coordinator | the shard has fewer copies than its replication factor (a new collection, re-replication, the first step of a move) | same |
 //! | catching-up replica | in-sync replica | primary | the replica has durably appended everything the primary acknowledged (Patroni's rule) | same |
 //! | in-sync replica | catching-up replica | primary | the replica failed to answer a shipped entry within the bound, BEFORE any write is acknowledged without it | same |
-//! | in-sync replica | primary | placement coordinator | the primary's registration is gone from etcd (its lease lapsed) | next |
-//! | primary | catching-up replica | (the promotion above) | the old primary returns: it cuts its log back to what the new primary holds, then catches up | next |
+//! | in-sync replica | catching-up replica | placement coordinator, or the primary at a write | its node is registered from another data directory than the one recorded for the copy (a wiped or replaced disk) | same |
+//! | in-sync replica | primary | placement coordinator | the primary's registration is gone from etcd (its lease lapsed), or comes from another data directory than the one recorded for its copy | next |
+//! | primary | catching-up replica | (the promotion above) | the old primary returns: it cuts its log back to what the new primary holds (or, on a new disk, is seeded), then catches up | next |
 //! | replica | (none) | placement coordinator | the copy is surplus (the last step of a move) or its node was forgotten | same |
 //!
 //! The in-sync set only changes by these compare-and-swaps, so a promotion (which requires the
 //! candidate to be in it) can only pick a copy that held every acknowledged write at the moment
 //! of the swap.
+//!
+//! In sync means in sync on one disk: the record keeps, for the owner and each in-sync replica,
+//! the data directory token ([`crate::NodeInfo::incarnation`]) that held the copy when it
+//! became primary or joined the in-sync set ([`ShardAssignment::incarnations`]). A node that
+//! comes back with the same id on another directory (its disk wiped or replaced) holds no copy:
+//! it is never promoted, never read from as in sync and never counted for `min_in_sync`
+//! ([`ClusterState::holds_in_sync_copy`]); a primary in that state is dead for the shard
+//! ([`plan_promotions`]), and a replica leaves the in-sync set ([`plan_replaced_copies`]) and is
+//! seeded again. A copy with no token recorded (a record of an older tarn) is unknown, and its
+//! node's current registration is accepted: refusing it would leave every shard of an upgraded
+//! cluster without failover (its replicas never rejoin while they stay in sync), and accepting
+//! it keeps exactly what such a record meant before; the token is recorded at the copy's next
+//! join, promotion or move.
 
 use std::collections::BTreeMap;
 
@@ -50,6 +64,13 @@ impl std::fmt::Display for TooFewInSync {
     }
 }
 
+/// Whether a node registered from the data directory `registered` is on another disk than the
+/// one `recorded` for its copy. Unknown on either side (empty: a record of an older tarn, a
+/// node of an older tarn that registers no token) is no evidence: `false`.
+pub fn is_another_directory(recorded: &str, registered: &str) -> bool {
+    !recorded.is_empty() && !registered.is_empty() && recorded != registered
+}
+
 impl ShardAssignment {
     /// The role of `node`'s copy, if it has one.
     pub fn role_of(&self, node: &str) -> Option<CopyRole> {
@@ -72,6 +93,31 @@ impl ShardAssignment {
     /// The copies in sync, the owner first.
     pub fn in_sync(&self) -> impl Iterator<Item = &str> {
         std::iter::once(self.owner.as_str()).chain(self.in_sync_replicas.iter().map(String::as_str))
+    }
+
+    /// The data directory token recorded for `node`'s in-sync copy (the owner's included), if
+    /// one was.
+    pub fn incarnation_of(&self, node: &str) -> Option<&str> {
+        self.incarnations.get(node).map(String::as_str)
+    }
+
+    /// Whether `node`'s copy, in sync by this record (or the primary), is gone: the node is
+    /// registered from the data directory `registered`, which is not the one recorded for the
+    /// copy ([`is_another_directory`]). `false` for a copy with no token recorded.
+    pub fn copy_replaced(&self, node: &str, registered: &str) -> bool {
+        self.incarnation_of(node)
+            .is_some_and(|recorded| is_another_directory(recorded, registered))
+    }
+
+    /// Records that the data directory `incarnation` holds `node`'s copy (nothing for an empty,
+    /// unknown token).
+    pub(crate) fn record_incarnation(&mut self, node: &str, incarnation: &str) {
+        if incarnation.is_empty() {
+            self.incarnations.remove(node);
+        } else {
+            self.incarnations
+                .insert(node.to_owned(), incarnation.to_owned());
+        }
     }
 
     /// Copies in sync, the owner included.
@@ -99,16 +145,20 @@ impl ShardAssignment {
         let mut next = self.clone();
         next.replicas.push(node.to_owned());
         next.given_up.retain(|n| n != node);
+        next.incarnations.remove(node);
         Some(next)
     }
 
-    /// `node`'s replica joins the in-sync set. `None` unless it is a catching-up replica.
-    pub fn with_in_sync(&self, node: &str) -> Option<ShardAssignment> {
+    /// `node`'s replica joins the in-sync set, its copy held by the data directory
+    /// `incarnation` (the token of the process that acknowledged everything; empty: unknown,
+    /// nothing recorded). `None` unless it is a catching-up replica.
+    pub fn with_in_sync(&self, node: &str, incarnation: &str) -> Option<ShardAssignment> {
         if self.role_of(node) != Some(CopyRole::CatchingUp) {
             return None;
         }
         let mut next = self.clone();
         next.in_sync_replicas.push(node.to_owned());
+        next.record_incarnation(node, incarnation);
         Some(next)
     }
 
@@ -120,6 +170,7 @@ impl ShardAssignment {
         }
         let mut next = self.clone();
         next.in_sync_replicas.retain(|n| n != node);
+        next.incarnations.remove(node);
         Some(next)
     }
 
@@ -130,16 +181,18 @@ impl ShardAssignment {
                 let mut next = self.clone();
                 next.replicas.retain(|n| n != node);
                 next.in_sync_replicas.retain(|n| n != node);
+                next.incarnations.remove(node);
                 Some(next)
             }
             _ => None,
         }
     }
 
-    /// Failover: the in-sync replica `candidate` becomes the primary at the next epoch; the old
-    /// primary stays a replica, out of the in-sync set (when it returns it cuts its log back to
-    /// what the new primary holds and catches up). `None` unless `candidate` is in sync and the
-    /// shard is serving (a fenced shard is in a move's hand-over, which settles it).
+    /// Failover: the in-sync replica `candidate` becomes the primary at the next epoch (its copy
+    /// on the data directory recorded for it); the old primary stays a replica, out of the
+    /// in-sync set (when it returns it cuts its log back to what the new primary holds and
+    /// catches up). `None` unless `candidate` is in sync and the shard is serving (a fenced
+    /// shard is in a move's hand-over, which settles it).
     pub fn promoted(&self, candidate: &str) -> Option<ShardAssignment> {
         if self.role_of(candidate) != Some(CopyRole::InSyncReplica) || !self.takes_writes() {
             return None;
@@ -148,6 +201,7 @@ impl ShardAssignment {
         next.replicas.retain(|n| n != candidate);
         next.replicas.push(self.owner.clone());
         next.in_sync_replicas.retain(|n| n != candidate);
+        next.incarnations.remove(&self.owner);
         next.owner = candidate.to_owned();
         next.epoch = self.epoch + 1;
         next.create_on = None;
@@ -155,8 +209,29 @@ impl ShardAssignment {
     }
 }
 
+impl ClusterState {
+    /// Whether `node` holds an in-sync copy of the shard `a` that can answer and be promoted:
+    /// it is the owner or an in-sync replica, it is alive, and it is registered from the data
+    /// directory recorded for that copy (or none is recorded).
+    pub fn holds_in_sync_copy(&self, a: &ShardAssignment, node: &str) -> bool {
+        a.in_sync().any(|n| n == node)
+            && self
+                .nodes
+                .get(node)
+                .is_some_and(|info| !a.copy_replaced(node, &info.incarnation))
+    }
+
+    /// Whether `node`'s copy of the shard `a`, the owner's or an in-sync replica's, is gone:
+    /// the node is registered from another data directory than the one recorded for the copy.
+    pub fn copy_replaced(&self, a: &ShardAssignment, node: &str) -> bool {
+        self.nodes
+            .get(node)
+            .is_some_and(|info| a.copy_replaced(node, &info.incarnation))
+    }
+}
+
 /// A failover the placement coordinator should try: the shard's primary is dead to the
-/// cluster and an in-sync replica is alive.
+/// cluster (or back on another disk) and an in-sync replica is alive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedPromotion {
     pub collection: String,
@@ -166,15 +241,23 @@ pub struct PlannedPromotion {
     pub from: ShardAssignment,
     /// The record to write.
     pub to: ShardAssignment,
-    /// The dead primary: the swap also requires its registration to be absent in the store.
+    /// The dead primary: the swap also requires that the store holds no registration of it
+    /// from `dead_primary_incarnation`.
     pub dead_primary: String,
+    /// The data directory recorded for the dead primary's copy: a registration of the primary
+    /// from another directory (its disk wiped or replaced) holds no copy and does not stop the
+    /// promotion. `None` (nothing recorded): any registration stops it.
+    pub dead_primary_incarnation: Option<String>,
 }
 
-/// Every failover the state calls for: each serving shard whose primary is not alive and that
-/// has an alive in-sync replica gets that replica promoted (the one that is primary of the
-/// fewest shards, ties by node id, so a dead node's shards spread over the survivors). A shard
-/// with no alive in-sync replica gets nothing: promoting a copy that may lack acknowledged
-/// writes would lose them, so it waits for a copy that has them.
+/// Every failover the state calls for: each serving shard whose primary is not alive, or is
+/// registered from another data directory than the one recorded for its copy (it came back
+/// on a wiped or replaced disk and holds nothing), and that has an alive in-sync replica on its
+/// recorded directory ([`ClusterState::holds_in_sync_copy`]) gets that replica promoted (the
+/// one that is primary of the fewest shards, ties by node id, so a dead node's shards spread
+/// over the survivors). A shard with no such replica gets nothing: promoting a copy that may
+/// lack acknowledged writes (or holds none) would lose them, so it waits for a copy that has
+/// them.
 pub fn plan_promotions(state: &ClusterState) -> Vec<PlannedPromotion> {
     let mut primaries: BTreeMap<&str, usize> = state.nodes.keys().map(|n| (&**n, 0)).collect();
     for map in state.collections.values() {
@@ -187,13 +270,13 @@ pub fn plan_promotions(state: &ClusterState) -> Vec<PlannedPromotion> {
     let mut planned = Vec::new();
     for (name, map) in &state.collections {
         for (shard_idx, shard) in map.shards.iter().enumerate() {
-            if state.is_alive(&shard.owner) || !shard.takes_writes() {
+            if state.holds_in_sync_copy(shard, &shard.owner) || !shard.takes_writes() {
                 continue;
             }
             let candidate = shard
                 .in_sync_replicas
                 .iter()
-                .filter(|n| state.is_alive(n))
+                .filter(|n| state.holds_in_sync_copy(shard, n))
                 .min_by_key(|n| (primaries.get(n.as_str()).copied().unwrap_or(0), n.as_str()));
             let Some(candidate) = candidate else {
                 continue;
@@ -211,6 +294,56 @@ pub fn plan_promotions(state: &ClusterState) -> Vec<PlannedPromotion> {
                 from: shard.clone(),
                 to,
                 dead_primary: shard.owner.clone(),
+                dead_primary_incarnation: shard.incarnation_of(&shard.owner).map(str::to_owned),
+            });
+        }
+    }
+    planned
+}
+
+/// An in-sync replica whose copy is gone, to take out of the in-sync set
+/// ([`plan_replaced_copies`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedLeave {
+    pub collection: String,
+    pub uid: u64,
+    pub shard: u32,
+    /// The record the change is decided from: the swap lands only if it is unchanged.
+    pub from: ShardAssignment,
+    /// The record to write: `replica` catching up.
+    pub to: ShardAssignment,
+    pub replica: String,
+}
+
+/// Every in-sync replica of a serving shard whose node is registered from another data
+/// directory than the one recorded for its copy (it came back on a wiped or replaced disk):
+/// each leaves the in-sync set (one per shard at a time: each swap compares the whole record).
+/// Its primary's follower then finds it without a copy and seeds it, and it joins again with
+/// its new directory recorded. A fenced shard is left to its move's hand-over.
+pub fn plan_replaced_copies(state: &ClusterState) -> Vec<PlannedLeave> {
+    let mut planned = Vec::new();
+    for (name, map) in &state.collections {
+        for (shard_idx, shard) in map.shards.iter().enumerate() {
+            if !shard.takes_writes() {
+                continue;
+            }
+            let replaced = shard
+                .in_sync_replicas
+                .iter()
+                .find(|n| state.copy_replaced(shard, n));
+            let Some(replica) = replaced else {
+                continue;
+            };
+            let Some(to) = shard.without_in_sync(replica) else {
+                continue;
+            };
+            planned.push(PlannedLeave {
+                collection: name.clone(),
+                uid: map.def.uid,
+                shard: shard_idx as u32,
+                from: shard.clone(),
+                to,
+                replica: replica.clone(),
             });
         }
     }
@@ -276,12 +409,12 @@ mod tests {
         assert_eq!(s.copies().collect::<Vec<_>>(), ["n1", "n2", "n3"]);
 
         // Joining: only a catching-up replica; leaving: only an in-sync one.
-        let joined = s.with_in_sync("n3").unwrap();
+        let joined = s.with_in_sync("n3", "dir-n3").unwrap();
         assert_eq!(joined.n_in_sync(), 3);
         assert_eq!(joined.epoch, s.epoch, "in-sync changes keep the epoch");
-        assert!(s.with_in_sync("n2").is_none());
-        assert!(s.with_in_sync("n1").is_none());
-        assert!(s.with_in_sync("n4").is_none());
+        assert!(s.with_in_sync("n2", "dir-n2").is_none());
+        assert!(s.with_in_sync("n1", "dir-n1").is_none());
+        assert!(s.with_in_sync("n4", "dir-n4").is_none());
         let left = s.without_in_sync("n2").unwrap();
         assert_eq!(left.role_of("n2"), Some(CopyRole::CatchingUp));
         assert!(s.without_in_sync("n3").is_none());
@@ -337,14 +470,20 @@ mod tests {
     }
 
     fn state(alive: &[&str], shards: Vec<ShardAssignment>) -> ClusterState {
+        let registered: Vec<(&str, &str)> = alive.iter().map(|n| (*n, "")).collect();
+        state_on(&registered, shards)
+    }
+
+    /// A state whose live nodes are registered from the given data directories (node, token).
+    fn state_on(registered: &[(&str, &str)], shards: Vec<ShardAssignment>) -> ClusterState {
         let mut state = ClusterState::default();
-        for n in alive {
+        for (n, token) in registered {
             state.nodes.insert(
                 (*n).to_owned(),
                 NodeInfo {
                     node_id: (*n).to_owned(),
                     address: String::new(),
-                    incarnation: String::new(),
+                    incarnation: (*token).to_owned(),
                 },
             );
         }
@@ -394,6 +533,336 @@ mod tests {
         assert!(plan_promotions(&state(&["n2"], vec![shards[1].clone()])).is_empty());
         // Everyone alive: nothing.
         assert!(plan_promotions(&state(&["n1", "n2", "n3"], shards)).is_empty());
+    }
+
+    /// `shard(...)` with each in-sync copy's data directory recorded as `dir-<node>`.
+    fn recorded(owner: &str, replicas: &[&str], in_sync: &[&str]) -> ShardAssignment {
+        let mut s = shard(owner, replicas, in_sync);
+        for n in std::iter::once(&owner).chain(in_sync) {
+            s.record_incarnation(n, &format!("dir-{n}"));
+        }
+        s
+    }
+
+    #[test]
+    fn every_transition_keeps_the_directories_of_the_in_sync_copies_only() {
+        let s = recorded("n1", &["n2", "n3"], &["n2"]);
+        assert_eq!(s.incarnation_of("n1"), Some("dir-n1"));
+        assert_eq!(s.incarnation_of("n2"), Some("dir-n2"));
+        assert_eq!(s.incarnation_of("n3"), None, "a catching-up copy has none");
+
+        // A join records the directory of the process that acknowledged everything; an
+        // unknown (empty) token records nothing.
+        let joined = s.with_in_sync("n3", "dir-n3-b").unwrap();
+        assert_eq!(joined.incarnation_of("n3"), Some("dir-n3-b"));
+        assert_eq!(s.with_in_sync("n3", "").unwrap().incarnation_of("n3"), None);
+        // Leaving, or being dropped, forgets it.
+        assert_eq!(
+            joined.without_in_sync("n3").unwrap().incarnation_of("n3"),
+            None
+        );
+        assert_eq!(s.without_replica("n2").unwrap().incarnation_of("n2"), None);
+        assert_eq!(
+            s.without_in_sync("n2")
+                .unwrap()
+                .with_in_sync("n2", "dir-n2-c")
+                .unwrap()
+                .incarnation_of("n2"),
+            Some("dir-n2-c")
+        );
+        // A promotion keeps the new primary's directory and forgets the old one's (it catches
+        // up, and joins again with whatever directory it returns on).
+        let p = s.promoted("n2").unwrap();
+        assert_eq!(p.incarnation_of("n2"), Some("dir-n2"));
+        assert_eq!(p.incarnation_of("n1"), None);
+        // A move's flip records the taker's directory; the fence and its lifting keep all.
+        let fenced = s.fenced_for("n4");
+        assert_eq!(fenced.incarnations, s.incarnations);
+        assert_eq!(fenced.fence_lifted().incarnations, s.incarnations);
+        let moved = fenced.handed_over("dir-n4");
+        assert_eq!(moved.incarnation_of("n4"), Some("dir-n4"));
+        assert_eq!(moved.incarnation_of("n1"), None);
+        assert_eq!(moved.incarnation_of("n2"), Some("dir-n2"));
+        // A new shard, and one given up to another node, record the creating directory.
+        let created = ShardAssignment::created("n5", 1, "dir-n5");
+        assert_eq!(created.incarnation_of("n5"), Some("dir-n5"));
+        let given = s.given_up_to("n5", "dir-n5");
+        assert_eq!(given.incarnations.len(), 1);
+        assert_eq!(given.incarnation_of("n5"), Some("dir-n5"));
+
+        // The rule: only a known token that differs means another disk.
+        assert!(s.copy_replaced("n2", "dir-n2-wiped"));
+        assert!(!s.copy_replaced("n2", "dir-n2"));
+        assert!(
+            !s.copy_replaced("n2", ""),
+            "a node registering no token is unknown"
+        );
+        assert!(
+            !s.copy_replaced("n3", "anything"),
+            "nothing recorded: unknown"
+        );
+        assert!(!shard("n1", &["n2"], &["n2"]).copy_replaced("n2", "dir-x"));
+    }
+
+    #[test]
+    fn a_candidate_back_on_another_disk_is_never_promoted() {
+        let s = recorded("n1", &["n2", "n3"], &["n2", "n3"]);
+        // n1 dead; n2 came back on a wiped disk (same id, new token): only n3 may be promoted.
+        let planned = plan_promotions(&state_on(
+            &[("n2", "dir-n2-wiped"), ("n3", "dir-n3")],
+            vec![s.clone()],
+        ));
+        assert_eq!(planned.len(), 1);
+        assert_eq!(planned[0].to.owner, "n3");
+        assert_eq!(
+            planned[0].dead_primary_incarnation.as_deref(),
+            Some("dir-n1")
+        );
+        // Both in-sync replicas wiped, or the only one alive wiped: nothing is promoted, the
+        // shard waits for its primary rather than serve an empty copy.
+        let both = state_on(
+            &[("n2", "dir-n2-wiped"), ("n3", "dir-n3-wiped")],
+            vec![s.clone()],
+        );
+        assert!(plan_promotions(&both).is_empty());
+        let one = recorded("n1", &["n2"], &["n2"]);
+        assert!(
+            plan_promotions(&state_on(&[("n2", "dir-n2-wiped")], vec![one.clone()])).is_empty()
+        );
+        // On its recorded disk, it is.
+        let planned = plan_promotions(&state_on(&[("n2", "dir-n2")], vec![one.clone()]));
+        assert_eq!(planned.len(), 1);
+        assert_eq!(planned[0].to.owner, "n2");
+        assert_eq!(planned[0].to.incarnation_of("n2"), Some("dir-n2"));
+        // Reads and counts follow the same rule.
+        let view = state_on(
+            &[("n1", "dir-n1"), ("n2", "dir-n2-wiped")],
+            vec![one.clone()],
+        );
+        assert!(view.holds_in_sync_copy(&one, "n1"));
+        assert!(!view.holds_in_sync_copy(&one, "n2"));
+        assert!(view.copy_replaced(&one, "n2"));
+        assert!(!view.copy_replaced(&one, "n1"));
+    }
+
+    #[test]
+    fn a_primary_back_on_another_disk_is_dead_for_its_shard() {
+        let s = recorded("n1", &["n2"], &["n2"]);
+        // n1 is registered, but from another directory: it holds no copy, so its in-sync
+        // replica is promoted, the swap allowing that registration (and only it).
+        let view = state_on(&[("n1", "dir-n1-wiped"), ("n2", "dir-n2")], vec![s.clone()]);
+        let planned = plan_promotions(&view);
+        assert_eq!(planned.len(), 1);
+        assert_eq!(planned[0].dead_primary, "n1");
+        assert_eq!(
+            planned[0].dead_primary_incarnation.as_deref(),
+            Some("dir-n1")
+        );
+        assert_eq!(planned[0].to.role_of("n1"), Some(CopyRole::CatchingUp));
+        assert_eq!(planned[0].to.incarnation_of("n1"), None);
+        // On its own disk, or with no token known on either side, it is alive.
+        for n1 in ["dir-n1", ""] {
+            let view = state_on(&[("n1", n1), ("n2", "dir-n2")], vec![s.clone()]);
+            assert!(plan_promotions(&view).is_empty(), "{n1:?}");
+        }
+        let unknown = shard("n1", &["n2"], &["n2"]);
+        let view = state_on(&[("n1", "dir-n1-wiped"), ("n2", "dir-n2")], vec![unknown]);
+        assert!(plan_promotions(&view).is_empty());
+        // Wiped primary and wiped replica: nothing to promote.
+        let view = state_on(&[("n1", "dir-n1-wiped"), ("n2", "dir-n2-wiped")], vec![s]);
+        assert!(plan_promotions(&view).is_empty());
+    }
+
+    #[test]
+    fn a_replica_back_on_another_disk_leaves_the_in_sync_set() {
+        let shards = vec![
+            recorded("n1", &["n2", "n3"], &["n2", "n3"]),
+            recorded("n1", &["n2"], &["n2"]).fenced_for("n3"),
+            recorded("n3", &["n2"], &[]),
+            shard("n1", &["n2"], &["n2"]),
+        ];
+        let view = state_on(
+            &[("n1", "dir-n1"), ("n2", "dir-n2-wiped"), ("n3", "dir-n3")],
+            shards.clone(),
+        );
+        // Shard 0 only: shard 1 is fenced (its move settles it), n2 is not in sync on shard 2,
+        // and shard 3 recorded no directory.
+        let planned = plan_replaced_copies(&view);
+        assert_eq!(planned.len(), 1, "{planned:?}");
+        assert_eq!((planned[0].shard, planned[0].replica.as_str()), (0, "n2"));
+        assert_eq!(planned[0].from, shards[0]);
+        assert_eq!(planned[0].to, shards[0].without_in_sync("n2").unwrap());
+        // A dead replica is no evidence (it may come back on its own disk).
+        let view = state_on(&[("n1", "dir-n1"), ("n3", "dir-n3")], shards.clone());
+        assert!(plan_replaced_copies(&view).is_empty());
+        // Even with its primary dead, so that it is never promoted later.
+        let view = state_on(&[("n2", "dir-n2-wiped")], shards);
+        assert_eq!(plan_replaced_copies(&view).len(), 1);
+    }
+
+    #[test]
+    fn records_without_directories_still_read_and_accept_the_current_registration() {
+        // A record written before directories were recorded.
+        let old: ShardAssignment = serde_json::from_str(
+            r#"{"owner":"n1","epoch":4,"replicas":["n2"],"in_sync_replicas":["n2"]}"#,
+        )
+        .unwrap();
+        assert!(old.incarnations.is_empty());
+        let expected = ShardAssignment {
+            epoch: 4,
+            ..shard("n1", &["n2"], &["n2"])
+        };
+        assert_eq!(old, expected);
+        // Unknown: whatever directory n2 is registered from, it is in sync and promotable.
+        let view = state_on(&[("n2", "dir-anything")], vec![old.clone()]);
+        assert!(view.holds_in_sync_copy(&old, "n2"));
+        assert_eq!(plan_promotions(&view).len(), 1);
+        assert!(plan_replaced_copies(&view).is_empty());
+        // Written back without the field while nothing is recorded; with the field once the
+        // copy joins again.
+        let text = serde_json::to_string(&old).unwrap();
+        assert!(!text.contains("incarnations"), "{text}");
+        let rejoined = old
+            .without_in_sync("n2")
+            .unwrap()
+            .with_in_sync("n2", "dir-n2")
+            .unwrap();
+        let text = serde_json::to_string(&rejoined).unwrap();
+        assert!(text.contains(r#""incarnations":{"n2":"dir-n2"}"#), "{text}");
+        assert_eq!(
+            serde_json::from_str::<ShardAssignment>(&text).unwrap(),
+            rejoined
+        );
+    }
+
+    /// One node of the model: alive or not, the data directory it runs on (a wipe starts a new
+    /// one) and the entries that directory holds.
+    #[derive(Debug, Clone)]
+    struct ModelNode {
+        alive: bool,
+        disk: u32,
+        log: Vec<u64>,
+    }
+
+    const MODEL_NODES: [&str; 3] = ["n0", "n1", "n2"];
+
+    fn model_token(node: usize, disk: u32) -> String {
+        format!("{}-disk{disk}", MODEL_NODES[node])
+    }
+
+    fn model_index(node: &str) -> usize {
+        MODEL_NODES.iter().position(|n| *n == node).unwrap()
+    }
+
+    /// The coordinator's view: the live nodes, registered from the disks they run on.
+    fn model_view(nodes: &[ModelNode], record: &ShardAssignment) -> ClusterState {
+        let tokens: Vec<(usize, String)> = (0..nodes.len())
+            .filter(|i| nodes[*i].alive)
+            .map(|i| (i, model_token(i, nodes[i].disk)))
+            .collect();
+        let registered: Vec<(&str, &str)> = tokens
+            .iter()
+            .map(|(i, t)| (MODEL_NODES[*i], t.as_str()))
+            .collect();
+        state_on(&registered, vec![record.clone()])
+    }
+
+    proptest::proptest! {
+        /// A model of one shard of 3 copies over the real transitions and planners: writes
+        /// (acknowledged once every in-sync copy has them; a copy that cannot take one leaves
+        /// the in-sync set first, as the primary does), kills, restarts on the same disk,
+        /// wipes (the node back at once with the same id on an empty disk, a new token: nothing
+        /// probes it before the next step), coordinator rounds (`plan_promotions`, then
+        /// `plan_replaced_copies`) and catch-ups (a catching-up copy takes the primary's log and
+        /// joins with its disk's token). After every step, every node the rule counts as
+        /// holding an in-sync copy (`holds_in_sync_copy`: what promotions, reads and
+        /// `min_in_sync` go by) holds every acknowledged entry; so does every promoted copy.
+        /// Ignoring the recorded directories fails it at the first wipe of an in-sync copy.
+        #[test]
+        fn model_no_copy_counted_in_sync_lacks_an_acknowledged_entry(
+            ops in proptest::collection::vec((0u8..6, 0usize..3), 1..150),
+        ) {
+            let mut nodes = vec![ModelNode { alive: true, disk: 0, log: Vec::new() }; 3];
+            let infos: Vec<NodeInfo> = (0..3)
+                .map(|i| NodeInfo {
+                    node_id: MODEL_NODES[i].to_owned(),
+                    address: String::new(),
+                    incarnation: model_token(i, 0),
+                })
+                .collect();
+            let mut record = crate::map::initial_placement("c", 1, &infos, 3).remove(0);
+            let mut acknowledged: Vec<u64> = Vec::new();
+            let mut next_entry = 0u64;
+            for (op, n) in ops {
+                match op {
+                    // A write through the primary, if it holds its copy.
+                    0 | 1 => {
+                        let state = model_view(&nodes, &record);
+                        if !state.holds_in_sync_copy(&record, &record.owner) {
+                            continue;
+                        }
+                        let p = model_index(&record.owner);
+                        next_entry += 1;
+                        nodes[p].log.push(next_entry);
+                        for replica in record.in_sync_replicas.clone() {
+                            if state.holds_in_sync_copy(&record, &replica) {
+                                nodes[model_index(&replica)].log = nodes[p].log.clone();
+                            } else {
+                                record = record.without_in_sync(&replica).unwrap();
+                            }
+                        }
+                        acknowledged.push(next_entry);
+                    }
+                    2 => nodes[n].alive = false,
+                    3 => nodes[n].alive = true,
+                    4 => {
+                        nodes[n] = ModelNode { alive: true, disk: nodes[n].disk + 1, log: Vec::new() };
+                    }
+                    _ => {
+                        for planned in plan_promotions(&model_view(&nodes, &record)) {
+                            proptest::prop_assert_eq!(&planned.from, &record);
+                            let promoted = &nodes[model_index(&planned.to.owner)];
+                            for entry in &acknowledged {
+                                proptest::prop_assert!(
+                                    promoted.log.contains(entry),
+                                    "promoted {} lacks acknowledged entry {}", planned.to.owner, entry
+                                );
+                            }
+                            record = planned.to;
+                        }
+                        if let Some(leave) = plan_replaced_copies(&model_view(&nodes, &record)).pop() {
+                            record = leave.to;
+                        }
+                        let state = model_view(&nodes, &record);
+                        if state.holds_in_sync_copy(&record, &record.owner) {
+                            let p = model_index(&record.owner);
+                            for replica in record.replicas.clone() {
+                                let r = model_index(&replica);
+                                if nodes[r].alive && record.role_of(&replica) == Some(CopyRole::CatchingUp) {
+                                    nodes[r].log = nodes[p].log.clone();
+                                    record = record
+                                        .with_in_sync(&replica, &model_token(r, nodes[r].disk))
+                                        .unwrap();
+                                }
+                            }
+                        }
+                    }
+                }
+                let state = model_view(&nodes, &record);
+                for (i, node) in nodes.iter().enumerate() {
+                    if !state.holds_in_sync_copy(&record, MODEL_NODES[i]) {
+                        continue;
+                    }
+                    for entry in &acknowledged {
+                        proptest::prop_assert!(
+                            node.log.contains(entry),
+                            "{} counted in sync without acknowledged entry {} ({:?})",
+                            MODEL_NODES[i], entry, record
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

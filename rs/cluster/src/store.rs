@@ -71,9 +71,24 @@ pub struct ShardSwap<'a> {
     /// Only if this node is not registered (its lease has lapsed in the store itself, not only
     /// in the caller's view): `forget`, failover.
     pub unless_registered: Option<&'a str>,
+    /// With `unless_registered`: the data directory token recorded for that node's copy. A
+    /// registration from another directory ([`crate::is_another_directory`]: the node came
+    /// back on a wiped or replaced disk, so it holds no copy) then counts as none: failover
+    /// over such a primary. `None`: any registration stops the swap.
+    pub unless_registered_from: Option<&'a str>,
     /// Only if the record is still exactly this one (not only at the same epoch): changes of a
     /// shard's copies keep its epoch, so they compare the whole record.
     pub expected: Option<&'a ShardAssignment>,
+}
+
+impl ShardSwap<'_> {
+    /// Whether `registration`, of the node named by `unless_registered`, comes from another
+    /// data directory than `unless_registered_from` (so it does not stop the swap).
+    pub fn registered_elsewhere(&self, registration: &NodeInfo) -> bool {
+        self.unless_registered_from.is_some_and(|recorded| {
+            crate::is_another_directory(recorded, &registration.incarnation)
+        })
+    }
 }
 
 /// A cluster's identity, created once when the cluster forms.
@@ -167,7 +182,8 @@ pub trait ClusterStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Sets a shard's assignment if the collection still has `swap.uid` and the shard's epoch
     /// is still `swap.expected_epoch` (with `expected`, the record is still exactly that one;
-    /// with `unless_registered`, that node has no registration), in one transaction; `false`
+    /// with `unless_registered`, that node has no registration, or, with
+    /// `unless_registered_from`, none from that data directory), in one transaction; `false`
     /// if anything changed meanwhile.
     async fn compare_and_set_shard(&self, swap: &ShardSwap<'_>) -> Result<bool>;
 
@@ -334,10 +350,8 @@ impl ClusterStore for MemoryStore {
 
     async fn compare_and_set_shard(&self, swap: &ShardSwap<'_>) -> Result<bool> {
         Ok(self.change(|s| {
-            if swap
-                .unless_registered
-                .is_some_and(|n| s.nodes.contains_key(n))
-            {
+            let registered = swap.unless_registered.and_then(|n| s.nodes.get(n));
+            if registered.is_some_and(|info| !swap.registered_elsewhere(info)) {
                 return false;
             }
             let Some(slot) = s

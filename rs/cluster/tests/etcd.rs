@@ -313,6 +313,7 @@ fn swap<'a>(
         expected_epoch,
         new,
         unless_registered: None,
+        unless_registered_from: None,
         expected: None,
     }
 }
@@ -588,7 +589,7 @@ async fn store_semantics(store: &impl ClusterStore) {
         !guarded(&base, &with_n3).await,
         "a change decided from an older record (same epoch) landed"
     );
-    let joined = with_n2.with_in_sync("n2").unwrap();
+    let joined = with_n2.with_in_sync("n2", "dir-n2").unwrap();
     assert!(guarded(&with_n2, &joined).await);
     assert_eq!(
         store.read_shard("docs2", 4, 0).await.unwrap(),
@@ -622,6 +623,57 @@ async fn store_semantics(store: &impl ClusterStore) {
         s.collections["docs2"].shards[0] == promoted
     })
     .await;
+
+    // Failover over a primary back on another data directory: the promotion's swap allows a
+    // registration from another directory than the one recorded for the primary's copy, and
+    // only that one.
+    assert_eq!(promoted.incarnation_of("n2"), Some("dir-n2"));
+    let rejoined = promoted.with_in_sync("n1", "dir-n1").unwrap();
+    assert!(guarded(&promoted, &rejoined).await);
+    let over = rejoined.promoted("n1").unwrap();
+    let promotion = ShardSwap {
+        expected: Some(&rejoined),
+        unless_registered: Some("n2"),
+        unless_registered_from: Some("dir-n2"),
+        ..swap("docs2", 4, 0, rejoined.epoch, &over)
+    };
+    let n2 = store
+        .register(&node_on("n2", "dir-n2"), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        !store.compare_and_set_shard(&promotion).await.unwrap(),
+        "a promotion landed while the primary was registered from its own directory"
+    );
+    drop(n2);
+    wait_until(&mut rx, WAIT, "n2 gone", |s| s.nodes.is_empty()).await;
+    let _wiped = store
+        .register(&node_on("n2", "dir-n2-wiped"), Duration::from_secs(10))
+        .await
+        .unwrap();
+    wait_until(&mut rx, WAIT, "n2 back from another directory", |s| {
+        s.nodes.contains_key("n2")
+    })
+    .await;
+    let any_registration = ShardSwap {
+        unless_registered_from: None,
+        ..promotion
+    };
+    assert!(
+        !store
+            .compare_and_set_shard(&any_registration)
+            .await
+            .unwrap(),
+        "without the recorded directory, any registration must stop the promotion"
+    );
+    assert!(
+        store.compare_and_set_shard(&promotion).await.unwrap(),
+        "the promotion over a primary back on another directory did not land"
+    );
+    assert_eq!(
+        store.read_shard("docs2", 4, 0).await.unwrap(),
+        ShardRecord::Assigned(over)
+    );
     assert!(store.connected());
 }
 

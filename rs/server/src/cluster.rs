@@ -607,7 +607,8 @@ impl ClusterNode {
     }
 
     /// The local copy a read of a shard address names: the owner's ([`Self::local_shard`]), or
-    /// this node's copy when it is an in-sync replica of the shard at exactly `epoch` (routers
+    /// this node's copy when it is an in-sync replica of the shard at exactly `epoch`, on the
+    /// data directory recorded for its copy (routers
     /// spread searches and gets over the in-sync copies; a read token's positions are in the
     /// same log on every copy, and the read waits until this copy has applied them).
     pub async fn local_copy(
@@ -621,6 +622,7 @@ impl ClusterNode {
                 let in_sync_here = self.state().assignment(shard).is_some_and(|a| {
                     a.epoch == epoch
                         && a.role_of(&self.node_id) == Some(tarn_cluster::CopyRole::InSyncReplica)
+                        && !a.copy_replaced(&self.node_id, &self.incarnation)
                 });
                 match registry.get_shard(&shard.local_name()) {
                     Ok(copy)
@@ -636,7 +638,8 @@ impl ClusterNode {
     }
 
     /// Where a read of `shard` that any in-sync copy may answer (a search, a get) goes: this
-    /// node first when it holds an in-sync copy (no hop), else the alive in-sync copies from
+    /// node first when it holds an in-sync copy (no hop), else the alive in-sync copies (each
+    /// on the data directory recorded for it: a node back on a wiped disk holds none) from
     /// the `spread`-th on (callers pass a rotating number, plus one per failed try, so reads
     /// spread over the copies and a retry takes the next one). Also how many copies there are
     /// to try. The owner alone when it is the only one.
@@ -650,7 +653,13 @@ impl ClusterNode {
         let state = self.state();
         let copies: Vec<&str> = assignment
             .in_sync()
-            .filter(|n| *n == self.node_id || state.is_alive(n))
+            .filter(|n| {
+                if *n == self.node_id {
+                    !assignment.copy_replaced(n, &self.incarnation)
+                } else {
+                    state.holds_in_sync_copy(assignment, n)
+                }
+            })
             .collect();
         if copies.len() <= 1 || !assignment.takes_writes() {
             return (self.target(map, shard).await, 1);
@@ -866,7 +875,7 @@ impl ClusterNode {
                     let candidate = assignment
                         .in_sync_replicas
                         .iter()
-                        .find(|n| state.is_alive(n));
+                        .find(|n| state.holds_in_sync_copy(assignment, n));
                     candidate
                         .and_then(|c| assignment.promoted(c))
                         .and_then(|p| p.without_replica(node_id))
@@ -924,6 +933,7 @@ impl ClusterNode {
                         expected_epoch,
                         new,
                         unless_registered: Some(node_id),
+                        unless_registered_from: None,
                         expected,
                     })
                     .await

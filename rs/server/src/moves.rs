@@ -840,7 +840,7 @@ async fn copy_and_flip(
     let fenced = fence
         .clone()
         .ok_or_else(|| ApiError::Internal("handed over without a fence".to_owned()))?;
-    let owned = fenced.handed_over();
+    let owned = fenced.handed_over(&node.incarnation);
     flip(node, shard, &fenced, &owned).await?;
     let write_pause = fenced_at.map_or(0.0, |at| at.elapsed().as_secs_f64());
     tracing::info!(shard = %shard.local_name(), fence_ms = fence_ms, handed_over_ms, synced_ms,
@@ -919,6 +919,7 @@ fn swap<'a>(
         expected_epoch: epoch,
         new,
         unless_registered: None,
+        unless_registered_from: None,
         expected: None,
     }
 }
@@ -995,6 +996,7 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
                 }
             }
             promote_replicas(&node, &state).await;
+            drop_replaced_copies(&node, &state).await;
             rereplicate(&node, &state, &mut dead_since).await;
             let planned = plan_move(&state);
             let key = planned.as_ref().map(|p| (p.collection.clone(), p.shard));
@@ -1045,12 +1047,14 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
     }
 }
 
-/// Failover: for each shard whose primary is dead to the cluster and that has an alive in-sync
-/// replica ([`tarn_cluster::plan_promotions`]), promotes that replica at the next epoch, in one
-/// etcd transaction that lands only if the shard's record is unchanged since it was read and
-/// the old primary's registration is gone from etcd itself (not only from this node's view).
-/// Without etcd nothing is promoted. Logged and counted (`tarn_failovers_total`); a swap that
-/// does not land is decided again from the next view.
+/// Failover: for each shard whose primary is dead to the cluster (or back on another disk)
+/// and that has an alive in-sync replica on the disk recorded for its copy
+/// ([`tarn_cluster::plan_promotions`]), promotes that replica at the next epoch, in one etcd
+/// transaction that lands only if the shard's record is unchanged since it was read and the
+/// old primary's registration is gone from etcd itself (not only from this node's view), or
+/// is still the one from another data directory than the one recorded for its copy. Without
+/// etcd nothing is promoted. Logged and counted (`tarn_failovers_total`); a swap that does not
+/// land is decided again from the next view.
 async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::ClusterState) {
     for planned in tarn_cluster::plan_promotions(state) {
         let name = ShardName {
@@ -1065,6 +1069,7 @@ async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::ClusterState
             expected_epoch: planned.from.epoch,
             new: &planned.to,
             unless_registered: Some(&planned.dead_primary),
+            unless_registered_from: planned.dead_primary_incarnation.as_deref(),
             expected: Some(&planned.from),
         };
         match node.store().compare_and_set_shard(&swap).await {
@@ -1079,6 +1084,42 @@ async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::ClusterState
             }
             Err(error) => {
                 tracing::warn!(shard = %name.local_name(), %error, "failover: etcd unavailable; retrying");
+            }
+        }
+    }
+}
+
+/// Takes out of the in-sync set every in-sync replica whose node is registered from another
+/// data directory than the one recorded for its copy ([`tarn_cluster::plan_replaced_copies`]:
+/// it came back on a wiped or replaced disk and holds nothing), without waiting for its
+/// primary's next write or probe: one swap per shard that lands only if the record is
+/// unchanged since it was read. The primary's follower then finds the node without a copy and
+/// seeds it.
+async fn drop_replaced_copies(node: &ClusterNode, state: &tarn_cluster::ClusterState) {
+    for planned in tarn_cluster::plan_replaced_copies(state) {
+        let name = ShardName {
+            collection: planned.collection.clone(),
+            uid: planned.uid,
+            shard: planned.shard,
+        };
+        let swap = tarn_cluster::ShardSwap {
+            collection: &planned.collection,
+            uid: planned.uid,
+            shard: planned.shard,
+            expected_epoch: planned.from.epoch,
+            new: &planned.to,
+            unless_registered: None,
+            unless_registered_from: None,
+            expected: Some(&planned.from),
+        };
+        match node.store().compare_and_set_shard(&swap).await {
+            Ok(true) => {
+                tracing::warn!(shard = %name.local_name(), replica = %planned.replica,
+                    "a replica back on another data directory left the in-sync set (its copy is gone; it is seeded again)");
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(shard = %name.local_name(), %error, "dropping a replaced copy from the in-sync set: etcd unavailable; retrying");
             }
         }
     }
@@ -1145,6 +1186,7 @@ async fn rereplicate(
                 expected_epoch: a.epoch,
                 new,
                 unless_registered,
+                unless_registered_from: None,
                 expected: Some(a),
             };
             let draining = a

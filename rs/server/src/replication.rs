@@ -15,6 +15,13 @@
 //! The replica's side: [`append_entries`], which serves only the shard's primary at the epoch
 //! its own view of the map gives (a primary that lost its place is refused).
 //!
+//! In sync means in sync on one disk: a replica answers every call with its data directory's
+//! token, each acknowledgement counts only for the directory that sent it, and a join records
+//! that directory for the copy (`tarn_cluster::ShardAssignment::incarnations`). A write first
+//! takes out of the in-sync set any replica whose node the view shows registered from another
+//! directory (back on a wiped disk: it holds nothing), so such a copy is never counted for
+//! `min_in_sync` nor waited for; the placement coordinator does the same without a write.
+//!
 //! Epochs: each copy keeps where each epoch's entries begin in its log (`EPOCHS`,
 //! `tarn_collection::Collection::update_epoch_starts`). A primary records its epoch before its
 //! first entry of it ([`begin_epoch`]) and sends its history with every batch; the replica
@@ -60,6 +67,14 @@ const MAX_BATCH_BYTES: usize = 4 << 20;
 /// How many entries a follower reads before letting checkpoints truncate what it has shipped.
 const RELEASE_EVERY_ENTRIES: u64 = 4_096;
 
+/// What a replica has acknowledged: its last durable entry, and the data directory (its
+/// token, empty when unknown) that answered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Acked {
+    pub seq: u64,
+    pub incarnation: String,
+}
+
 /// One shard's replication, on its primary, at one epoch.
 pub(crate) struct ShardReplication {
     shard: ShardName,
@@ -74,8 +89,8 @@ pub(crate) struct ShardReplication {
     record: StdMutex<ShardAssignment>,
     /// The highest sequence number writers want on the replicas.
     wanted: watch::Sender<u64>,
-    /// Per replica node: the last sequence number it has durable.
-    acked: DashMap<String, watch::Receiver<u64>>,
+    /// Per replica node: the last sequence number it has durable, and from which directory.
+    acked: DashMap<String, watch::Receiver<Acked>>,
     followers: StdMutex<Vec<(String, tokio::task::JoinHandle<()>)>>,
     /// Serialises this shard's in-sync changes.
     changing: tokio::sync::Mutex<()>,
@@ -129,7 +144,7 @@ impl ClusterNode {
                 let acked = replication
                     .acked
                     .get(replica)
-                    .map_or(0, |a| *a.value().borrow());
+                    .map_or(0, |a| a.value().borrow().seq);
                 figures.push(ReplicaFigures {
                     collection: replication.shard.collection.clone(),
                     shard: replication.shard.shard,
@@ -146,8 +161,9 @@ impl ClusterNode {
     }
 
     /// The replication of `shard` (this node its primary at `epoch`, per `assignment`), started
-    /// on first use: `None` when the shard has no replicas. Refuses a write up front when fewer
-    /// copies than the collection's `min_in_sync` are in sync.
+    /// on first use: `None` when the shard has no replicas. Takes out of the in-sync set any
+    /// replica back on another data directory, then refuses a write up front when fewer copies
+    /// than the collection's `min_in_sync` are in sync.
     pub(crate) async fn replication_for_write(
         self: &Arc<Self>,
         shard: &ShardName,
@@ -161,6 +177,7 @@ impl ClusterNode {
         else {
             return Ok(None);
         };
+        replication.drop_replaced(self).await?;
         let record = replication.record().clone();
         record.check_in_sync(min_in_sync).map_err(|why| {
             ApiError::Unavailable(format!(
@@ -290,16 +307,25 @@ impl ShardReplication {
         {
             let mut record = self.record();
             if *record != *view {
-                // Replicas come from the view; the in-sync set is this primary's own, except
-                // that a replica the view dropped is gone from it too.
+                // Replicas come from the view; the in-sync set (and the directories recorded
+                // for it) is this primary's own, except that a replica the view dropped is gone
+                // from it too.
                 let in_sync: Vec<String> = record
                     .in_sync_replicas
                     .iter()
                     .filter(|n| view.replicas.contains(n))
                     .cloned()
                     .collect();
+                let incarnations = record
+                    .incarnations
+                    .iter()
+                    .filter(|(n, _)| in_sync.contains(n))
+                    .chain(view.incarnations.get_key_value(&view.owner))
+                    .map(|(n, t)| (n.clone(), t.clone()))
+                    .collect();
                 *record = ShardAssignment {
                     in_sync_replicas: in_sync,
+                    incarnations,
                     ..view.clone()
                 };
             }
@@ -317,7 +343,7 @@ impl ShardReplication {
             if followers.iter().any(|(n, _)| *n == replica) {
                 continue;
             }
-            let (acked_tx, acked_rx) = watch::channel(0u64);
+            let (acked_tx, acked_rx) = watch::channel(Acked::default());
             self.acked.insert(replica.clone(), acked_rx);
             let follower = Follower {
                 node: Arc::downgrade(node),
@@ -332,10 +358,11 @@ impl ShardReplication {
         }
     }
 
-    /// Makes sure the write at `seq` is durable on every in-sync replica, removing from the
-    /// in-sync set (in etcd, before answering) any that does not have it within
-    /// [`IN_SYNC_BOUND`]; fails if fewer copies than `min_in_sync` are then left in sync (the
-    /// write is in the primary's log but not acknowledged).
+    /// Makes sure the write at `seq` is durable on every in-sync replica (acknowledged by the
+    /// data directory recorded for its copy), removing from the in-sync set (in etcd, before
+    /// answering) any that does not have it within [`IN_SYNC_BOUND`]; fails if fewer copies
+    /// than `min_in_sync` are then left in sync (the write is in the primary's log but not
+    /// acknowledged).
     pub(crate) async fn replicate(&self, node: &ClusterNode, seq: u64) -> Result<(), ApiError> {
         self.wanted.send_if_modified(|w| {
             let more = seq > *w;
@@ -344,14 +371,16 @@ impl ShardReplication {
         });
         let until = tokio::time::Instant::now() + IN_SYNC_BOUND;
         loop {
-            let in_sync = self.record().in_sync_replicas.clone();
+            let record = self.record().clone();
             let mut late: Vec<String> = Vec::new();
-            for replica in &in_sync {
+            for replica in &record.in_sync_replicas {
                 let Some(mut acked) = self.acked.get(replica).map(|a| a.value().clone()) else {
                     late.push(replica.clone());
                     continue;
                 };
-                let reached = tokio::time::timeout_at(until, acked.wait_for(|v| *v >= seq)).await;
+                let has_it =
+                    |v: &Acked| v.seq >= seq && !record.copy_replaced(replica, &v.incarnation);
+                let reached = tokio::time::timeout_at(until, acked.wait_for(has_it)).await;
                 if !matches!(reached, Ok(Ok(_))) {
                     late.push(replica.clone());
                 }
@@ -360,7 +389,7 @@ impl ShardReplication {
                 break;
             }
             for replica in late {
-                self.leave_in_sync(node, &replica).await?;
+                self.leave_in_sync(node, &replica, "late").await?;
             }
         }
         let record = self.record().clone();
@@ -373,9 +402,35 @@ impl ShardReplication {
         })
     }
 
+    /// Takes out of the in-sync set every replica this node's view shows registered from another
+    /// data directory than the one recorded for its copy (it came back on a wiped or replaced
+    /// disk and holds nothing): before a write counts or waits for it.
+    async fn drop_replaced(&self, node: &ClusterNode) -> Result<(), ApiError> {
+        let state = node.state();
+        let replaced: Vec<String> = {
+            let record = self.record();
+            record
+                .in_sync_replicas
+                .iter()
+                .filter(|n| state.copy_replaced(&record, n))
+                .cloned()
+                .collect()
+        };
+        for replica in replaced {
+            self.leave_in_sync(node, &replica, "back on another data directory")
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Removes `replica` from the in-sync set by a compare-and-swap (nothing to do if it is no
-    /// longer in it).
-    async fn leave_in_sync(&self, node: &ClusterNode, replica: &str) -> Result<(), ApiError> {
+    /// longer in it); `why` goes to the log.
+    async fn leave_in_sync(
+        &self,
+        node: &ClusterNode,
+        replica: &str,
+        why: &str,
+    ) -> Result<(), ApiError> {
         let _changing = self.changing.lock().await;
         if !self.record().in_sync_replicas.iter().any(|n| n == replica) {
             return Ok(());
@@ -391,7 +446,9 @@ impl ShardReplication {
         tracing::warn!(
             shard = %self.shard.local_name(),
             %replica,
-            "a replica left the in-sync set (late by {:?}, or its copy is being replaced)",
+            why,
+            "a replica left the in-sync set (late by {:?}, back on another data directory, or its \
+             copy is being replaced)",
             IN_SYNC_BOUND
         );
         Ok(())
@@ -421,6 +478,7 @@ impl ShardReplication {
                 expected_epoch: self.epoch,
                 new: &next,
                 unless_registered: None,
+                unless_registered_from: None,
                 expected: Some(&base),
             };
             let landed = node
@@ -459,12 +517,13 @@ impl ShardReplication {
 
     /// Adds `replica` to the in-sync set once it holds everything: holds the shard's writes
     /// back (its gate, exclusively), waits until the replica has the last entry (at most
-    /// [`JOIN_DRAIN_LIMIT`]), swaps the record, lets the writes go.
+    /// [`JOIN_DRAIN_LIMIT`]), swaps the record (recording the data directory that acknowledged
+    /// it), lets the writes go.
     async fn join_in_sync(
         &self,
         node: &ClusterNode,
         replica: &str,
-        acked: &watch::Receiver<u64>,
+        acked: &watch::Receiver<Acked>,
     ) -> Result<bool, ApiError> {
         let _changing = self.changing.lock().await;
         if self.record().role_of(replica) != Some(tarn_cluster::CopyRole::CatchingUp) {
@@ -479,21 +538,27 @@ impl ShardReplication {
             more
         });
         let mut acked = acked.clone();
-        let caught_up = tokio::time::timeout(JOIN_DRAIN_LIMIT, acked.wait_for(|v| *v >= last))
+        // The directory whose acknowledgement reached the last entry is the one recorded.
+        let holder = tokio::time::timeout(JOIN_DRAIN_LIMIT, acked.wait_for(|v| v.seq >= last))
             .await
-            .is_ok_and(|r| r.is_ok());
-        if !caught_up {
+            .ok()
+            .and_then(|r| r.ok())
+            .map(|v| v.incarnation.clone());
+        let Some(holder) = holder else {
             return Ok(false);
-        }
+        };
         let joined = self
             .change_record(node, |r| match r.role_of(replica) {
-                Some(tarn_cluster::CopyRole::CatchingUp) => r.with_in_sync(replica).map(Some),
+                Some(tarn_cluster::CopyRole::CatchingUp) => {
+                    r.with_in_sync(replica, &holder).map(Some)
+                }
                 Some(tarn_cluster::CopyRole::InSyncReplica) => Some(None),
                 _ => None,
             })
             .await?;
         if joined {
-            tracing::info!(shard = %self.shard.local_name(), %replica, last, "a replica joined the in-sync set");
+            tracing::info!(shard = %self.shard.local_name(), %replica, last, incarnation = %holder,
+                "a replica joined the in-sync set");
         }
         Ok(joined)
     }
@@ -601,7 +666,7 @@ struct Follower {
 
 /// A follower: ships the shard's log to `replica` for as long as this node is the shard's
 /// primary at `epoch` (the task is aborted when its `ShardReplication` goes).
-async fn follow(follower: Follower, mut wanted: watch::Receiver<u64>, acked: watch::Sender<u64>) {
+async fn follow(follower: Follower, mut wanted: watch::Receiver<u64>, acked: watch::Sender<Acked>) {
     let Follower {
         node,
         shard,
@@ -640,7 +705,7 @@ async fn ship(
     link: &Link<'_>,
     collection: &Collection,
     wanted: &mut watch::Receiver<u64>,
-    acked: &watch::Sender<u64>,
+    acked: &watch::Sender<Acked>,
 ) -> Result<(), ApiError> {
     let (node, shard, epoch, replica) = (link.node, link.shard, link.epoch, link.replica);
     let mut probe = link.append(0, Vec::new(), None).await?;
@@ -662,7 +727,10 @@ async fn ship(
         probe = link.append(0, Vec::new(), Some(keep)).await?;
         link.seed_if_needed(&probe).await?;
     }
-    acked.send_replace(probe.durable_seq.min(probe.last_seq));
+    acked.send_replace(Acked {
+        seq: probe.durable_seq.min(probe.last_seq),
+        incarnation: probe.incarnation.clone(),
+    });
     let Some(mut tail) = collection.wal_tail_from(probe.last_seq + 1) else {
         link.seed().await?;
         return Err(ApiError::Unavailable(format!(
@@ -706,7 +774,10 @@ async fn ship(
         // Test builds: a primary that holds its next batch back (it dies meanwhile in tests).
         crate::moves::pause_point("replication::hold_entries").await;
         let answer = link.append(first, payloads, None).await?;
-        acked.send_replace(answer.durable_seq);
+        acked.send_replace(Acked {
+            seq: answer.durable_seq,
+            incarnation: answer.incarnation,
+        });
         // Under steady writes the follower is never idle: try a join (which holds writes back
         // while the last entries go over) once close behind, at most once a second.
         if last_join_try.elapsed() >= JOIN_TRY_EVERY {
@@ -728,7 +799,7 @@ async fn try_join(
     shard: &ShardName,
     epoch: u64,
     replica: &str,
-    acked: &watch::Sender<u64>,
+    acked: &watch::Sender<Acked>,
 ) {
     let Some(replication) = node
         .replication
@@ -744,7 +815,7 @@ async fn try_join(
     if replication
         .collection
         .last_seq_no()
-        .saturating_sub(*acked.borrow())
+        .saturating_sub(acked.borrow().seq)
         > JOIN_LAG_ENTRIES
     {
         return;
@@ -799,7 +870,9 @@ impl Link<'_> {
             .map(|r| Arc::clone(r.value()))
             .filter(|r| r.epoch == self.epoch);
         if let Some(replication) = replication {
-            replication.leave_in_sync(self.node, self.replica).await?;
+            replication
+                .leave_in_sync(self.node, self.replica, "to be seeded")
+                .await?;
         }
         tracing::warn!(shard = %self.shard.local_name(), replica = %self.replica,
             "the replica cannot follow by log: seeding it from a snapshot");
@@ -869,8 +942,18 @@ async fn append(
 /// The replica's side of `AppendEntries`: appends the primary's entries to this node's copy at
 /// the same sequence numbers. Served only when this node's view gives the shard, at exactly
 /// the request's epoch, to the sender as primary and to this node as a replica; a local copy is
-/// created empty only where the map says this data directory starts it empty.
+/// created empty only where the map says this data directory starts it empty. Every answer
+/// names this data directory (its token), the one a join records for the copy.
 pub(crate) async fn append_entries(
+    node: &Arc<ClusterNode>,
+    request: pb::AppendEntriesRequest,
+) -> Result<pb::AppendEntriesResponse, ApiError> {
+    let mut answer = append_entries_here(node, request).await?;
+    answer.incarnation = node.incarnation.clone();
+    Ok(answer)
+}
+
+async fn append_entries_here(
     node: &Arc<ClusterNode>,
     request: pb::AppendEntriesRequest,
 ) -> Result<pb::AppendEntriesResponse, ApiError> {

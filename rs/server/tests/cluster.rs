@@ -4704,6 +4704,241 @@ fn processes_replicas_catch_up_by_snapshot_past_the_log_and_after_a_wiped_disk()
     assert_copies_identical(nodes.iter().map(|n| &n.dir), "moving", 3, 2);
 }
 
+/// Removes `node_id`'s registration from etcd at once (revokes its lease), as the lease's
+/// lapse after a kill -9 would, without waiting for it.
+async fn revoke_registration(endpoint: &str, node_id: &str) {
+    let raw = raw_etcd(endpoint);
+    let key = format!("/tarn/nodes/{node_id}");
+    let found = raw.get(key.as_bytes(), false).await.unwrap();
+    if let Some(registration) = found.kvs.first() {
+        raw.revoke(registration.lease).await.unwrap();
+    }
+}
+
+/// Inserts `docs`, multiples of 7, into `moving` (tenant 0, `doc % 7` as `check_acked` reads
+/// them; FSYNC; one batch) through `client`, recording each as acknowledged, or as uncertain
+/// when the write fails.
+async fn insert_recorded(
+    client: &Client,
+    acked: &Acked,
+    docs: Vec<u128>,
+    timeout: Duration,
+) -> Result<(), tarn_client::Error> {
+    const DIM: usize = 8;
+    assert!(docs.iter().all(|d| d % 7 == 0), "{docs:?}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(docs[0] as u64);
+    let v = vectors(&mut rng, docs.len(), DIM);
+    let insert = Insert::new("moving", docs.clone(), v.clone())
+        .users(vec![0])
+        .durability(Durability::Fsync)
+        .timeout(timeout);
+    let outcome = client.insert(insert).await;
+    let mut map = acked.lock().unwrap();
+    for (i, doc) in docs.iter().enumerate() {
+        let state = match outcome {
+            Ok(_) => Doc::Live(v[i * DIM..(i + 1) * DIM].to_vec()),
+            Err(_) => Doc::Uncertain,
+        };
+        map.insert(*doc, state);
+    }
+    outcome.map(|_| ())
+}
+
+/// A node back with the same id on a wiped disk (issue 31, "in-sync incarnations"): the shard
+/// record keeps the data directory token of each in-sync copy, and a node registered from
+/// another directory holds no copy.
+///
+/// 1. A replica comes back on a wiped disk while its primary (SIGSTOPped) cannot probe it, and
+///    the primary is then killed: the wiped replica is never promoted (for 12 s after the
+///    primary's registration is gone, the shard keeps its primary and epoch, and every write
+///    is refused UNAVAILABLE, none acknowledged), and it leaves the in-sync set without any
+///    write. The primary returns: every acknowledged write is there, the replica is seeded
+///    again and rejoins the in-sync set.
+/// 2. The primary comes back on a wiped disk, registered before any coordinator saw it gone
+///    (the other two nodes SIGSTOPped meanwhile): it holds nothing, so its in-sync replica is
+///    promoted over it, and it is seeded and rejoins. Every acknowledged write is there, and
+///    the two copies end identical.
+///
+/// Without the rule, phase 1 promotes the wiped replica (the shard then has no copy that
+/// serves) and phase 2 never promotes anyone (the shard stays UNAVAILABLE).
+#[test]
+fn processes_a_copy_back_on_a_wiped_disk_is_never_promoted_and_is_seeded_again() {
+    use rustix::process::Signal;
+    // Long leases: a SIGSTOPped node keeps its registration; dead ones are revoked by hand.
+    const LEASE: u64 = 20;
+    const DIM: usize = 8;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let endpoint = etcd.endpoint();
+    let mut nodes = nodes_with(dir.path(), 3, &endpoint, LEASE, &[], &[]);
+    let rt = runtime();
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let status = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        client
+            .create_collection(
+                CollectionSpec::new("moving", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(1, ShardKey::Doc)
+                    .replicas(2, 1),
+            )
+            .await
+            .unwrap();
+        wait_in_sync(&addrs[0], 2).await
+    });
+    let shard = status
+        .shards
+        .iter()
+        .find(|s| s.collection == "moving")
+        .unwrap()
+        .clone();
+    let index = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
+    let (p, r) = (index(&shard.node_id), index(&shard.replicas[0]));
+    let c = 3 - p - r;
+    let (p_id, r_id) = (nodes[p].id.clone(), nodes[r].id.clone());
+    let wipe = |node: &Node| {
+        std::fs::remove_dir_all(&node.dir).unwrap();
+        std::fs::create_dir_all(&node.dir).unwrap();
+    };
+    let the_shard = |status: &tarn_client::ClusterStatus| {
+        status
+            .shards
+            .iter()
+            .find(|s| s.collection == "moving")
+            .unwrap()
+            .clone()
+    };
+    let client = rt.block_on(Client::connect(addrs[c].clone())).unwrap();
+    let acked: Acked = Default::default();
+    let mut next_doc = 0u128;
+    let mut next_batch = || {
+        next_doc += 20;
+        (next_doc - 20..next_doc)
+            .map(|k| k * 7)
+            .collect::<Vec<u128>>()
+    };
+    rt.block_on(async {
+        for _ in 0..10 {
+            insert_recorded(&client, &acked, next_batch(), Duration::from_secs(10))
+                .await
+                .unwrap();
+        }
+    });
+
+    // Phase 1: the replica back on a wiped disk, then the primary killed.
+    let started = Instant::now();
+    nodes[p].signal(Signal::STOP);
+    nodes[r].kill();
+    rt.block_on(revoke_registration(&endpoint, &r_id));
+    wipe(&nodes[r]);
+    nodes[r].start(&endpoint);
+    rt.block_on(wait_for_status(
+        &client,
+        Duration::from_secs(20),
+        "the wiped replica registered again",
+        |s| s.nodes.iter().any(|n| n.node_id == r_id && n.alive),
+    ));
+    nodes[p].kill();
+    rt.block_on(revoke_registration(&endpoint, &p_id));
+    eprintln!(
+        "phase 1: replica back on a wiped disk and primary killed {:?} after the stop",
+        started.elapsed()
+    );
+    let primary_gone = Instant::now();
+    rt.block_on(async {
+        // Longer than a new coordinator takes to be elected (5 s) and to act.
+        let mut left_in_sync = None;
+        let mut refused = 0;
+        while primary_gone.elapsed() < Duration::from_secs(12) {
+            let now = the_shard(&client.cluster_status().await.unwrap());
+            assert_eq!(
+                (now.node_id.as_str(), now.epoch),
+                (p_id.as_str(), shard.epoch),
+                "the shard changed primary while its only copy with data was down: {now:?}"
+            );
+            if !now.in_sync.contains(&r_id) {
+                left_in_sync.get_or_insert(primary_gone.elapsed());
+            }
+            let error = insert_recorded(&client, &acked, next_batch(), Duration::from_secs(2))
+                .await
+                .expect_err("a write acknowledged while the shard's only copy with data was down");
+            assert_eq!(error.code(), Code::Unavailable, "{error}");
+            refused += 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let left = left_in_sync.expect("the wiped replica stayed in the in-sync set");
+        eprintln!(
+            "phase 1: {refused} writes refused UNAVAILABLE; the wiped replica was out of the \
+             in-sync set {left:?} after the primary's registration went"
+        );
+    });
+    nodes[p].start(&endpoint);
+    rt.block_on(async {
+        let now = the_shard(&wait_in_sync(&addrs[c], 2).await);
+        assert_eq!(
+            (now.node_id.as_str(), now.epoch),
+            (p_id.as_str(), shard.epoch)
+        );
+        check_acked(&client, &acked).await;
+        insert_recorded(&client, &acked, next_batch(), Duration::from_secs(10))
+            .await
+            .unwrap();
+    });
+    let log = nodes[r].server.as_ref().unwrap().logs();
+    assert!(
+        log.contains("replica seeded; following by log"),
+        "the wiped replica was not seeded: {log}"
+    );
+    eprintln!("phase 1: {:?} in all", started.elapsed());
+
+    // Phase 2: the primary back on a wiped disk, registered before anyone saw it gone.
+    let started = Instant::now();
+    nodes[r].signal(Signal::STOP);
+    nodes[c].signal(Signal::STOP);
+    nodes[p].kill();
+    rt.block_on(revoke_registration(&endpoint, &p_id));
+    wipe(&nodes[p]);
+    nodes[p].start(&endpoint);
+    nodes[r].signal(Signal::CONT);
+    nodes[c].signal(Signal::CONT);
+    rt.block_on(async {
+        let status = wait_for_status(
+            &client,
+            Duration::from_secs(30),
+            "the in-sync replica promoted over the primary on a wiped disk, which rejoins",
+            |s| {
+                let now = the_shard(s);
+                now.node_id == r_id && now.in_sync.len() == 2
+            },
+        )
+        .await;
+        assert!(the_shard(&status).epoch > shard.epoch);
+        eprintln!(
+            "phase 2: promoted over the wiped primary, which rejoined, {:?} after its kill",
+            started.elapsed()
+        );
+        check_acked(&client, &acked).await;
+        insert_recorded(&client, &acked, next_batch(), Duration::from_secs(10))
+            .await
+            .unwrap();
+        check_acked(&client, &acked).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    });
+    let log = nodes[p].server.as_ref().unwrap().logs();
+    assert!(
+        log.contains("replica seeded; following by log"),
+        "the wiped primary was not seeded: {log}"
+    );
+    for node in &mut nodes {
+        node.kill();
+    }
+    drop(etcd);
+    assert_copies_identical(nodes.iter().map(|n| &n.dir), "moving", 1, 2);
+}
+
 /// Re-replication: with `--replace-dead-after 3`, a node killed under writes has the replica
 /// copies it held rebuilt on the other live nodes (seeded from the primaries' snapshots), and
 /// the shards it led fail over first; every shard is back to 2 in-sync copies without it,
