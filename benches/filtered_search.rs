@@ -36,7 +36,7 @@ use tarn_collection::{
     Attributes, Collection, CollectionConfig, Durability, FieldSpec, FieldType, Filter, MetricName,
     SearchRequest, Value,
 };
-use tarn_testkit::{load_minilm, minilm_dir, read_fvecs};
+use tarn_testkit::{files_starting_with, load_minilm, minilm_dir, read_fvecs};
 
 const MINILM_DIM: usize = 384;
 const K: usize = 10;
@@ -184,6 +184,27 @@ fn filter(spec: &Json) -> Filter {
     }
 }
 
+/// The sizes of the sealed segment files the newest manifest of the collection in `dir` names,
+/// newest first (how a load was split decides each segment's filtered-search plan). A manifest
+/// is JSON followed by its CRC32 (docs/SEGMENT_FORMAT.md).
+fn sealed_segment_bytes(dir: &Path) -> Vec<u64> {
+    let manifests = files_starting_with(dir, "MANIFEST-").unwrap();
+    let Some(newest) = manifests.last() else {
+        return Vec::new();
+    };
+    let bytes = std::fs::read(newest).unwrap();
+    let manifest: Json = serde_json::from_slice(&bytes[..bytes.len() - 4]).unwrap();
+    manifest["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|segment| {
+            let file = dir.join(segment["file"].as_str().unwrap());
+            std::fs::metadata(file).unwrap().len()
+        })
+        .collect()
+}
+
 struct Measured {
     recall: f64,
     qps: f64,
@@ -286,14 +307,22 @@ fn main() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let total_s = start.elapsed().as_secs_f64();
-    let n_sealed_segments = collection.stats().n_sealed_segments;
+    let stats = collection.stats();
+    let segment_mib: Vec<f64> = sealed_segment_bytes(&work.path().join("c"))
+        .iter()
+        .map(|&bytes| (bytes as f64 / (1 << 20) as f64).round())
+        .collect();
     eprintln!(
         "filtered_search: {n} documents with attributes loaded, sealed and indexed in {total_s:.1} s \
-         (inserts {insert_s:.1} s, then the flush {flush_s:.1} s; {n_sealed_segments} sealed segments)"
+         (inserts {insert_s:.1} s, then the flush {flush_s:.1} s; {} sealed segments of {segment_mib:?} MiB; \
+         checkpoints gave {} vectors graphs in {:.1} s)",
+        stats.n_sealed_segments, stats.n_vectors_built, stats.build_seconds
     );
     if let Some(path) = arg("--load-json") {
         let figures = json!({"n": n, "insert_s": insert_s, "flush_s": flush_s,
-            "indexed_s": total_s, "sealed_segments": n_sealed_segments});
+            "indexed_s": total_s, "sealed_segments": stats.n_sealed_segments,
+            "segment_mib": segment_mib, "vectors_built": stats.n_vectors_built,
+            "build_s": stats.build_seconds});
         std::fs::write(path, serde_json::to_vec_pretty(&figures).unwrap()).unwrap();
     }
     drop(data.base);

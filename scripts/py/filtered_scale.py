@@ -492,7 +492,9 @@ def report(out):
     print()
     print(f"tarn load: {load['n']:,} vectors inserted in {load['insert_s']:.1f} s, flushed in "
           f"{load['flush_s']:.1f} s, indexed after {load['indexed_s']:.1f} s in all "
-          f"({load['sealed_segments']} sealed segments); tarn phase {phases['tarn_s']:.1f} s; "
+          f"({load['sealed_segments']} sealed segments, files of {load.get('segment_mib', '?')} MiB; "
+          f"checkpoints built graphs for {load.get('vectors_built', 0):,} vectors in "
+          f"{load.get('build_s', 0):.1f} s); tarn phase {phases['tarn_s']:.1f} s; "
           f"faiss index {phases['faiss_s']:.1f} s ({phases['faiss_index']}), faiss phase "
           f"{phases['faiss_total_s']:.1f} s; data {phases['data_s']:.1f} s ({phases['data']})")
     print()
