@@ -23,15 +23,17 @@
 # Usage: scripts/filtered-scale.sh [ARGS]   (ARGS go to scripts/py/filtered_scale.py: --seed,
 #        --clusters, --queries, --zipf, --locality, --tarn-efs, ...)
 #        TARN_FILTERED_SCALE_N=100000 scripts/filtered-scale.sh   (a quick run)
-# How long (2026-11-26, 2 vCPUs shared with other agents' builds; the bench already built):
-# 1,000,000 the first time about 18 minutes: generation 26 s (13 s of it the exact truth), tarn
-# 6 minutes (the load 247 s: inserts 6 s, then the flush's sealing and builds 240 s, leaving 3
-# sealed segments; the searches about 2 minutes, most in the 5% filters and post-filtering),
-# faiss's build 7 minutes (429 s) and its searches 7 s. A rerun reads the data and faiss's index
-# from the cache: about 7 minutes. 100,000: about 2.5 minutes (tarn's load 34 s, faiss's build
-# 29 s), under a minute and a half rerun. The cache takes 1.2 GB at 1M (base.fvecs 516 MB,
-# faiss-hnsw.index 656 MB); the bench's collection, in ${TMPDIR:-/tmp}, about twice the raw
-# vectors while it runs; memory peaks at about 3 GB (the bench) and 1.5 GB (faiss).
+# How long (2026-11-26, 2 vCPUs shared with other agents' builds and benchmarks; the bench
+# already built): 1,000,000 the first time about 18 minutes: generation 26 s (13 s of it the
+# exact truth); tarn about 6 minutes: its load 114 to 247 s over three runs as the machine was
+# busier (inserts 6 s, then the flush's sealing and builds, 1.03M vectors given graphs, leaving
+# 3 sealed segments), its searches about 1.5 minutes, most of it the 5% filters and
+# post-filtering; faiss's build 7 minutes (429 s), its searches 7 s. A rerun reads the data and
+# faiss's index from the cache: 3.5 to 5.5 minutes. 100,000: about 2.5 minutes (tarn's load
+# 19 to 101 s, faiss's build 29 s), about a minute rerun on a quiet machine. The cache takes
+# 1.2 GB at 1M (base.fvecs 516 MB, faiss-hnsw.index 656 MB); the bench's collection, in
+# ${TMPDIR:-/tmp}, about 630 MiB of segment files at 1M plus its log while it runs. Peak
+# resident memory at 1M: 3.2 to 3.5 GB for the bench, 1.2 GB for the Python side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n="${TARN_FILTERED_SCALE_N:-1000000}"
