@@ -8,7 +8,7 @@
 //! minilm-debian (60,733 x 384; docs/BENCHMARKS.md, "Filtered search", the crossover table):
 //! - few matches: the exact scan of the matches (recall 1.0; at 5% of that collection, 3,000
 //!   matches, it ran at 4,405 q/s against 3,233 for the two-hop walk at recall 0.96);
-//! - a fraction `s` between about 5% and 30%: the graph walked through accepted nodes only
+//! - a fraction `s` between 10% and 30%: the graph walked through accepted nodes only
 //!   ([`Walk::Accepted`], ACORN's two-hop expansion), whose cost hardly depends on `s` (20%:
 //!   2,299 q/s at recall 0.989 against 474 for walking every node and 470 for the scan);
 //! - `s` of 30% and more: the graph walked through every node ([`Walk::All`]) with the beam
@@ -21,7 +21,7 @@
 //! whatever its entry, and there the scan is both exact and faster.
 
 use crate::attribute_index::SlotSet;
-use crate::flat_graph::{Candidate, Walk};
+use crate::flat_graph::{Candidate, Walk, WalkDensity};
 use crate::search::exact_top_k;
 
 /// A partition whose filter matches at most this many live documents is always searched by an
@@ -32,6 +32,15 @@ pub const FILTER_EXACT_SCAN_MAX_MATCHES: usize = 2048;
 /// The widest beam a filtered graph search is given (the widened `ef` is capped here, or at
 /// the request's own `ef` if that is larger).
 const FILTERED_MAX_EF: usize = 4096;
+
+/// Below this fraction of matching documents the two-hop walk is not trusted and the exact scan
+/// answers. Measured on the 1,000,000-vector Zipf set (`scripts/filtered-scale.sh`, 2026-11-26):
+/// at 5% the walk kept recall 0.978-0.985 on a tag independent of the clusters but fell to
+/// 0.75 on a tag of 49 of the 300 clusters asked from the others, and the density check below
+/// did not catch it (the first looks around the query found matches at 1-4x the partition's
+/// rate); walking every node instead ran at 16-35 q/s against the scan's 200. On minilm the walk
+/// held 0.973-0.99 from 11% to 30% (correlated tags included).
+const ACCEPTED_WALK_MIN_SELECTIVITY: f64 = 0.1;
 
 /// At or above this fraction of matching documents the graph is walked through every node
 /// ([`Walk::All`]); below it, through accepted nodes only ([`Walk::Accepted`]). Measured: the
@@ -51,6 +60,14 @@ const ACCEPTED_MAX_FRESH: usize = 32;
 /// the ties (it is exact).
 const ACCEPTED_WALK_COST_PER_EF: f64 = 64.0;
 
+/// A two-hop walk whose first looks (around the query) found matches at under this fraction
+/// of the partition's selectivity is stranded where they are rare: its answer is replaced by
+/// the exact scan. A safety net, not a cure: on the 100,000-vector Zipf set at ef 16 it caught
+/// 23 of 350 walks of a cluster-correlated 5% filter (`scripts/filtered-scale.sh`); most
+/// walks that lost recall there had found matches at 1-4x the partition's rate, which is why
+/// the walk is not used under [`ACCEPTED_WALK_MIN_SELECTIVITY`].
+const SPARSE_WALK_FRACTION: f64 = 0.25;
+
 /// How one partition's filtered search runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FilteredPlan {
@@ -68,9 +85,11 @@ pub(crate) enum FilteredPlan {
 /// - for `s` of at least [`WALK_ALL_MIN_SELECTIVITY`], the graph walked through every node with
 ///   the beam widened to `ef / sqrt(s)` (capped at 4,096 or the request's `ef`), unless its
 ///   expected visits (`beam / s`) exceed the matches, when the scan is cheaper;
-/// - below it, the two-hop walk with the beam widened to `ef * sqrt(0.3 / s)` (its recall
-///   falls with `s`: 0.9728 at 11% and 0.9480 at 3% at a plain ef 64 on minilm), unless its cost
-///   ([`ACCEPTED_WALK_COST_PER_EF`] x beam) reaches the matches', when the scan is chosen.
+/// - from [`ACCEPTED_WALK_MIN_SELECTIVITY`] (10%) to 30%, the two-hop walk with the beam widened
+///   to `ef * sqrt(0.3 / s)` (its recall falls with `s`: 0.9728 at 11% and 0.9480 at 3% at a
+///   plain ef 64 on minilm), unless its cost ([`ACCEPTED_WALK_COST_PER_EF`] x beam) reaches the
+///   matches', when the scan is chosen;
+/// - under 10%, the exact scan.
 pub(crate) fn plan(
     n_matches: usize,
     n_live: usize,
@@ -99,6 +118,9 @@ pub(crate) fn plan(
             walk: Walk::All,
         };
     }
+    if selectivity < ACCEPTED_WALK_MIN_SELECTIVITY {
+        return FilteredPlan::ExactScan;
+    }
     let beam = widen((WALK_ALL_MIN_SELECTIVITY / selectivity).sqrt());
     if ACCEPTED_WALK_COST_PER_EF * beam as f64 >= n_matches as f64 {
         return FilteredPlan::ExactScan;
@@ -112,30 +134,38 @@ pub(crate) fn plan(
 }
 
 /// Runs a partition's filtered search: `matches` are its matching live slots (`n_matches` of
-/// them); `graph_search(ef)` is the graph search that accepts only those slots (called for
-/// [`FilteredPlan::Graph`] only), `distance` measures a slot against the query. Returns at
-/// most `k` candidates, nearest first, and always `min(k, n_matches)`.
+/// its `n_live`); `graph_search(ef, walk, density)` is the graph search that accepts only those
+/// slots (called for [`FilteredPlan::Graph`] only; a two-hop walk counts what it looked at in
+/// `density`), `distance` measures a slot against the query. Returns at most `k` candidates,
+/// nearest first, and always `min(k, n_matches)`: a graph answer that is short, or a two-hop
+/// walk that found matches much rarer around the query than in the partition
+/// ([`SPARSE_WALK_FRACTION`]), gives way to the exact scan.
 pub(crate) fn filtered_top_k(
     matches: &SlotSet,
     n_matches: usize,
+    n_live: usize,
     k: usize,
     plan: FilteredPlan,
-    graph_search: impl FnOnce(usize, Walk) -> Vec<Candidate>,
+    graph_search: impl FnOnce(usize, Walk, &mut WalkDensity) -> Vec<Candidate>,
     distance: impl Fn(u32) -> f32,
 ) -> Vec<Candidate> {
     if n_matches == 0 || k == 0 {
         return Vec::new();
     }
     if let FilteredPlan::Graph { ef, walk } = plan {
-        let candidates = graph_search(ef, walk);
-        if candidates.len() >= k.min(n_matches) {
+        let mut density = WalkDensity::default();
+        let candidates = graph_search(ef, walk, &mut density);
+        let selectivity = n_matches as f64 / n_live.max(n_matches) as f64;
+        let stranded = density.below(SPARSE_WALK_FRACTION * selectivity);
+        if candidates.len() >= k.min(n_matches) && !stranded {
             return candidates;
         }
         tracing::debug!(
             found = candidates.len(),
             n_matches,
             k,
-            "filtered graph search came back short; scanning the matches"
+            ?density,
+            "filtered graph search came back short or stranded; scanning the matches"
         );
     }
     exact_top_k(matches.iter(), k, distance)
@@ -210,7 +240,7 @@ mod tests {
     }
 
     #[test]
-    fn plan_walks_accepted_nodes_below_30_percent_unless_the_scan_is_cheaper() {
+    fn plan_walks_accepted_nodes_from_10_to_30_percent_unless_the_scan_is_cheaper() {
         // 20%: 64 * sqrt(1.5) = 78.4; cost 79 * 64 = 5,056 distances against 200,000.
         assert_eq!(
             plan(200_000, 1_000_000, 10, 64, true, false),
@@ -219,33 +249,32 @@ mod tests {
                 walk: ACCEPTED
             }
         );
-        // 5%: 64 * sqrt(6) = 156.8.
+        // 12%: 64 * sqrt(2.5) = 101.2.
         assert_eq!(
-            plan(50_000, 1_000_000, 10, 64, true, false),
+            plan(120_000, 1_000_000, 10, 64, true, false),
             FilteredPlan::Graph {
-                ef: 157,
+                ef: 102,
                 walk: ACCEPTED
             }
         );
-        // 1% of a million: beam 351, about 22,500 distances against 10,000 matches: the scan.
+        // Under 10%: the scan, however many matches (the walk is not trusted there).
+        assert_eq!(
+            plan(50_000, 1_000_000, 10, 64, true, false),
+            FilteredPlan::ExactScan
+        );
         assert_eq!(
             plan(10_000, 1_000_000, 10, 64, true, false),
             FilteredPlan::ExactScan
         );
-        // 1% of 100 million: the walk.
         assert_eq!(
             plan(1_000_000, 100_000_000, 10, 64, true, false),
-            FilteredPlan::Graph {
-                ef: 351,
-                walk: ACCEPTED
-            }
+            FilteredPlan::ExactScan
         );
-        // 10% of minilm's 60,733: beam 111, 7,104 against 6,073 matches: the scan.
+        // Just under 10% of minilm's 60,733.
         assert_eq!(
             plan(6_073, 60_733, 10, 64, true, false),
             FilteredPlan::ExactScan
         );
-        // 0.01% of a billion: beam 3,505, about 224,000 distances against 100,000: the scan.
         assert_eq!(
             plan(100_000, 1_000_000_000, 10, 64, true, false),
             FilteredPlan::ExactScan
@@ -259,7 +288,7 @@ mod tests {
             matches.insert(slot);
         }
         let distance = |slot: u32| (slot as f32 - 4.0).abs();
-        let short = |_ef: usize, _walk: Walk| {
+        let short = |_ef: usize, _walk: Walk, _density: &mut WalkDensity| {
             vec![Candidate {
                 distance: 0.0,
                 node: 4,
@@ -268,6 +297,7 @@ mod tests {
         let found = filtered_top_k(
             &matches,
             3,
+            10,
             2,
             FilteredPlan::Graph {
                 ef: 8,
@@ -280,20 +310,56 @@ mod tests {
         let scan = filtered_top_k(
             &matches,
             3,
+            10,
             5,
             FilteredPlan::ExactScan,
-            |_, _| Vec::new(),
+            |_, _, _| Vec::new(),
             distance,
         );
         assert_eq!(scan.len(), 3);
         assert!(filtered_top_k(
             &matches,
             0,
+            10,
             5,
             FilteredPlan::ExactScan,
-            |_, _| Vec::new(),
+            |_, _, _| Vec::new(),
             distance
         )
         .is_empty());
+    }
+
+    #[test]
+    fn a_two_hop_walk_stranded_where_matches_are_rare_falls_back_to_the_exact_scan() {
+        // 3 of 10 slots match (30%); the walk answers with the wrong two.
+        let mut matches = SlotSet::empty(10);
+        for slot in [1, 4, 7] {
+            matches.insert(slot);
+        }
+        let distance = |slot: u32| (slot as f32 - 4.0).abs();
+        let walk = Walk::Accepted { max_fresh: 8 };
+        let walked = |looked: u64, accepted: u64| {
+            move |_ef: usize, _walk: Walk, density: &mut WalkDensity| {
+                *density = WalkDensity { looked, accepted };
+                vec![
+                    Candidate {
+                        distance: 3.0,
+                        node: 1,
+                    },
+                    Candidate {
+                        distance: 3.0,
+                        node: 7,
+                    },
+                ]
+            }
+        };
+        let plan = FilteredPlan::Graph { ef: 8, walk };
+        let nodes = |found: Vec<Candidate>| found.iter().map(|c| c.node).collect::<Vec<_>>();
+        // 1 in 100 accepted around the query, against 30% in the partition: stranded.
+        let found = filtered_top_k(&matches, 3, 10, 2, plan, walked(100, 1), distance);
+        assert_eq!(nodes(found), vec![4, 1]);
+        // 1 in 10 (a third of the partition's density, above a quarter): its answer stands.
+        let found = filtered_top_k(&matches, 3, 10, 2, plan, walked(100, 10), distance);
+        assert_eq!(nodes(found), vec![1, 7]);
     }
 }

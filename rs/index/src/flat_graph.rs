@@ -101,12 +101,15 @@ fn accepted_neighbors(
     visited: &mut crate::visited::VisitedSet,
     max_fresh: usize,
     fresh: &mut Vec<u32>,
+    density: &mut WalkDensity,
 ) {
     for &n in neighbors {
         if fresh.len() >= max_fresh {
             return;
         }
-        if accept(n) && visited.insert(n) {
+        let accepted = accept(n);
+        density.count(accepted);
+        if accepted && visited.insert(n) {
             fresh.push(n);
         }
     }
@@ -118,10 +121,41 @@ fn accepted_neighbors(
             if fresh.len() >= max_fresh {
                 return;
             }
-            if accept(m) && visited.insert(m) {
+            let accepted = accept(m);
+            density.count(accepted);
+            if accepted && visited.insert(m) {
                 fresh.push(m);
             }
         }
+    }
+}
+
+/// How many of the first nodes a two-hop walk looked at were accepted: the density of matches
+/// around the query, to set against the partition's (`filtered.rs` scans instead when it is
+/// far lower: the walk is stranded among the few matches near the query).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct WalkDensity {
+    pub(crate) looked: u64,
+    pub(crate) accepted: u64,
+}
+
+/// How many looks [`WalkDensity`] counts: the first steps, around the entry (the graph's
+/// nearest node to the query), before the walk can drift to where matches are dense.
+const DENSITY_SAMPLE: u64 = 1024;
+
+impl WalkDensity {
+    #[inline]
+    fn count(&mut self, accepted: bool) {
+        if self.looked < DENSITY_SAMPLE {
+            self.looked += 1;
+            self.accepted += u64::from(accepted);
+        }
+    }
+
+    /// Whether under `fraction` of what the walk looked at was accepted (false before it
+    /// looked at anything).
+    pub(crate) fn below(&self, fraction: f64) -> bool {
+        self.looked > 0 && (self.accepted as f64) < fraction * self.looked as f64
     }
 }
 
@@ -137,6 +171,9 @@ impl FlatGraph {
     /// Approximate k nearest accepted nodes. `distance(node)` measures a node against the
     /// query; `accept(node)` says which nodes may be results (live ones, matching a filter);
     /// `walk` says which nodes the layer-0 search goes through ([`Walk`]).
+    // The search's inputs are all closures or counts of the same hot loop; a struct would only
+    // rename them.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn search(
         &self,
         k: usize,
@@ -145,6 +182,7 @@ impl FlatGraph {
         prefetch: impl Fn(u32),
         accept: impl Fn(u32) -> bool,
         walk: Walk,
+        density: &mut WalkDensity,
     ) -> Vec<Candidate> {
         let n_nodes = self.n_nodes();
         if n_nodes == 0 || k == 0 {
@@ -199,9 +237,9 @@ impl FlatGraph {
                     Walk::All => {
                         fresh.extend(neighbors.iter().copied().filter(|&n| visited.insert(n)))
                     }
-                    Walk::Accepted { max_fresh } => {
-                        accepted_neighbors(base, neighbors, &accept, visited, max_fresh, &mut fresh)
-                    }
+                    Walk::Accepted { max_fresh } => accepted_neighbors(
+                        base, neighbors, &accept, visited, max_fresh, &mut fresh, density,
+                    ),
                 }
                 fresh.iter().take(PREFETCH_AHEAD).for_each(|&n| prefetch(n));
                 for (i, &neighbor) in fresh.iter().enumerate() {
@@ -359,7 +397,8 @@ mod tests {
                 measured.borrow_mut().push(node);
                 (node as f32 - target).abs()
             };
-            let found = graph.search(3, 300, distance, |_| {}, accept, walk);
+            let mut density = WalkDensity::default();
+            let found = graph.search(3, 300, distance, |_| {}, accept, walk, &mut density);
             let nodes: Vec<u32> = found.iter().map(|c| c.node).collect();
             assert_eq!(nodes, vec![150, 148, 152], "{walk:?}");
             let rejected_measured = measured
@@ -370,8 +409,13 @@ mod tests {
             match walk {
                 // Every node on the way is measured.
                 Walk::All => assert!(rejected_measured > 50, "{rejected_measured}"),
-                // None: the entry (0) is accepted, and rejected nodes are only looked through.
-                Walk::Accepted { .. } => assert_eq!(rejected_measured, 0),
+                // None: the entry (0) is accepted, and rejected nodes are only looked through;
+                // half of what it looked at was accepted.
+                Walk::Accepted { .. } => {
+                    assert_eq!(rejected_measured, 0);
+                    assert!(density.looked > 0);
+                    assert!(!density.below(0.4) && density.below(0.6), "{density:?}");
+                }
             }
         }
     }
@@ -402,6 +446,7 @@ mod tests {
             |_| {},
             accept,
             Walk::Accepted { max_fresh: 8 },
+            &mut WalkDensity::default(),
         );
         // The entry's step took 8 of the 40 accepted nodes two hops away and the accepted
         // nodes lead nowhere: the answer is short (the caller's plan then scans the matches).

@@ -395,7 +395,7 @@ impl MutableSegment {
             let graph = data.graph.as_ref();
             let plan = plan(n_matches, data.by_doc.len(), k, ef, graph.is_some(), exact);
             // hnsw_rs walks every node: the mutable graph ignores the walk.
-            let graph_search = |ef: usize, _walk| {
+            let graph_search = |ef: usize, _walk, _density: &mut _| {
                 let Some(graph) = graph else {
                     return Vec::new();
                 };
@@ -405,7 +405,9 @@ impl MutableSegment {
                 candidates.extend(exact_top_k(tail, k, distance));
                 merge_candidates(candidates, k)
             };
-            let candidates = filtered_top_k(&matches, n_matches, k, plan, graph_search, distance);
+            let n_live = data.by_doc.len();
+            let candidates =
+                filtered_top_k(&matches, n_matches, n_live, k, plan, graph_search, distance);
             return to_hits(user_id, candidates, &data.doc_ids);
         }
         let candidates = match (&data.graph, exact) {

@@ -28,7 +28,7 @@ use crate::config::IndexConfig;
 use crate::error::{IndexError, Result};
 use crate::filter::Filter;
 use crate::filtered::{filtered_top_k, plan};
-use crate::flat_graph::{Candidate, FlatGraph, Walk};
+use crate::flat_graph::{Candidate, FlatGraph, Walk, WalkDensity};
 use crate::metric::Metric;
 use crate::mutable::MutableSegment;
 use crate::quantized::{Codes, Int8Codes, Quantization};
@@ -191,6 +191,7 @@ impl SealedPartition {
         ef: usize,
         accept: impl Fn(u32) -> bool,
         walk: Walk,
+        density: &mut WalkDensity,
     ) -> Result<Vec<Candidate>> {
         let dim = config.dimension;
         let metric = config.metric;
@@ -208,6 +209,7 @@ impl SealedPartition {
                 },
                 accept,
                 walk,
+                density,
             );
             return failure.into_result(found);
         };
@@ -224,6 +226,7 @@ impl SealedPartition {
             |slot| prefetch(prepared.codes_of(slot), PREFETCH_MAX_LINES),
             accept,
             walk,
+            density,
         );
         for candidate in &mut found {
             candidate.distance = exact(candidate.node);
@@ -733,7 +736,7 @@ impl SealedSegment {
             let graph = partition.graph.as_ref();
             let n_live = partition.n_live_slots();
             let plan = plan(n_matches, n_live, k, ef, graph.is_some(), exact);
-            let graph_search = |ef: usize, walk: Walk| match graph {
+            let graph_search = |ef: usize, walk: Walk, density: &mut WalkDensity| match graph {
                 Some(graph) => partition
                     .graph_search(
                         graph,
@@ -744,6 +747,7 @@ impl SealedSegment {
                         // Tombstones set since the matches were taken count too.
                         |slot| matches.contains(slot) && !partition.tombstones.get(slot as usize),
                         walk,
+                        density,
                     )
                     .unwrap_or_else(|error| {
                         failure.distance(Err(error));
@@ -751,7 +755,8 @@ impl SealedSegment {
                     }),
                 None => Vec::new(),
             };
-            let candidates = filtered_top_k(&matches, n_matches, k, plan, graph_search, distance);
+            let candidates =
+                filtered_top_k(&matches, n_matches, n_live, k, plan, graph_search, distance);
             return failure.into_result(to_hits(user_id, candidates, &partition.doc_ids));
         }
         let candidates = match (&partition.graph, exact) {
@@ -763,6 +768,7 @@ impl SealedSegment {
                 ef,
                 |slot| !partition.tombstones.get(slot as usize),
                 Walk::All,
+                &mut WalkDensity::default(),
             )?,
             _ => exact_top_k(
                 partition
