@@ -57,7 +57,7 @@ import time
 
 import numpy as np
 
-from vecs import read_vecs  # scripts/py/vecs.py
+from vecs import filtered_score, read_vecs, timed  # scripts/py/vecs.py
 
 K = 10
 CANDIDATES = 2 * K  # kept per query by the float32 pass of the truth, re-ranked in float64
@@ -330,24 +330,6 @@ def exact_truth(base, queries, masks, block=65536):
     return truth
 
 
-def score(answers, truth, n_matches):
-    found = wanted = short = 0
-    for answer, t, m in zip(answers, truth, n_matches):
-        if len(answer) < min(K, m):
-            short += 1
-        wanted += len(t)
-        found += len(set(int(a) for a in answer) & set(t))
-    return (found / wanted if wanted else 1.0), short
-
-
-def timed(n, search):
-    for q in range(min(n, 50)):
-        search(q)
-    start = time.perf_counter()
-    answers = [search(q) for q in range(n)]
-    return answers, n / (time.perf_counter() - start)
-
-
 def run_faiss(data, index_path, results):
     import faiss
 
@@ -383,7 +365,7 @@ def run_faiss(data, index_path, results):
                 return [i for i in labels[0].tolist() if i >= 0]
 
             answers, qps = timed(len(queries), search)
-            recall, short = score(answers, entry["truth"], entry["n_matches"])
+            recall, short = filtered_score(answers, entry["truth"], entry["n_matches"])
             results.append({"filter": name, "system": "faiss", "mode": f"ef={ef}",
                             "recall": recall, "qps": qps, "short": short})
             print(f"  {name:<14} faiss   ef={ef:<4} recall@10 {recall:.4f} {qps:>8.0f} q/s short {short}",

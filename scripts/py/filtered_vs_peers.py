@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from vecs import read_vecs  # scripts/py/vecs.py
+from vecs import filtered_score, read_vecs, timed  # scripts/py/vecs.py
 
 K = 10
 PEER_EFS = [16, 32, 64, 128, 256, 512]
@@ -132,24 +132,6 @@ def exact_truth(base, queries, masks):
     return truth
 
 
-def score(answers, truth, n_matches):
-    found = wanted = short = 0
-    for answer, t, m in zip(answers, truth, n_matches):
-        if len(answer) < min(K, m):
-            short += 1
-        wanted += len(t)
-        found += len(set(int(a) for a in answer) & set(t))
-    return (found / wanted if wanted else 1.0), short
-
-
-def timed(n, search):
-    for q in range(min(n, 50)):
-        search(q)
-    start = time.perf_counter()
-    answers = [search(q) for q in range(n)]
-    return answers, n / (time.perf_counter() - start)
-
-
 def run_hnswlib(base, queries, filters, all_masks, truth, n_matches, results):
     import hnswlib
 
@@ -177,7 +159,7 @@ def run_hnswlib(base, queries, filters, all_masks, truth, n_matches, results):
                     return []
 
             answers, qps = timed(len(queries), search)
-            recall, short = score(answers, truth[name], n_matches[name])
+            recall, short = filtered_score(answers, truth[name], n_matches[name])
             results.append({"filter": name, "system": "hnswlib", "mode": f"ef={ef}",
                             "recall": recall, "qps": qps, "short": short})
             print(f"  {name:<14} hnswlib ef={ef:<4} recall@10 {recall:.4f} {qps:>8.0f} q/s short {short}",
@@ -223,7 +205,7 @@ def run_faiss(base, queries, filters, all_masks, truth, n_matches, results):
                 return [i for i in labels[0].tolist() if i >= 0]
 
             answers, qps = timed(len(queries), search)
-            recall, short = score(answers, truth[name], n_matches[name])
+            recall, short = filtered_score(answers, truth[name], n_matches[name])
             results.append({"filter": name, "system": "faiss", "mode": f"ef={ef}",
                             "recall": recall, "qps": qps, "short": short})
             print(f"  {name:<14} faiss   ef={ef:<4} recall@10 {recall:.4f} {qps:>8.0f} q/s short {short}",
@@ -260,7 +242,7 @@ def run_grpc(address, collection, queries, filters, truth, n_matches, results):
                                                         filter=wire[q])]
 
             answers, qps = timed(len(queries), search)
-            recall, short = score(answers, truth[name], n_matches[name])
+            recall, short = filtered_score(answers, truth[name], n_matches[name])
             results.append({"filter": name, "system": "tarn gRPC", "mode": f"filtered ef={ef}",
                             "recall": recall, "qps": qps, "short": short})
             print(f"  {name:<14} tarn gRPC ef={ef:<4} recall@10 {recall:.4f} {qps:>8.0f} q/s short {short}",

@@ -1047,6 +1047,33 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
     }
 }
 
+/// The shard's local name and a swap of its record from `from` to `to` that lands only if the
+/// whole record is still `from` (no registration guard: callers that need one set it).
+fn whole_record_swap<'a>(
+    collection: &'a str,
+    uid: u64,
+    shard: u32,
+    from: &'a ShardAssignment,
+    to: &'a ShardAssignment,
+) -> (ShardName, tarn_cluster::ShardSwap<'a>) {
+    let name = ShardName {
+        collection: collection.to_owned(),
+        uid,
+        shard,
+    };
+    let swap = tarn_cluster::ShardSwap {
+        collection,
+        uid,
+        shard,
+        expected_epoch: from.epoch,
+        new: to,
+        unless_registered: None,
+        unless_registered_from: None,
+        expected: Some(from),
+    };
+    (name, swap)
+}
+
 /// Failover: for each shard whose primary is dead to the cluster (or back on another disk)
 /// and that has an alive in-sync replica on the disk recorded for its copy
 /// ([`tarn_cluster::plan_promotions`]), promotes that replica at the next epoch, in one etcd
@@ -1057,21 +1084,15 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
 /// land is decided again from the next view.
 async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::ClusterState) {
     for planned in tarn_cluster::plan_promotions(state) {
-        let name = ShardName {
-            collection: planned.collection.clone(),
-            uid: planned.uid,
-            shard: planned.shard,
-        };
-        let swap = tarn_cluster::ShardSwap {
-            collection: &planned.collection,
-            uid: planned.uid,
-            shard: planned.shard,
-            expected_epoch: planned.from.epoch,
-            new: &planned.to,
-            unless_registered: Some(&planned.dead_primary),
-            unless_registered_from: planned.dead_primary_incarnation.as_deref(),
-            expected: Some(&planned.from),
-        };
+        let (name, mut swap) = whole_record_swap(
+            &planned.collection,
+            planned.uid,
+            planned.shard,
+            &planned.from,
+            &planned.to,
+        );
+        swap.unless_registered = Some(&planned.dead_primary);
+        swap.unless_registered_from = planned.dead_primary_incarnation.as_deref();
         match node.store().compare_and_set_shard(&swap).await {
             Ok(true) => {
                 node.moves.failovers.fetch_add(1, Ordering::Relaxed);
@@ -1097,21 +1118,13 @@ async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::ClusterState
 /// seeds it.
 async fn drop_replaced_copies(node: &ClusterNode, state: &tarn_cluster::ClusterState) {
     for planned in tarn_cluster::plan_replaced_copies(state) {
-        let name = ShardName {
-            collection: planned.collection.clone(),
-            uid: planned.uid,
-            shard: planned.shard,
-        };
-        let swap = tarn_cluster::ShardSwap {
-            collection: &planned.collection,
-            uid: planned.uid,
-            shard: planned.shard,
-            expected_epoch: planned.from.epoch,
-            new: &planned.to,
-            unless_registered: None,
-            unless_registered_from: None,
-            expected: Some(&planned.from),
-        };
+        let (name, swap) = whole_record_swap(
+            &planned.collection,
+            planned.uid,
+            planned.shard,
+            &planned.from,
+            &planned.to,
+        );
         match node.store().compare_and_set_shard(&swap).await {
             Ok(true) => {
                 tracing::warn!(shard = %name.local_name(), replica = %planned.replica,
