@@ -370,7 +370,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 #[test]
 fn sigkill_under_load_loses_no_acknowledged_write() {
     let iterations = env_u64("TARN_CRASH_ITERATIONS", 20);
-    crash_loop("crash", &TENANTS, iterations, |_| {});
+    crash_loop("crash", &TENANTS, iterations, false, |_| {});
 }
 
 /// The same with int8 codes and vectors on disk, one tenant (so that its partition passes the
@@ -379,14 +379,23 @@ fn sigkill_under_load_loses_no_acknowledged_write() {
 #[test]
 fn sigkill_under_load_with_vectors_on_disk_loses_no_acknowledged_write() {
     let iterations = env_u64("TARN_CRASH_ITERATIONS", 8);
-    let cold_bytes = crash_loop("crash on disk", &TENANTS[..1], iterations, |request| {
-        request.quantization = Some(pb::Quantization {
-            kind: pb::QuantizationKind::QuantizationInt8 as i32,
-            bits: 0,
-            rescore: 0,
-        });
-        request.vectors_on_disk = true;
-    });
+    // Preloaded: every client's documents are stored and sealed before the first kill, so the
+    // tenant's partition passes the graph threshold (1,024) whatever the machine's speed; a slow
+    // machine's random load alone could stay under it (a CI run once ended with no cold vector).
+    let cold_bytes = crash_loop(
+        "crash on disk",
+        &TENANTS[..1],
+        iterations,
+        true,
+        |request| {
+            request.quantization = Some(pb::Quantization {
+                kind: pb::QuantizationKind::QuantizationInt8 as i32,
+                bits: 0,
+                rescore: 0,
+            });
+            request.vectors_on_disk = true;
+        },
+    );
     assert!(
         cold_bytes > 0,
         "no vector went cold: the scenario tested nothing new"
@@ -394,11 +403,13 @@ fn sigkill_under_load_with_vectors_on_disk_loses_no_acknowledged_write() {
 }
 
 /// Kills the server under the clients' load `iterations` times, restarting and checking it
-/// each time; returns the collection's cold bytes at the end.
+/// each time; returns the collection's cold bytes at the end. With `preload`, every client's
+/// documents are first written (acknowledged, fsync) for the first tenant and flushed.
 fn crash_loop(
     label: &str,
     tenants: &'static [u128],
     iterations: u64,
+    preload: bool,
     configure: impl Fn(&mut pb::CreateCollectionRequest),
 ) -> u64 {
     let first_seed = env_u64("TARN_CRASH_SEED", 1);
@@ -421,6 +432,22 @@ fn crash_loop(
                 }];
                 configure(&mut request);
                 client.create_collection(request).await.unwrap();
+                if preload {
+                    // Apart from every version the clients write (exact as an f64 attribute).
+                    let version = 1 << 50;
+                    for (client_no, log) in logs.iter_mut().enumerate() {
+                        let base = client_no as u128 * 10_000;
+                        let op = Op::Upsert {
+                            tenant: tenants[0],
+                            docs: (base..base + DOCS_PER_CLIENT).collect(),
+                            version,
+                            durability: pb::Durability::Fsync,
+                        };
+                        send(&mut client, &op).await.unwrap();
+                        apply(&mut log.acked, &op);
+                    }
+                    send(&mut client, &Op::Flush).await.unwrap();
+                }
             });
         }
         let mut rng = StdRng::seed_from_u64(seed);
