@@ -16,18 +16,23 @@
 #      three forward to the owner) — on one machine the copies share its cores, so this measures
 #      the hops saved, not added capacity; then the failover time: kill -9 of a 2-copy
 #      collection's primary, and single durable writes through another node until one is
-#      acknowledged (the lease is the default 5 s).
+#      acknowledged (the lease is the default 5 s). Also: replication lag under the insert load
+#      (the primary's status, sampled every 0.2 s); catch-up MB/s of a replica restarted after the
+#      whole data set was written while it was down (by log), and of a node restarted with
+#      its data directory deleted (snapshot + tail of every copy it held).
 # Data: ../shared/data/minilm-debian (60,733 x 384) when present, else 20,000 random 128-d rows.
-#   scripts/bench-cluster.sh        (ROUNDS=3, alternating; medians)
+#   scripts/bench-cluster.sh        (ROUNDS=3, alternating; medians; PARTS=replicas: part 4 only)
 # Ends with one line:
 #   forwarded_insert_rps_ratio=.. forwarded_search_qps_ratio=.. fanout8_search_qps_ratio=..
 #   recall_1shard=.. recall_8shards=..  (ratios: forwarded / owner, 8 shards / 1 shard)
 #   move_mb_per_s=.. copy_mb_per_s=.. move_ratio=.. move_write_pause_ms=..
 #   replicas2_insert_rps_ratio=.. replicas3_insert_rps_ratio=.. spread3_search_qps_ratio=..
-#   failover_first_write_s=..
+#   replicas2_lag_entries_p50=.. replicas3_lag_entries_p50=.. catchup_log_mb_per_s=..
+#   catchup_snapshot_mb_per_s=.. failover_first_write_s=..
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${ROUNDS:-3}"
+parts="${PARTS:-all}" # PARTS=replicas: only part 4
 data="${TARN_MINILM_DIR:-../shared/data/minilm-debian}"
 cargo build --release --locked -p tarn-server
 tarn="$PWD/target/release/tarn"
@@ -36,7 +41,8 @@ ensure_etcd
 work="$(mktemp -d)"
 pids=()
 cleanup() {
-    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    # SIGCONT first: a node left stopped (SIGSTOP) by a failed step would never take the TERM.
+    for pid in "${pids[@]}"; do kill -CONT "$pid" 2>/dev/null || true; kill -TERM "$pid" 2>/dev/null || true; done
     # The nodes only: a bare `wait` would also wait for etcd, a child too, which stop_etcd stops.
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     stop_etcd
@@ -72,9 +78,9 @@ PY
     base="$work/base.fvecs"; query="$work/query.fvecs"; truth=(); dim=128
 fi
 A="${addrs[0]}"
-"$tarn" collection create one --dimension "$dim" --shards 1 --replicas 1 --addr "$A" >/dev/null
-"$tarn" collection create eight --dimension "$dim" --shards 8 --shard-key doc --replicas 1 --addr "$A" >/dev/null
-"$tarn" collection create ins --dimension 128 --shards 1 --replicas 1 --addr "$A" >/dev/null
+median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+json_field() { python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())[sys.argv[1]])' "$1"; }
+ratio() { python3 -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.2f}")' "$1" "$2"; }
 owner_of() {
     "$tarn" cluster status --json --addr "$A" | python3 -c '
 import json, sys
@@ -82,9 +88,13 @@ s = json.load(sys.stdin)
 owner = next(x["node_id"] for x in s["shards"] if x["collection"] == sys.argv[1])
 print(next(n["address"] for n in s["nodes"] if n["node_id"] == owner))' "$1"
 }
+other_than() { for a in "${addrs[@]}"; do [[ $a != "$1" ]] && { echo "$a"; return; }; done; }
+if [[ $parts == all ]]; then
+"$tarn" collection create one --dimension "$dim" --shards 1 --replicas 1 --addr "$A" >/dev/null
+"$tarn" collection create eight --dimension "$dim" --shards 8 --shard-key doc --replicas 1 --addr "$A" >/dev/null
+"$tarn" collection create ins --dimension 128 --shards 1 --replicas 1 --addr "$A" >/dev/null
 one_owner="$(owner_of one)"
 ins_owner="$(owner_of ins)"
-other_than() { for a in "${addrs[@]}"; do [[ $a != "$1" ]] && { echo "$a"; return; }; done; }
 one_other="$(other_than "$one_owner")"
 ins_other="$(other_than "$ins_owner")"
 echo "one-shard collection on $one_owner (forwarded through $one_other); inserts on $ins_owner (through $ins_other)"
@@ -93,8 +103,6 @@ echo "one-shard collection on $one_owner (forwarded through $one_other); inserts
 "$tarn" flush --collection one --addr "$A" >/dev/null
 "$tarn" flush --collection eight --addr "$A" >/dev/null
 
-median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
-json_field() { python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())[sys.argv[1]])' "$1"; }
 search() { # collection addr -> one JSON line
     "$tarn" bench search --collection "$1" --fvecs "$query" "${truth[@]}" --clients 1 --ef 64 \
         --passes 2 --json --addr "$2"
@@ -118,7 +126,6 @@ for r in $(seq 1 "$rounds"); do
     json_field queries_per_s <<<"$out" >>"$work/search_eight"
     json_field recall <<<"$out" >>"$work/recall_eight"
 done
-ratio() { python3 -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.2f}")' "$1" "$2"; }
 ins_o="$(median <"$work/insert_owner")"; ins_f="$(median <"$work/insert_forwarded")"
 s_o="$(median <"$work/search_owner")"; s_f="$(median <"$work/search_forwarded")"; s_8="$(median <"$work/search_eight")"
 echo "medians: insert owner $ins_o req/s, forwarded $ins_f; search owner $s_o q/s, forwarded $s_f, 8 shards $s_8"
@@ -162,8 +169,24 @@ snap = sb / (t1 - t0) / 1e6
 print(f"move: {mb/1e6:.1f} MB in {ms:.2f} s; cp -a of its directory: {sb/1e6:.1f} MB in {t1-t0:.2f} s")
 print(f"move_mb_per_s={move:.0f} copy_mb_per_s={snap:.0f} move_ratio={move/snap:.2f} move_write_pause_ms={pause*1000:.1f}")
 PY
+fi
 
 # 4. Replicas.
+# The largest replication lag (entries) of a collection's first shard, from its primary's status.
+lag_sample() {
+    "$tarn" cluster status --json --addr "$2" 2>/dev/null | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+lags = [l["entries"] for x in s["shards"] if x["collection"] == sys.argv[1] for l in x["replication_lag"]]
+print(max(lags) if lags else "")' "$1" || true
+}
+# Whether `node` is in the in-sync set of a collection's first shard (asked of `addr`).
+in_sync_on() {
+    "$tarn" cluster status --json --addr "$3" 2>/dev/null | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+print(any(sys.argv[2] in x["in_sync"] for x in s["shards"] if x["collection"] == sys.argv[1]))' "$1" "$2" 2>/dev/null || echo False
+}
 for f in 1 2 3; do
     "$tarn" collection create "rep$f" --dimension 128 --shards 1 --replicas "$f" --addr "$A" >/dev/null
 done
@@ -176,7 +199,14 @@ done
 first=70000000
 for r in $(seq 1 "$rounds"); do
     for f in 1 2 3; do
-        out="$("$tarn" bench insert --collection "rep$f" --clients 8 --requests 2000 --first-id "$first" --json --addr "$(owner_of "rep$f")")"
+        primary="$(owner_of "rep$f")"
+        if ((f > 1)); then
+            # Replication lag under this load: the primary's status, sampled every 0.2 s.
+            (while :; do lag_sample "rep$f" "$primary" >>"$work/rep${f}_lag"; sleep 0.2; done) &
+            sampler=$!
+        fi
+        out="$("$tarn" bench insert --collection "rep$f" --clients 8 --requests 2000 --first-id "$first" --json --addr "$primary")"
+        if ((f > 1)); then kill "$sampler"; wait "$sampler" 2>/dev/null || true; fi
         first=$((first + 10000))
         echo "insert, $f copies: $out"
         json_field requests_per_s <<<"$out" >>"$work/rep${f}_rps"
@@ -204,6 +234,74 @@ echo "medians, searches through 3 nodes: 1 copy $(median <"$work/spread1_qps") q
 r1="$(median <"$work/rep1_rps")"
 rep_line="replicas2_insert_rps_ratio=$(ratio "$(median <"$work/rep2_rps")" "$r1") replicas3_insert_rps_ratio=$(ratio "$(median <"$work/rep3_rps")" "$r1") spread3_search_qps_ratio=$(ratio "$(median <"$work/spread3_qps")" "$(median <"$work/spread1_qps")")"
 
+for f in 2 3; do
+    echo "replication lag under the $f-copy load (entries, sampled every 0.2 s): median $(grep . "$work/rep${f}_lag" | median), max $(grep . "$work/rep${f}_lag" | sort -g | tail -1)"
+done
+lag_line="replicas2_lag_entries_p50=$(grep . "$work/rep2_lag" | median) replicas3_lag_entries_p50=$(grep . "$work/rep3_lag" | median)"
+
+# Catch-up: a 2-copy collection's replica killed (kill -9) while the whole data set is
+# inserted, then restarted on its data directory: it catches up by the primary's log, which the
+# primary kept for it (a SIGSTOP past the lease would not do: a node whose lease lapsed sets
+# its copies aside when it returns). Then the same replica killed, its data directory deleted
+# and restarted with the same id: every copy it held is rebuilt from its primaries (snapshot +
+# tail); the bytes are its tarn_rereplication_bytes_total.
+restart_node() { # index, node id, metrics address
+    local port="${addrs[$1]##*:}"
+    RUST_LOG=info "$tarn" serve --data-dir "$work/$2" --listen "127.0.0.1:$port" --advertise "127.0.0.1:$port" \
+        --metrics-listen "$3" --etcd "$ETCD_ENDPOINT" --node-id "$2" >>"$work/$2.out" 2>>"$work/$2.err" &
+    pids[$1]=$!
+}
+"$tarn" collection create catch --dimension "$dim" --shards 1 --replicas 2 --addr "$A" >/dev/null
+catch_primary="$(owner_of catch)"
+catch_replica="$("$tarn" cluster status --json --addr "$A" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+print(next(x["replicas"][0] for x in s["shards"] if x["collection"] == "catch"))')"
+ri="${catch_replica#n}"; ri=$((ri - 1))
+# A status node that stays up while the replica is away.
+S="$catch_primary"
+# A first write while both copies are up (the replica's copy then exists: without it, it would
+# be seeded from a snapshot on its return, not follow the log).
+"$tarn" insert --collection catch --fvecs "$query" --batch 100 --addr "$catch_primary" >/dev/null
+kill -KILL "${pids[$ri]}"
+wait "${pids[$ri]}" 2>/dev/null || true
+"$tarn" insert --collection catch --fvecs "$base" --batch 500 --concurrency 4 --addr "$catch_primary" >/dev/null
+behind="$(lag_sample catch "$catch_primary")"
+tail_bytes="$(stat -c %s "$base")"
+t0="$(date +%s.%N)"
+restart_node "$ri" "$catch_replica" off
+for _ in $(seq 1 2400); do [[ "$(in_sync_on catch "$catch_replica" "$catch_primary")" == True ]] && break; sleep 0.05; done
+[[ "$(in_sync_on catch "$catch_replica" "$catch_primary")" == True ]] || { echo "the replica did not rejoin within 2 minutes"; exit 1; }
+t1="$(date +%s.%N)"
+if sed 's/\x1b\[[0-9;]*m//g' "$work"/n*.err | grep 'cannot follow by log.*shard=catch\.'; then
+    echo "the replica was seeded from a snapshot, not caught up by log"; exit 1
+fi
+tail_mb_s="$(python3 -c 'import sys; b, t0, t1 = map(float, sys.argv[1:]); print(f"{b / (t1 - t0) / 1e6:.0f}")' "$tail_bytes" "$t0" "$t1")"
+echo "catch-up by log: $behind entries ($((tail_bytes / 1000000)) MB of vectors) in $(python3 -c "print(f'{$t1 - $t0:.2f}')") s from the replica's restart (process start and recovery included) to in sync: $tail_mb_s MB/s"
+kill -KILL "${pids[$ri]}"
+wait "${pids[$ri]}" 2>/dev/null || true
+rm -rf "${work:?}/$catch_replica"
+mport="$(free_port)"
+restart_node "$ri" "$catch_replica" "127.0.0.1:$mport"
+# From its first seeded byte (its registration waits out the killed process's lease first).
+seeded() { curl -s "http://127.0.0.1:$mport/metrics" 2>/dev/null | awk '/^tarn_rereplication_bytes_total/ {print $2}'; }
+for _ in $(seq 1 3000); do [[ "$(seeded)" =~ ^[1-9] ]] && break; sleep 0.02; done
+[[ "$(seeded)" =~ ^[1-9] ]] || { echo "the wiped node received no seed within a minute"; exit 1; }
+t0="$(date +%s.%N)"
+# Every shard it held a copy of: in sync again everywhere (within 2 minutes).
+deadline=$((SECONDS + 120))
+until ((SECONDS > deadline)) || "$tarn" cluster status --json --addr "$S" 2>/dev/null | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+n = sys.argv[1]
+sys.exit(0 if all(n in x["in_sync"] for x in s["shards"] if n in x["replicas"] or x["node_id"] == n) else 1)' "$catch_replica"; do sleep 0.1; done
+((SECONDS <= deadline)) || { echo "the wiped node's copies were not all in sync within 2 minutes"; exit 1; }
+t1="$(date +%s.%N)"
+seed_bytes="$(seeded)"
+seed_mb_s="$(python3 -c 'import sys; b, t0, t1 = map(float, sys.argv[1:]); print(f"{b / (t1 - t0) / 1e6:.0f}")' "$seed_bytes" "$t0" "$t1")"
+echo "catch-up by snapshot (wiped data directory, every copy the node held): $((seed_bytes / 1000000)) MB in $(python3 -c "print(f'{$t1 - $t0:.2f}')") s from its first seeded byte to every copy in sync: $seed_mb_s MB/s"
+catch_line="catchup_log_mb_per_s=$tail_mb_s catchup_snapshot_mb_per_s=$seed_mb_s"
+
 # The failover: kill -9 of rep2's primary, then one durable write at a time through another
 # node until one is acknowledged.
 victim="$(owner_of rep2)"
@@ -224,4 +322,4 @@ t1="$(date +%s.%N)"
 failover_s="$(python3 -c 'import sys; print(f"{float(sys.argv[2]) - float(sys.argv[1]):.2f}")' "$t0" "$t1")"
 echo "failover: first durable write acknowledged ${failover_s} s after kill -9 of the primary (lease 5 s)"
 sed 's/\x1b\[[0-9;]*m//g' "$work"/n*.err | grep 'failover: an in-sync replica' | sed 's/^/failover log: /' || true
-echo "$rep_line failover_first_write_s=$failover_s"
+echo "$rep_line $lag_line $catch_line failover_first_write_s=$failover_s"

@@ -49,6 +49,6 @@ pub use filter::{Field, Filter, Range};
 pub use snapshot::{Restored, SnapshotStream};
 pub use types::{
     ClusterStatus, CollectionInfo, CollectionSpec, Document, Durability, Hit, Insert, Metric,
-    NodeStatus, Quantization, ReadToken, Remove, Search, SetAsideShard, ShardKey, ShardStatus,
-    WriteAck,
+    NodeStatus, Quantization, ReadToken, Remove, ReplicaLag, Search, SetAsideShard, ShardKey,
+    ShardStatus, WriteAck,
 };

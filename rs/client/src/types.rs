@@ -1010,6 +1010,20 @@ pub struct ShardStatus {
     pub in_sync: Vec<String>,
     /// Writes are refused with fewer copies in sync.
     pub min_in_sync: u32,
+    /// Per replica, the log entries it has not made durable yet: only the shard's primary
+    /// knows it, so this is filled in the status of the primary's node and empty elsewhere.
+    pub replication_lag: Vec<ReplicaLag>,
+}
+
+/// How far one replica of a shard is behind its primary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaLag {
+    /// The replica's node.
+    pub node_id: String,
+    /// Log entries the replica has not made durable yet.
+    pub entries: u64,
+    /// Whether it is in the in-sync set.
+    pub in_sync: bool,
 }
 
 impl ClusterStatus {
@@ -1039,6 +1053,15 @@ impl ClusterStatus {
                     replicas: s.replicas,
                     in_sync: s.in_sync,
                     min_in_sync: s.min_in_sync,
+                    replication_lag: s
+                        .replication_lag
+                        .into_iter()
+                        .map(|l| ReplicaLag {
+                            node_id: l.node_id,
+                            entries: l.entries,
+                            in_sync: l.in_sync,
+                        })
+                        .collect(),
                 })
                 .collect(),
             etcd_connected: reply.etcd_connected,

@@ -258,6 +258,54 @@ fn attributes_json(attributes: &Attributes) -> serde_json::Value {
     serde_json::Value::Object(object)
 }
 
+/// Fills each shard's replication lag from its primary's own status (only a primary knows how
+/// far its replicas are behind): one status call per other live node; a node that does not
+/// answer leaves its shards' lag unknown (empty).
+async fn with_replication_lag(
+    mut status: tarn_client::ClusterStatus,
+    args: &ClientArgs,
+) -> tarn_client::ClusterStatus {
+    let primaries: std::collections::BTreeSet<&str> = status
+        .shards
+        .iter()
+        .filter(|s| !s.replicas.is_empty() && s.replication_lag.is_empty())
+        .map(|s| s.node_id.as_str())
+        .collect();
+    let mut lags = std::collections::HashMap::new();
+    for node in status
+        .nodes
+        .iter()
+        .filter(|n| n.alive && !n.address.is_empty())
+    {
+        if !primaries.contains(node.node_id.as_str()) {
+            continue;
+        }
+        let args = ClientArgs {
+            addr: node.address.clone(),
+            api_key: args.api_key.clone(),
+        };
+        let Ok(client) = connect(&args).await else {
+            continue;
+        };
+        let Ok(theirs) = client.cluster_status().await else {
+            continue;
+        };
+        for shard in theirs.shards {
+            if shard.node_id == node.node_id && !shard.replication_lag.is_empty() {
+                lags.insert((shard.collection, shard.shard), shard.replication_lag);
+            }
+        }
+    }
+    for shard in &mut status.shards {
+        if shard.replication_lag.is_empty() {
+            if let Some(lag) = lags.remove(&(shard.collection.clone(), shard.shard)) {
+                shard.replication_lag = lag;
+            }
+        }
+    }
+    status
+}
+
 fn print_cluster_status(status: &tarn_client::ClusterStatus, json: bool) {
     if json {
         let value = serde_json::json!({
@@ -274,6 +322,9 @@ fn print_cluster_status(status: &tarn_client::ClusterStatus, json: bool) {
                 "epoch": s.epoch, "state": s.state, "moving_to": s.moving_to,
                 "move_problem": s.move_problem, "replicas": s.replicas,
                 "in_sync": s.in_sync, "min_in_sync": s.min_in_sync,
+                "replication_lag": s.replication_lag.iter().map(|l| serde_json::json!({
+                    "node_id": l.node_id, "entries": l.entries, "in_sync": l.in_sync,
+                })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         });
         println!("{value}");
@@ -332,8 +383,18 @@ fn print_cluster_status(status: &tarn_client::ClusterStatus, json: bool) {
             } else {
                 ""
             };
+            let lag = if shard.replication_lag.is_empty() {
+                "unknown (the primary did not answer)".to_owned()
+            } else {
+                shard
+                    .replication_lag
+                    .iter()
+                    .map(|l| format!("{} {}", l.node_id, l.entries))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
             println!(
-                "{:>27} replicas {} ; in sync {} of {} (writes need {}){under}",
+                "{:>27} replicas {} ; in sync {} of {} (writes need {}){under}; lag (entries) {lag}",
                 "",
                 shard.replicas.join(","),
                 shard.in_sync.join(","),
@@ -526,6 +587,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Cluster(ClusterCommand::Status { client, json }) => {
             let status = connect(&client).await?.cluster_status().await?;
+            let status = with_replication_lag(status, &client).await;
             print_cluster_status(&status, json);
         }
         Command::Cluster(ClusterCommand::SetAside(SetAsideCommand::List { client })) => {

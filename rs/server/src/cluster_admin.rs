@@ -45,6 +45,7 @@ fn shard_to_wire(
         in_sync: new.in_sync().map(str::to_owned).collect(),
         replicas: new.replicas.clone(),
         min_in_sync: 0,
+        replication_lag: Vec::new(),
     }
 }
 
@@ -134,6 +135,18 @@ impl Cluster for ClusterAdmin {
                 draining: state.draining.contains(&n.node_id),
             })
             .collect();
+        // Replication lag is known to primaries only: this node's own shards.
+        let mut lags: std::collections::HashMap<(String, u32), Vec<pb::ReplicaLag>> =
+            std::collections::HashMap::new();
+        for figure in cluster.replication_figures() {
+            lags.entry((figure.collection, figure.shard))
+                .or_default()
+                .push(pb::ReplicaLag {
+                    node_id: figure.node,
+                    entries: figure.lag,
+                    in_sync: figure.in_sync,
+                });
+        }
         let mut shards = Vec::new();
         for map in state.collections.values() {
             for (shard, assignment) in map.shards.iter().enumerate() {
@@ -171,6 +184,9 @@ impl Cluster for ClusterAdmin {
                     replicas: assignment.replicas.clone(),
                     in_sync: assignment.in_sync().map(str::to_owned).collect(),
                     min_in_sync: map.def.min_in_sync,
+                    replication_lag: lags
+                        .remove(&(map.def.name.clone(), shard as u32))
+                        .unwrap_or_default(),
                 });
             }
         }

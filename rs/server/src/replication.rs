@@ -40,11 +40,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
+use futures_util::stream::{FuturesOrdered, StreamExt};
 use std::sync::Mutex as StdMutex;
 use tarn_cluster::{
     last_common_seq, EpochHistory, ShardAssignment, ShardName, ShardRecord, ShardSwap,
 };
-use tarn_collection::Collection;
+use tarn_collection::{Collection, WalTail};
 use tarn_proto::v1 as pb;
 use tokio::sync::watch;
 
@@ -66,6 +67,31 @@ const JOIN_TRY_EVERY: Duration = Duration::from_secs(1);
 const MAX_BATCH_BYTES: usize = 4 << 20;
 /// How many entries a follower reads before letting checkpoints truncate what it has shipped.
 const RELEASE_EVERY_ENTRIES: u64 = 4_096;
+/// How much log (bytes written since it went away) a primary keeps for a replica whose calls
+/// fail: one back within it catches up by log, checkpoints meanwhile notwithstanding; past it,
+/// checkpoints may truncate what it lacks and it is seeded from a snapshot (PostgreSQL's
+/// `max_slot_wal_keep_size`, as a fixed bound).
+const AWAY_REPLICA_WAL_BYTES: u64 = 1 << 30;
+
+/// [`AWAY_REPLICA_WAL_BYTES`], or (test builds) the `replication::away_wal_bytes` fail point's
+/// value: the process tests of catch-up by snapshot set it to 0.
+fn away_wal_bytes() -> u64 {
+    #[cfg(feature = "failpoints")]
+    if let Some(Some(bytes)) = fail::eval("replication::away_wal_bytes", |arg| {
+        arg.and_then(|bytes| bytes.parse::<u64>().ok())
+    }) {
+        return bytes;
+    }
+    AWAY_REPLICA_WAL_BYTES
+}
+
+/// `AppendEntries` calls a follower keeps in flight to one replica: a write that arrives while
+/// a batch is on its way is sent at once instead of after that batch's answer, and the
+/// replica syncs one batch while it appends the next (docs/BENCHMARKS.md, "Replicas").
+const PIPELINE_DEPTH: usize = 4;
+/// How long a replica waits for the batches before one that arrived ahead of them (calls in
+/// flight together may reach the replica's handler out of order).
+const REORDER_WAIT: Duration = Duration::from_secs(1);
 
 /// What a replica has acknowledged: its last durable entry, and the data directory (its
 /// token, empty when unknown) that answered.
@@ -676,6 +702,9 @@ async fn follow(follower: Follower, mut wanted: watch::Receiver<u64>, acked: wat
         collection,
     } = follower;
     let mut backoff = Duration::from_millis(50);
+    // A hold on the log from the replica's position while it is away, and the log's byte count
+    // when it was taken.
+    let mut held: Option<(WalTail, u64)> = None;
     loop {
         let Some(node) = node.upgrade() else {
             return;
@@ -687,11 +716,29 @@ async fn follow(follower: Follower, mut wanted: watch::Receiver<u64>, acked: wat
             history: &history,
             replica: &replica,
         };
-        match ship(&link, &collection, &mut wanted, &acked).await {
+        match ship(&link, &collection, &mut wanted, &acked, &mut held).await {
             Ok(()) => return,
             Err(error) => {
                 tracing::debug!(shard = %shard.local_name(), %replica, %error, "shipping to a replica failed; retrying");
             }
+        }
+        // The replica is away (or being seeded): keep the log from its acknowledged position
+        // for it, so that it comes back by log, up to a bound of log written since.
+        if held.is_none() {
+            let from = acked.borrow().seq + 1;
+            held = collection
+                .wal_tail_from(from)
+                .map(|tail| (tail, collection.wal_stats().n_bytes));
+        }
+        let bound = away_wal_bytes();
+        if held
+            .as_ref()
+            .is_some_and(|(_, at)| collection.wal_stats().n_bytes.saturating_sub(*at) > bound)
+        {
+            tracing::warn!(shard = %shard.local_name(), %replica, bound,
+                "a replica away while this primary wrote more log than it keeps for one: \
+                 checkpoints may truncate what it lacks (it will be seeded from a snapshot)");
+            held = None;
         }
         drop(node);
         tokio::time::sleep(backoff).await;
@@ -706,6 +753,7 @@ async fn ship(
     collection: &Collection,
     wanted: &mut watch::Receiver<u64>,
     acked: &watch::Sender<Acked>,
+    held: &mut Option<(WalTail, u64)>,
 ) -> Result<(), ApiError> {
     let (node, shard, epoch, replica) = (link.node, link.shard, link.epoch, link.replica);
     let mut probe = link.append(0, Vec::new(), None).await?;
@@ -731,7 +779,11 @@ async fn ship(
         seq: probe.durable_seq.min(probe.last_seq),
         incarnation: probe.incarnation.clone(),
     });
-    let Some(mut tail) = collection.wal_tail_from(probe.last_seq + 1) else {
+    let tail = collection.wal_tail_from(probe.last_seq + 1);
+    // Following by log again (or never able to): the hold kept for the replica while it was
+    // away has done its work.
+    *held = None;
+    let Some(mut tail) = tail else {
         link.seed().await?;
         return Err(ApiError::Unavailable(format!(
             "replica {replica} ends at {} and this primary's log no longer holds what follows: \
@@ -741,42 +793,101 @@ async fn ship(
     };
     let mut since_release = 0u64;
     let mut last_join_try = Instant::now();
+    // Calls sent and not answered yet, oldest first; each entry is the call and its batch's
+    // entry count. Dropping them (an error returns) drops the calls.
+    let mut in_flight = FuturesOrdered::new();
     loop {
         let next = tail.next_seq();
         let want = *wanted.borrow_and_update();
-        let have = collection.last_seq_no();
-        if want < next && have < next {
+        let durable = tail.durable_seq();
+        // What writes wait for, and whatever else is durable already. An entry appended but
+        // neither durable nor waited for yet is left to its own write group's sync (syncing
+        // for it here would add an fsync per batch on the primary); its write raises `wanted`
+        // once it is durable.
+        let pending = want >= next || durable >= next;
+        if pending && in_flight.len() < PIPELINE_DEPTH {
+            let up_to = want.max(durable);
+            if durable < want {
+                // A tail reads durable entries only: make what was written (WRITTEN) durable.
+                collection.sync_wal().await?;
+            }
+            let (entries, back) = tokio::task::spawn_blocking(move || {
+                let read = tail.read(up_to, MAX_BATCH_BYTES);
+                (read, tail)
+            })
+            .await
+            .map_err(|e| ApiError::Internal(format!("reading the log to ship: {e}")))?;
+            tail = back;
+            let entries = entries?;
+            if entries.is_empty() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                continue;
+            }
+            let first = entries[0].0;
+            let n = entries.len() as u64;
+            let payloads = entries.into_iter().map(|(_, p)| p.to_vec()).collect();
+            // Test builds: a primary that holds its next batch back (it dies meanwhile in tests).
+            crate::moves::pause_point("replication::hold_entries").await;
+            in_flight.push_back(async move { (link.append(first, payloads, None).await, n) });
+            continue;
+        }
+        if in_flight.is_empty() {
             // Nothing to ship: wait for a write, or look again for a join now and then.
-            let _ = tokio::time::timeout(Duration::from_millis(500), wanted.changed()).await;
+            let changed = tokio::time::timeout(Duration::from_millis(500), wanted.changed()).await;
+            match changed {
+                Ok(Err(_)) => return Ok(()), // the shard's replication is gone
+                Ok(Ok(())) => {}
+                Err(_) => {
+                    // Idle for a while with entries no write waits for (their writers gave
+                    // up): make them durable so that they are shipped.
+                    if collection.last_seq_no() >= tail.next_seq()
+                        && tail.durable_seq() < tail.next_seq()
+                    {
+                        collection.sync_wal().await?;
+                    }
+                    // A copy out of the in-sync set on an idle shard is probed now and then:
+                    // one back on a wiped disk is seeded without waiting for a write (no call
+                    // would otherwise reach it).
+                    if worth_probing(node, shard, epoch, replica) {
+                        let probe = link.append(0, Vec::new(), None).await?;
+                        link.seed_if_needed(&probe).await?;
+                    }
+                }
+            }
             try_join(node, shard, epoch, replica, acked).await;
             continue;
         }
-        let up_to = want.max(have);
-        if tail.durable_seq() < next {
-            // A tail reads durable entries only: make what was written (WRITTEN) durable.
-            collection.sync_wal().await?;
-        }
-        let (entries, back) = tokio::task::spawn_blocking(move || {
-            let read = tail.read(up_to, MAX_BATCH_BYTES);
-            (read, tail)
-        })
-        .await
-        .map_err(|e| ApiError::Internal(format!("reading the log to ship: {e}")))?;
-        tail = back;
-        let entries = entries?;
-        if entries.is_empty() {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+        // The oldest call's answer, or (room in the pipeline) a new write to send meanwhile.
+        let answered = tokio::select! {
+            answered = in_flight.next() => answered,
+            changed = wanted.changed(), if in_flight.len() < PIPELINE_DEPTH => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+                None
+            }
+        };
+        let Some((answer, n)) = answered else {
             continue;
+        };
+        let answer = answer?;
+        if answer.needs_seed || answer.seeding {
+            // The replica lost its copy meanwhile (a restart on another disk): probe again.
+            return Err(ApiError::Unavailable(format!(
+                "replica {replica} has no copy to append to any more"
+            )));
         }
-        let first = entries[0].0;
-        let n = entries.len() as u64;
-        let payloads = entries.into_iter().map(|(_, p)| p.to_vec()).collect();
-        // Test builds: a primary that holds its next batch back (it dies meanwhile in tests).
-        crate::moves::pause_point("replication::hold_entries").await;
-        let answer = link.append(first, payloads, None).await?;
-        acked.send_replace(Acked {
-            seq: answer.durable_seq,
-            incarnation: answer.incarnation,
+        // Answers come in the order the calls were sent, but a later call's sync may have
+        // finished first: the acknowledged position only grows, for one data directory.
+        acked.send_modify(|acked| {
+            if acked.incarnation == answer.incarnation {
+                acked.seq = acked.seq.max(answer.durable_seq);
+            } else {
+                *acked = Acked {
+                    seq: answer.durable_seq,
+                    incarnation: answer.incarnation,
+                };
+            }
         });
         // Under steady writes the follower is never idle: try a join (which holds writes back
         // while the last entries go over) once close behind, at most once a second.
@@ -792,6 +903,30 @@ async fn ship(
     }
 }
 
+/// This node's replication of `shard` at `epoch`, if it is still its primary there.
+fn replication_at(
+    node: &ClusterNode,
+    shard: &ShardName,
+    epoch: u64,
+) -> Option<Arc<ShardReplication>> {
+    node.replication
+        .get(&shard.local_name())
+        .map(|r| Arc::clone(r.value()))
+        .filter(|r| r.epoch == epoch)
+}
+
+/// Whether an idle follower should probe `replica`: its copy is out of the in-sync set
+/// (catching up) as this primary knows the record, or this node's view shows it registered
+/// from another data directory than the one recorded for its copy (back on a wiped disk:
+/// nothing else would reach it while no write comes).
+fn worth_probing(node: &ClusterNode, shard: &ShardName, epoch: u64, replica: &str) -> bool {
+    replication_at(node, shard, epoch).is_some_and(|r| {
+        let record = r.record().clone();
+        record.role_of(replica) == Some(tarn_cluster::CopyRole::CatchingUp)
+            || node.state().copy_replaced(&record, replica)
+    })
+}
+
 /// Starts a join of `replica` to the in-sync set if it is catching up and has everything, in a
 /// task of its own (the follower goes on shipping meanwhile: the join waits for it).
 async fn try_join(
@@ -801,12 +936,7 @@ async fn try_join(
     replica: &str,
     acked: &watch::Sender<Acked>,
 ) {
-    let Some(replication) = node
-        .replication
-        .get(&shard.local_name())
-        .map(|r| Arc::clone(r.value()))
-        .filter(|r| r.epoch == epoch)
-    else {
+    let Some(replication) = replication_at(node, shard, epoch) else {
         return;
     };
     if replication.record().role_of(replica) != Some(tarn_cluster::CopyRole::CatchingUp) {
@@ -863,13 +993,7 @@ impl Link<'_> {
     /// of the in-sync set (a copy being replaced is never in sync, so a promotion never picks a
     /// node whose copy is gone).
     async fn seed(&self) -> Result<(), ApiError> {
-        let replication = self
-            .node
-            .replication
-            .get(&self.shard.local_name())
-            .map(|r| Arc::clone(r.value()))
-            .filter(|r| r.epoch == self.epoch);
-        if let Some(replication) = replication {
+        if let Some(replication) = replication_at(self.node, self.shard, self.epoch) {
             replication
                 .leave_in_sync(self.node, self.replica, "to be seeded")
                 .await?;
@@ -1019,7 +1143,22 @@ async fn append_entries_here(
         ..Default::default()
     };
     let lock = node.copy_lock(&local);
-    let _copy = lock.lock().await;
+    let mut copy = lock.lock().await;
+    if request.first_seq > 1 && !request.entries.is_empty() {
+        // A batch sent while earlier ones were in flight may get here first: it waits for them
+        // (bounded), so batches are applied in the order they were sent.
+        let until = tokio::time::Instant::now() + REORDER_WAIT;
+        while node
+            .registry
+            .get_shard(&local)
+            .is_ok_and(|c| c.last_seq_no() + 1 < request.first_seq)
+            && tokio::time::Instant::now() < until
+        {
+            drop(copy);
+            tokio::time::sleep(Duration::from_micros(200)).await;
+            copy = lock.lock().await;
+        }
+    }
     if node.registry.get_shard(&local).is_err()
         && !assignment.create_replicas_on.contains(&node.incarnation)
     {
@@ -1068,17 +1207,19 @@ async fn append_entries_here(
         .skip(skip)
         .map(|(i, payload)| (request.first_seq + i as u64, Arc::from(payload)))
         .collect();
-    let durable = if entries.is_empty() {
-        collection.sync_wal().await?
-    } else {
-        let (first, end) = (entries[0].0, entries[entries.len() - 1].0);
+    if let Some((first, end)) = entries.first().zip(entries.last()).map(|(f, l)| (f.0, l.0)) {
         record_epochs(&collection, &primary_history, first, end).await?;
         collection
-            .append_copied(entries, tarn_wal::Durability::Fsync)
-            .await?
-    };
+            .append_copied(entries, tarn_wal::Durability::Written)
+            .await?;
+    }
+    let last_seq = collection.last_seq_no();
+    // Synced outside the copy's lock: the next batch is appended meanwhile, and the WAL's
+    // write group makes one sync of both when they meet.
+    drop(copy);
+    let durable = collection.sync_wal().await?;
     Ok(pb::AppendEntriesResponse {
-        last_seq: collection.last_seq_no(),
+        last_seq,
         durable_seq: durable,
         cut_entries,
         ..Default::default()

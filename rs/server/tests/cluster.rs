@@ -4592,13 +4592,96 @@ fn processes_no_promotion_happens_without_etcd() {
     });
 }
 
-/// Catch-up by snapshot (issue tests 3 and 4): with small WAL segments (a fail point), a
-/// replica down while its primaries write and checkpoint finds their logs no longer hold what
-/// it lacks: it is seeded from a snapshot and the tail, and rejoins the in-sync set. Then its
-/// data directory is deleted while it is down and it restarts with the same id: every copy it
-/// held is rebuilt from the primaries. Afterwards each shard's copies hold the same documents,
-/// every acknowledged write is there, and the seeds were counted
-/// (`tarn_rereplication_bytes_total`).
+/// Catch-up by log (issue test 2): a replica killed while its primaries write and checkpoint
+/// (small WAL segments) comes back within the log they keep for it (`AWAY_REPLICA_WAL_BYTES`):
+/// it follows the log from where it stopped, never seeded, and rejoins; every acknowledged
+/// write is there and the copies are identical.
+#[test]
+fn processes_a_replica_back_within_the_kept_log_catches_up_by_log_across_checkpoints() {
+    const LEASE: u64 = 2;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    // Small log segments, so that the checkpoints below would truncate what n3 lacks were the
+    // primaries not keeping it (the default bound, 1 GiB, is far above what is written here).
+    const SMALL_WAL: (&str, &str) = ("FAILPOINTS", "collection::wal_segment_bytes=return(32768)");
+    let mut nodes = nodes_with(dir.path(), 3, &etcd.endpoint(), LEASE, &[], &[SMALL_WAL]);
+    let rt = runtime();
+    const DIM: usize = 8;
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let clients: Vec<Client> = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        client
+            .create_collection(
+                CollectionSpec::new("moving", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(3, ShardKey::Doc)
+                    .replicas(2, 1),
+            )
+            .await
+            .unwrap();
+        wait_in_sync(&addrs[0], 2).await;
+        let mut clients = Vec::new();
+        for addr in &addrs[..2] {
+            clients.push(Client::connect(addr.clone()).await.unwrap());
+        }
+        clients
+    });
+    nodes[2].kill();
+    let (acked, stop, writers) = start_writers_on(&rt, &clients, DIM);
+    rt.block_on(async {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        for _ in 0..2 {
+            clients[0].flush("moving").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    nodes[2].start_with_env(&etcd.endpoint(), &[SMALL_WAL]);
+    rt.block_on(async {
+        wait_in_sync(&addrs[0], 2).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for writer in writers {
+            let (acknowledged, failures) = writer.await.unwrap();
+            eprintln!(
+                "writer: {acknowledged} acknowledged, {} failed",
+                failures.len()
+            );
+            assert_retryable(&failures);
+        }
+        for client in &clients {
+            check_acked(client, &acked).await;
+        }
+    });
+    let log = nodes[2].server.as_ref().unwrap().logs();
+    assert!(
+        !log.contains("replica seeded"),
+        "n3 was seeded instead of following the kept log: {log}"
+    );
+    let primaries: String = nodes[..2]
+        .iter()
+        .map(|n| n.server.as_ref().unwrap().logs())
+        .collect();
+    assert!(
+        !primaries.contains("cannot follow by log"),
+        "a primary seeded n3: {primaries}"
+    );
+    for node in &mut nodes {
+        node.kill();
+    }
+    drop(etcd);
+    assert_copies_identical(nodes.iter().map(|n| &n.dir), "moving", 3, 2);
+}
+
+/// Catch-up by snapshot (issue tests 3 and 4): with small WAL segments and no log kept for a
+/// replica that is away (fail points), a replica down while its primaries write and
+/// checkpoint finds their logs no longer hold what it lacks: it is seeded from a snapshot and
+/// the tail, and rejoins the in-sync set. Then its data directory is deleted while it is down
+/// and it restarts with the same id: every copy it held is rebuilt from the primaries; once
+/// more with no write at all (idle followers probe a copy out of the in-sync set and seed it).
+/// Afterwards each shard's copies hold the same documents, every acknowledged write is there,
+/// and the seeds were counted (`tarn_rereplication_bytes_total`).
 #[test]
 fn processes_replicas_catch_up_by_snapshot_past_the_log_and_after_a_wiped_disk() {
     const LEASE: u64 = 2;
@@ -4607,7 +4690,12 @@ fn processes_replicas_catch_up_by_snapshot_past_the_log_and_after_a_wiped_disk()
     };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(binary, &dir.path().join("etcd"));
-    const SMALL_WAL: (&str, &str) = ("FAILPOINTS", "collection::wal_segment_bytes=return(32768)");
+    // Small log segments, and no log kept for a replica that is away: checkpoints truncate
+    // what it lacks.
+    const SMALL_WAL: (&str, &str) = (
+        "FAILPOINTS",
+        "collection::wal_segment_bytes=return(32768);replication::away_wal_bytes=return(0)",
+    );
     let mut nodes = nodes_with(dir.path(), 3, &etcd.endpoint(), LEASE, &[], &[SMALL_WAL]);
     let rt = runtime();
     const DIM: usize = 8;
@@ -4673,8 +4761,39 @@ fn processes_replicas_catch_up_by_snapshot_past_the_log_and_after_a_wiped_disk()
             }
         }
     }
+    // Idle shards: no write goes to n3's primaries while it comes back on a wiped disk once
+    // more. No call of a write reaches it, so the followers' probes of a copy out of the
+    // in-sync set must find it and seed every copy it holds.
+    let status = rt.block_on(wait_in_sync(&addrs[0], 2));
+    let copies = status
+        .shards
+        .iter()
+        .filter(|s| s.collection == "moving" && s.in_sync.iter().any(|n| n == "n3"))
+        .count();
+    nodes[2].kill();
+    std::fs::remove_dir_all(&nodes[2].dir).unwrap();
+    std::fs::create_dir_all(&nodes[2].dir).unwrap();
+    nodes[2].start_with_env(&etcd.endpoint(), &[SMALL_WAL]);
+    let started = std::time::Instant::now();
+    loop {
+        let log = nodes[2].server.as_ref().unwrap().logs();
+        let seeded = log.matches("replica seeded; following by log").count();
+        if seeded >= copies {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "idle shards: {seeded} of n3's {copies} copies seeded in 60 s: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "idle shards: n3's {copies} copies seeded {:.1} s after its restart on a wiped disk",
+        started.elapsed().as_secs_f64()
+    );
     let acked = acked.unwrap();
     rt.block_on(async {
+        wait_in_sync(&addrs[0], 2).await;
         for client in &clients {
             check_acked(client, &acked).await;
         }
