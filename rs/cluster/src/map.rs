@@ -74,8 +74,10 @@ fn is_one(n: &u32) -> bool {
 pub struct ShardAssignment {
     /// The node that holds the shard's data and takes its writes.
     pub owner: String,
-    /// Bumped by every change of owner or state (compare-and-swap in etcd). Forwarded calls
-    /// carry the epoch the router believes in; the owner serves only its current one.
+    /// Bumped by every change of owner and by a move's fence and its lifting (compare-and-swap
+    /// in etcd); a hand-over's fence keeps it (`replicas.rs`: the primary's replication at that
+    /// epoch finishes shipping). Forwarded calls carry the epoch the router believes in; the
+    /// owner serves only its current one.
     pub epoch: u64,
     /// Serving, or fenced while a move hands the shard over (written before the owner changes,
     /// so an owner that restarts meanwhile still refuses writes).
