@@ -1000,7 +1000,7 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
                     if a.is_replica_handover() {
                         // The old primary drives a hand-over: lifted if it or the replica died.
                         if !state.is_alive(taker) || !state.is_alive(&a.owner) {
-                            lift_handover(&node, &name).await;
+                            lift_handover(&node, &name, a.epoch).await;
                         }
                     } else if !state.is_alive(taker) {
                         lift_fence(&node, &name, a).await;
@@ -1175,7 +1175,7 @@ async fn hand_over(node: &Arc<ClusterNode>, planned: &PlannedHandover) -> Result
         ))),
         None => Err(ApiError::NotFound(planned.collection.clone())),
         Some(_) => {
-            lift_handover(node, &name).await;
+            lift_handover(node, &name, epoch).await;
             Err(ApiError::Unavailable(format!(
                 "the hand-over of shard {} of collection '{}' to node {to} was not done (a node \
                  died, or past {} s); its fence is lifted",
@@ -1223,7 +1223,7 @@ pub(crate) fn start_handovers(node: &Arc<ClusterNode>) {
                 };
                 if let Some(error) = error {
                     tracing::warn!(shard = %local, %error, "hand-over failed; lifting its fence");
-                    lift_handover(&node, &shard).await;
+                    lift_handover(&node, &shard, fence.epoch).await;
                 }
                 node.handing_over.remove(&local);
             });
@@ -1314,17 +1314,22 @@ async fn hand_over_as_primary(
     Ok(())
 }
 
-/// Lifts a hand-over's fence: the old primary serves the shard again at the next epoch, its
-/// copies as they are (one swap of the whole record as read linearizably, so that a replica
-/// that left the in-sync set under the fence is not put back). Logged, not returned.
-async fn lift_handover(node: &ClusterNode, shard: &ShardName) {
+/// Lifts a hand-over's fence at `epoch` (not a later hand-over's): the old primary serves the
+/// shard again at the next epoch, its copies as they are (one swap of the whole record as read
+/// linearizably, so that a replica that left the in-sync set under the fence is not put back).
+/// Logged, not returned.
+async fn lift_handover(node: &ClusterNode, shard: &ShardName, epoch: u64) {
     let local = shard.local_name();
     let record = node
         .store()
         .read_shard(&shard.collection, shard.uid, shard.shard)
         .await;
     let current = match record {
-        Ok(tarn_cluster::ShardRecord::Assigned(a)) if a.is_replica_handover() => a,
+        Ok(tarn_cluster::ShardRecord::Assigned(a))
+            if a.is_replica_handover() && a.epoch == epoch =>
+        {
+            a
+        }
         Ok(_) => return,
         Err(error) => {
             tracing::warn!(shard = %local, %error, "could not lift a hand-over's fence yet");
