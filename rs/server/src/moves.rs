@@ -1259,6 +1259,7 @@ async fn hand_over_as_primary(
         replication.replicate(node, last).await?;
     }
     let replicated_ms = since_fence();
+    fail_point("moves::fail_handover")?;
     let record = node
         .store()
         .read_shard(&shard.collection, shard.uid, shard.shard)

@@ -5527,3 +5527,109 @@ fn processes_a_drain_and_primary_moves_during_a_failover_lose_no_acknowledged_wr
     assert!(local_copies(&nodes[0].dir, "moving").is_empty());
     assert_copies_identical(nodes[1..3].iter().map(|n| &n.dir), "moving", SHARDS, 2);
 }
+
+/// A hand-over that fails (the fail point `moves::fail_handover` fires once, on the old primary
+/// after its drain) lifts its fence: the old primary serves the shard again at the next epoch,
+/// the failure is recorded, and the coordinator tries again after its backoff, which lands. The
+/// drain of n1 (primary of some shards of a 2-copy collection, under writers through every node)
+/// ends with n1 in no record and on no disk; every acknowledged write is there, failed writes
+/// only UNAVAILABLE / DEADLINE_EXCEEDED / ABORTED.
+#[test]
+fn processes_a_failed_hand_over_lifts_its_fence_and_is_tried_again() {
+    const LEASE: u64 = 2;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let nodes = nodes_with(
+        dir.path(),
+        3,
+        &etcd.endpoint(),
+        LEASE,
+        &[],
+        &[
+            ("RUST_LOG", "info"),
+            ("FAILPOINTS", "moves::fail_handover=1*return"),
+        ],
+    );
+    let rt = runtime();
+    const DIM: usize = 8;
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let (clients, status) = rt.block_on(async {
+        let mut clients = Vec::new();
+        for addr in &addrs {
+            clients.push(Client::connect(addr.clone()).await.unwrap());
+        }
+        clients[0]
+            .create_collection(
+                CollectionSpec::new("moving", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(3, ShardKey::Doc)
+                    .replicas(2, 1),
+            )
+            .await
+            .unwrap();
+        let status = wait_in_sync(&addrs[0], 2).await;
+        (clients, status)
+    });
+    assert!(owners(&status, "moving").contains_key("n1"), "{status:?}");
+    let (acked, stop, writers) = start_writers_on(&rt, &clients, DIM);
+    std::thread::sleep(Duration::from_millis(500));
+    rt.block_on(async {
+        clients[1].drain_node("n1", false).await.unwrap();
+        let started = std::time::Instant::now();
+        loop {
+            let status = clients[1].cluster_status().await.unwrap();
+            let shards: Vec<_> = status
+                .shards
+                .iter()
+                .filter(|s| s.collection == "moving")
+                .collect();
+            let done = shards.iter().all(|s| {
+                s.node_id != "n1"
+                    && !s.replicas.iter().any(|r| r == "n1")
+                    && s.state == "serving"
+                    && s.in_sync.len() == 2
+            });
+            if done {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "{shards:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut failures = Vec::new();
+        for writer in writers {
+            let (acknowledged, failed) = writer.await.unwrap();
+            eprintln!(
+                "writer: {acknowledged} acknowledged, {} failed",
+                failed.len()
+            );
+            failures.extend(failed);
+        }
+        assert_retryable(&failures);
+        for client in &clients {
+            check_acked(client, &acked).await;
+        }
+    });
+    let logs: String = nodes
+        .iter()
+        .map(|n| without_colours(&n.server.as_ref().unwrap().logs()))
+        .collect();
+    for needle in [
+        "hand-over failed; lifting its fence",
+        "hand-over abandoned; the fence is lifted",
+        "hand-over: the replica is the shard's primary",
+    ] {
+        assert!(logs.contains(needle), "no {needle:?} in the logs");
+    }
+    let started = std::time::Instant::now();
+    while shard_dirs(&nodes[0], "moving") > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "n1 kept a copy on disk"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
