@@ -25,8 +25,9 @@ pub use map::{
 };
 pub use merge::{merge_top_k, ShardHit};
 pub use replicas::{
-    is_another_directory, plan_promotions, plan_replaced_copies, replication_settings, CopyRole,
-    PlannedLeave, PlannedPromotion, TooFewInSync,
+    is_another_directory, plan_handover, plan_promotions, plan_replaced_copies,
+    replication_settings, CopyRole, HandoverStep, PlannedHandover, PlannedLeave, PlannedPromotion,
+    TooFewInSync,
 };
 pub use store::{
     ClusterIdentity, ClusterStore, Leader, Liveness, MemoryStore, Registration, ShardSwap,

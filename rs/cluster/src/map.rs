@@ -74,8 +74,10 @@ fn is_one(n: &u32) -> bool {
 pub struct ShardAssignment {
     /// The node that holds the shard's data and takes its writes.
     pub owner: String,
-    /// Bumped by every change of owner or state (compare-and-swap in etcd). Forwarded calls
-    /// carry the epoch the router believes in; the owner serves only its current one.
+    /// Bumped by every change of owner and by a move's fence and its lifting (compare-and-swap
+    /// in etcd); a hand-over's fence keeps it (`replicas.rs`: the primary's replication at that
+    /// epoch finishes shipping). Forwarded calls carry the epoch the router believes in; the
+    /// owner serves only its current one.
     pub epoch: u64,
     /// Serving, or fenced while a move hands the shard over (written before the owner changes,
     /// so an owner that restarts meanwhile still refuses writes).
@@ -475,7 +477,8 @@ pub struct PlannedMove {
 }
 
 /// The next shard move that brings the cluster closer to its placement rule, or `None` when it
-/// is there. The rule, per collection: no shard on a draining node, and the live nodes that are
+/// is there, for collections of one copy per shard (a replicated collection's primaries move by
+/// hand-over: [`crate::plan_handover`]). The rule, per collection: no shard on a draining node, and the live nodes that are
 /// not draining hold shard counts that differ by at most one. Only shards whose owner is alive
 /// and serving move (a dead node's data is only on its disk: its shards wait for it); a
 /// collection with a fenced shard (a move under way) is left alone. Draining moves come first,
@@ -492,7 +495,9 @@ pub fn plan_move(state: &ClusterState) -> Option<PlannedMove> {
     }
     let mut balancing = None;
     for (name, map) in &state.collections {
-        if map.shards.iter().any(|a| !a.takes_writes()) {
+        // A replicated collection's primaries move by hand-over to a replica instead
+        // (`plan_handover`).
+        if map.def.replication_factor > 1 || map.shards.iter().any(|a| !a.takes_writes()) {
             continue;
         }
         let mut load: BTreeMap<&String, usize> = takers.iter().map(|n| (*n, 0)).collect();

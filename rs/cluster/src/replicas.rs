@@ -12,6 +12,10 @@
 //! | in-sync replica | catching-up replica | placement coordinator, or the primary at a write | its node is registered from another data directory than the one recorded for the copy (a wiped or replaced disk) | same |
 //! | in-sync replica | primary | placement coordinator | the primary's registration is gone from etcd (its lease lapsed), or comes from another data directory than the one recorded for its copy | next |
 //! | primary | catching-up replica | (the promotion above) | the old primary returns: it cuts its log back to what the new primary holds (or, on a new disk, is seeded), then catches up | next |
+//! | primary | primary, fenced for a hand-over | placement coordinator | the primary must move (its node drains, or primaries are unbalanced) and an in-sync replica can take over | same |
+//! | primary, fenced for a hand-over | in-sync replica | old primary | it drained its writes (its gate, exclusively) and every in-sync replica holds its whole log: the fence's replica is promoted in the same swap | next |
+//! | in-sync replica | primary | (the hand-over above) | | next |
+//! | primary, fenced for a hand-over | primary | the old primary, or the coordinator | the hand-over failed (the replica dead or late, the old primary dead, past its limit) | next |
 //! | replica | (none) | placement coordinator | the copy is surplus (the last step of a move) or its node was forgotten | same |
 //!
 //! The in-sync set only changes by these compare-and-swaps, so a promotion (which requires the
@@ -207,6 +211,57 @@ impl ShardAssignment {
         next.create_on = None;
         Some(next)
     }
+
+    /// The first step of a planned hand-over of the primary to its in-sync replica `to`: the
+    /// shard is fenced (every node refuses its writes, routers retry) at the SAME epoch, so
+    /// that the primary's replication at that epoch goes on shipping its last entries to the
+    /// replicas while it drains. `None` unless the shard is serving and `to` is in sync.
+    pub fn handover_fenced(&self, to: &str) -> Option<ShardAssignment> {
+        if self.role_of(to) != Some(CopyRole::InSyncReplica) || !self.takes_writes() {
+            return None;
+        }
+        Some(ShardAssignment {
+            state: crate::map::ShardState::Fenced,
+            moving_to: Some(to.to_owned()),
+            ..self.clone()
+        })
+    }
+
+    /// Whether this record is a hand-over's fence ([`ShardAssignment::handover_fenced`]): fenced
+    /// for a node that holds a replica copy (a move's taker never holds a copy).
+    pub fn is_replica_handover(&self) -> bool {
+        !self.takes_writes()
+            && self.moving_to.as_deref().is_some_and(|to| {
+                matches!(
+                    self.role_of(to),
+                    Some(CopyRole::InSyncReplica | CopyRole::CatchingUp)
+                )
+            })
+    }
+
+    /// The last step of a planned hand-over, written by the old primary once it has drained
+    /// its writes and every in-sync replica holds its whole log: the fence's replica is the
+    /// primary at the next epoch, and the old primary an in-sync replica whose copy is held by
+    /// its data directory `old_primary_incarnation` (its log is the new primary's, entry for
+    /// entry). `None` unless this is a hand-over's fence whose replica is still in sync.
+    pub fn handed_to_replica(&self, old_primary_incarnation: &str) -> Option<ShardAssignment> {
+        let to = self.moving_to.as_deref()?;
+        if self.takes_writes() || self.role_of(to) != Some(CopyRole::InSyncReplica) {
+            return None;
+        }
+        let mut next = self.clone();
+        next.state = crate::map::ShardState::Serving;
+        next.moving_to = None;
+        next.replicas.retain(|n| n != to);
+        next.replicas.push(self.owner.clone());
+        next.in_sync_replicas.retain(|n| n != to);
+        next.in_sync_replicas.push(self.owner.clone());
+        next.record_incarnation(&self.owner, old_primary_incarnation);
+        next.owner = to.to_owned();
+        next.epoch = self.epoch + 1;
+        next.create_on = None;
+        Some(next)
+    }
 }
 
 impl ClusterState {
@@ -350,6 +405,209 @@ pub fn plan_replaced_copies(state: &ClusterState) -> Vec<PlannedLeave> {
     planned
 }
 
+/// What a planned hand-over of a shard's primary does next ([`plan_handover`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandoverStep {
+    /// No in-sync replica can take the shard over: first a new replica on this node (the
+    /// primary seeds it; it joins the in-sync set once it has everything, and a later round
+    /// hands the shard over to it).
+    AddReplica(String),
+    /// Fence the shard for a hand-over to this in-sync replica
+    /// ([`ShardAssignment::handover_fenced`]); its primary then drains and promotes it.
+    Fence(String),
+    /// Drop this node's replica: the shard has a copy more than its factor, every copy in sync
+    /// (a balancing hand-over's old primary stays a replica until then).
+    DropReplica(String),
+}
+
+/// One step of moving a replicated shard's primary, as the placement coordinator plans it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedHandover {
+    pub collection: String,
+    pub uid: u64,
+    pub shard: u32,
+    /// The record the step is decided from: its swap lands only if it is unchanged.
+    pub from: ShardAssignment,
+    /// The record to write.
+    pub to: ShardAssignment,
+    pub step: HandoverStep,
+    /// The primary's node is draining (else the step balances primaries).
+    pub draining: bool,
+}
+
+/// The next step that moves the primary of a shard of a replicated collection
+/// (`replication_factor` > 1) where the placement rule wants it, or `None`. A replicated
+/// shard's primary never moves by copying: one of its in-sync replicas takes over
+/// ([`HandoverStep::Fence`]), and a draining node's copy, a replica from then on, leaves like
+/// any replica on a draining node (add a copy elsewhere first, then drop it). The rule, per
+/// collection, as `plan_move`'s for collections of one copy: no primary on a draining node
+/// (first), then primary counts over the live nodes that are not draining differing by at most
+/// one. A draining primary goes to its in-sync replica (alive on its recorded disk, not
+/// draining) that leads the fewest of the collection's shards; with none, a new replica is
+/// added first on the live node without a copy of the shard that holds the fewest copies
+/// (only while the shard has at most `replication_factor` copies: one added already is waited
+/// for). Balancing promotes an in-sync replica: from the node leading the most shards to a
+/// replica leading two fewer or less; where no such replica exists (a node that joined holds no
+/// copy), a replica is added on the node leading the fewest first, promoted once in sync, and the
+/// shard's surplus copy (every copy in sync, none draining) then leaves from the node holding the
+/// most copies. Shards whose primary is dead (failover settles them) are left alone, and so is a
+/// collection with a fenced shard.
+pub fn plan_handover(state: &ClusterState) -> Option<PlannedHandover> {
+    let takers: Vec<&str> = state
+        .nodes
+        .keys()
+        .filter(|n| !state.draining.contains(*n))
+        .map(String::as_str)
+        .collect();
+    if takers.is_empty() {
+        return None;
+    }
+    let mut copies: BTreeMap<&str, usize> = takers.iter().map(|n| (*n, 0)).collect();
+    for map in state.collections.values() {
+        for shard in &map.shards {
+            for copy in shard.copies() {
+                if let Some(n) = copies.get_mut(copy) {
+                    *n += 1;
+                }
+            }
+        }
+    }
+    let mut balancing = None;
+    for (name, map) in &state.collections {
+        if map.def.replication_factor <= 1 || map.shards.iter().any(|a| !a.takes_writes()) {
+            continue;
+        }
+        let mut primaries: BTreeMap<&str, usize> = takers.iter().map(|n| (*n, 0)).collect();
+        for shard in &map.shards {
+            if let Some(n) = primaries.get_mut(shard.owner.as_str()) {
+                *n += 1;
+            }
+        }
+        // The in-sync replicas of a shard that may lead it, the one leading the fewest first.
+        let in_sync_takers = |a: &ShardAssignment| -> Vec<(usize, String)> {
+            let mut found: Vec<(usize, String)> = a
+                .in_sync_replicas
+                .iter()
+                .filter(|n| state.holds_in_sync_copy(a, n))
+                .filter_map(|n| primaries.get(n.as_str()).map(|load| (*load, n.clone())))
+                .collect();
+            found.sort();
+            found
+        };
+        let planned =
+            |idx: usize, step: HandoverStep, to: ShardAssignment, draining: bool| PlannedHandover {
+                collection: name.clone(),
+                uid: map.def.uid,
+                shard: idx as u32,
+                from: map.shards[idx].clone(),
+                to,
+                step,
+                draining,
+            };
+        for (idx, a) in map.shards.iter().enumerate() {
+            if !state.draining.contains(&a.owner) || !state.holds_in_sync_copy(a, &a.owner) {
+                continue;
+            }
+            if let Some((_, to)) = in_sync_takers(a).into_iter().next() {
+                if let Some(fenced) = a.handover_fenced(&to) {
+                    return Some(planned(idx, HandoverStep::Fence(to), fenced, true));
+                }
+            }
+            if a.copies().count() as u32 > map.def.replication_factor {
+                continue;
+            }
+            let on = copies
+                .iter()
+                .filter(|(n, _)| a.role_of(n).is_none())
+                .min_by_key(|(n, held)| (**held, **n))
+                .map(|(n, _)| (*n).to_owned());
+            if let Some(on) = on {
+                if let Some(added) = a.with_replica(&on) {
+                    return Some(planned(idx, HandoverStep::AddReplica(on), added, true));
+                }
+            }
+        }
+        if balancing.is_some() {
+            continue;
+        }
+        let Some((most, most_n)) = primaries
+            .iter()
+            .max_by_key(|(n, led)| (**led, std::cmp::Reverse(**n)))
+            .map(|(n, led)| ((*n).to_owned(), *led))
+        else {
+            continue;
+        };
+        let led_by_most = || {
+            map.shards
+                .iter()
+                .enumerate()
+                .rev()
+                .filter(|(_, a)| a.owner == most && state.holds_in_sync_copy(a, &a.owner))
+        };
+        balancing = led_by_most().find_map(|(idx, a)| {
+            let (_, to) = in_sync_takers(a)
+                .into_iter()
+                .find(|(load, _)| load + 1 < most_n)?;
+            let fenced = a.handover_fenced(&to)?;
+            Some(planned(idx, HandoverStep::Fence(to), fenced, false))
+        });
+        if balancing.is_some() {
+            continue;
+        }
+        // A shard with a copy more than its factor, every copy in sync on its disk and none
+        // draining (a balancing hand-over's old primary, below): its replica on the node
+        // holding the most copies leaves.
+        let factor = map.def.replication_factor;
+        balancing = map.shards.iter().enumerate().find_map(|(idx, a)| {
+            let surplus = a.copies().count() as u32 > factor
+                && a.copies()
+                    .all(|n| copies.contains_key(n) && state.holds_in_sync_copy(a, n));
+            if !surplus {
+                return None;
+            }
+            let leaving = a
+                .replicas
+                .iter()
+                .max_by_key(|n| (copies.get(n.as_str()).copied().unwrap_or(0), n.as_str()))?;
+            let dropped = a.without_replica(leaving)?;
+            Some(planned(
+                idx,
+                HandoverStep::DropReplica(leaving.clone()),
+                dropped,
+                false,
+            ))
+        });
+        if balancing.is_some()
+            || map
+                .shards
+                .iter()
+                .any(|a| a.copies().count() as u32 > factor)
+        {
+            continue;
+        }
+        // No in-sync replica of the busiest node's shards on a node leading two fewer (a node
+        // that joined holds no copy): a replica is added there first, to be promoted once in
+        // sync; the old primary's copy is then the surplus above.
+        let mut under: Vec<(usize, &str)> = primaries
+            .iter()
+            .filter(|(_, led)| **led + 1 < most_n)
+            .map(|(n, led)| (*led, *n))
+            .collect();
+        under.sort();
+        balancing = led_by_most().find_map(|(idx, a)| {
+            let (_, on) = under.iter().find(|(_, n)| a.role_of(n).is_none())?;
+            let added = a.with_replica(on)?;
+            Some(planned(
+                idx,
+                HandoverStep::AddReplica((*on).to_owned()),
+                added,
+                false,
+            ))
+        });
+    }
+    balancing
+}
+
 /// Refuses a replication factor the cluster cannot place: more copies than live nodes (two
 /// copies of a shard never share a node), or a `min_in_sync` above it. Returns the effective
 /// `(replication_factor, min_in_sync)`: 0 means the default (`default_factor`, and
@@ -444,6 +702,228 @@ mod tests {
         );
         assert!(s.promoted("n1").is_none());
         assert!(s.fenced_for("n4").promoted("n2").is_none());
+    }
+
+    #[test]
+    fn a_hand_over_fences_at_the_same_epoch_and_promotes_with_the_old_primary_in_sync() {
+        let s = recorded("n1", &["n2", "n3"], &["n2"]);
+        // Only to an in-sync replica of a serving shard.
+        assert!(s.handover_fenced("n3").is_none(), "catching up");
+        assert!(s.handover_fenced("n1").is_none());
+        assert!(s.handover_fenced("n4").is_none());
+        assert!(s.fenced_for("n4").handover_fenced("n2").is_none());
+        let fenced = s.handover_fenced("n2").unwrap();
+        assert_eq!(fenced.epoch, s.epoch, "the fence keeps the epoch");
+        assert!(!fenced.takes_writes());
+        assert!(fenced.is_replica_handover());
+        assert!(!s.is_replica_handover());
+        assert!(
+            !s.fenced_for("n4").is_replica_handover(),
+            "a move's taker holds no copy"
+        );
+        assert_eq!(
+            (
+                &fenced.replicas,
+                &fenced.in_sync_replicas,
+                &fenced.incarnations
+            ),
+            (&s.replicas, &s.in_sync_replicas, &s.incarnations)
+        );
+        // Nothing else promotes a fenced shard, and nothing but the hand-over promotes it.
+        assert!(fenced.promoted("n2").is_none());
+        assert!(s.handed_to_replica("dir-n1").is_none(), "not fenced");
+        assert!(s.fenced_for("n4").handed_to_replica("dir-n1").is_none());
+
+        let p = fenced.handed_to_replica("dir-n1-now").unwrap();
+        assert_eq!((p.owner.as_str(), p.epoch), ("n2", s.epoch + 1));
+        assert!(p.takes_writes() && p.moving_to.is_none());
+        assert_eq!(p.role_of("n1"), Some(CopyRole::InSyncReplica));
+        assert_eq!(p.role_of("n3"), Some(CopyRole::CatchingUp));
+        assert_eq!(
+            p.n_in_sync(),
+            s.n_in_sync(),
+            "no copy leaves the in-sync set"
+        );
+        assert_eq!(p.incarnation_of("n1"), Some("dir-n1-now"));
+        assert_eq!(p.incarnation_of("n2"), Some("dir-n2"));
+        assert_eq!(p.incarnation_of("n3"), None);
+        // A replica that left the in-sync set under the fence (late) is not promoted; the
+        // fence is lifted instead, keeping the copies as they are.
+        let late = fenced.without_in_sync("n2").unwrap();
+        assert!(late.is_replica_handover());
+        assert!(late.handed_to_replica("dir-n1").is_none());
+        let lifted = late.fence_lifted();
+        assert_eq!((lifted.owner.as_str(), lifted.epoch), ("n1", s.epoch + 1));
+        assert!(lifted.takes_writes() && lifted.in_sync_replicas.is_empty());
+    }
+
+    /// A state of one collection "c" of `factor` copies, `draining` nodes marked.
+    fn state_draining(
+        alive: &[&str],
+        draining: &[&str],
+        factor: u32,
+        shards: Vec<ShardAssignment>,
+    ) -> ClusterState {
+        let mut s = state(alive, shards);
+        s.draining = draining.iter().map(|n| (*n).to_owned()).collect();
+        s.collections.get_mut("c").unwrap().def.replication_factor = factor;
+        s
+    }
+
+    #[test]
+    fn a_draining_primary_is_handed_to_an_in_sync_replica_or_gets_one_first() {
+        // n1 draining leads shard 0 (replica n2 in sync) and shard 1 (replica n3 catching up).
+        let shards = vec![
+            shard("n1", &["n2"], &["n2"]),
+            shard("n1", &["n3"], &[]),
+            shard("n3", &["n2"], &["n2"]),
+        ];
+        let s = state_draining(&["n1", "n2", "n3"], &["n1"], 2, shards.clone());
+        let h = plan_handover(&s).unwrap();
+        assert_eq!((h.shard, &h.step), (0, &HandoverStep::Fence("n2".into())));
+        assert!(h.draining);
+        assert_eq!(h.from, shards[0]);
+        assert_eq!(h.to, shards[0].handover_fenced("n2").unwrap());
+        // Shard 0 done (n1 now its replica): shard 1 has no in-sync replica, so one is added
+        // on a node without a copy of it (n2: n3 holds one).
+        let mut after = shards.clone();
+        after[0] = h.to.handed_to_replica("").unwrap();
+        let s = state_draining(&["n1", "n2", "n3"], &["n1"], 2, after.clone());
+        let h = plan_handover(&s).unwrap();
+        assert_eq!(
+            (h.shard, &h.step),
+            (1, &HandoverStep::AddReplica("n2".into()))
+        );
+        assert_eq!(h.to, after[1].with_replica("n2").unwrap());
+        // Added and still catching up: waited for, nothing more is added.
+        after[1] = h.to.clone();
+        let s = state_draining(&["n1", "n2", "n3"], &["n1"], 2, after.clone());
+        assert_eq!(plan_handover(&s), None);
+        // Once in sync, the shard is handed to it.
+        after[1] = after[1].with_in_sync("n2", "").unwrap();
+        let s = state_draining(&["n1", "n2", "n3"], &["n1"], 2, after.clone());
+        let h = plan_handover(&s).unwrap();
+        assert_eq!((h.shard, &h.step), (1, &HandoverStep::Fence("n2".into())));
+        // The replica leading the fewest of the collection's shards takes over.
+        let three = vec![
+            shard("n1", &["n2", "n3"], &["n2", "n3"]),
+            shard("n2", &["n1"], &["n1"]),
+        ];
+        let s = state_draining(&["n1", "n2", "n3"], &["n1"], 3, three);
+        assert_eq!(
+            plan_handover(&s).unwrap().step,
+            HandoverStep::Fence("n3".into())
+        );
+    }
+
+    #[test]
+    fn a_hand_over_is_planned_only_where_it_can_land() {
+        let shards = vec![shard("n1", &["n2"], &["n2"])];
+        // Collections of one copy move by copying (`plan_move`).
+        let one = state_draining(&["n1", "n2", "n3"], &["n1"], 1, shards.clone());
+        assert_eq!(plan_handover(&one), None);
+        // A dead primary is failover's; a draining replica is no taker, and no node is left
+        // to add one on.
+        let dead = state_draining(&["n2", "n3"], &["n1"], 2, shards.clone());
+        assert_eq!(plan_handover(&dead), None);
+        let both = state_draining(&["n1", "n2"], &["n1", "n2"], 2, shards.clone());
+        assert_eq!(plan_handover(&both), None);
+        // A collection with a fenced shard waits for its hand-over.
+        let fenced = vec![
+            shards[0].handover_fenced("n2").unwrap(),
+            shard("n1", &["n2"], &["n2"]),
+        ];
+        let s = state_draining(&["n1", "n2", "n3"], &["n1"], 2, fenced);
+        assert_eq!(plan_handover(&s), None);
+        // An in-sync replica back on another disk is no taker: a new replica first.
+        let on_disk = recorded("n1", &["n2"], &["n2"]);
+        let mut s = state_draining(&["n1", "n2", "n3"], &["n1"], 2, vec![on_disk.clone()]);
+        s.nodes.get_mut("n2").unwrap().incarnation = "dir-n2-wiped".into();
+        s.nodes.get_mut("n1").unwrap().incarnation = "dir-n1".into();
+        assert_eq!(
+            plan_handover(&s).unwrap().step,
+            HandoverStep::AddReplica("n3".into())
+        );
+    }
+
+    #[test]
+    fn primaries_are_balanced_by_promotion_and_a_joined_node_gets_a_copy_first() {
+        // n1 leads 3 shards, n2 none, n3 one: the highest-numbered shard of n1 that has an
+        // in-sync replica on a node leading two fewer or less goes to it (shard 2's replica is
+        // catching up).
+        let shards = vec![
+            shard("n1", &["n2"], &["n2"]),
+            shard("n1", &["n3"], &["n3"]),
+            shard("n1", &["n2"], &[]),
+            shard("n3", &["n1"], &["n1"]),
+        ];
+        let s = state_draining(&["n1", "n2", "n3"], &[], 2, shards.clone());
+        let h = plan_handover(&s).unwrap();
+        assert_eq!((h.shard, &h.step), (1, &HandoverStep::Fence("n3".into())));
+        assert!(!h.draining);
+        // Even (3 shards over 3 nodes, at most one apart): nothing.
+        let even = vec![
+            shard("n1", &["n2"], &["n2"]),
+            shard("n2", &["n3"], &["n3"]),
+            shard("n3", &["n1"], &["n1"]),
+            shard("n1", &["n2"], &["n2"]),
+        ];
+        assert_eq!(
+            plan_handover(&state_draining(&["n1", "n2", "n3"], &[], 2, even)),
+            None
+        );
+        // Unbalanced, and no in-sync replica on a less loaded node (n2 joined): a replica is
+        // added there first; once in sync it takes over, then the surplus copy leaves from the
+        // node holding the most copies.
+        let mut joined = vec![shard("n1", &["n3"], &[]), shard("n1", &["n3"], &[])];
+        let s = state_draining(&["n1", "n2", "n3"], &[], 2, joined.clone());
+        let h = plan_handover(&s).unwrap();
+        assert_eq!(
+            (h.shard, &h.step),
+            (1, &HandoverStep::AddReplica("n2".into()))
+        );
+        joined[1] = h.to.clone();
+        let s = state_draining(&["n1", "n2", "n3"], &[], 2, joined.clone());
+        assert_eq!(plan_handover(&s), None, "waits for the new copy");
+        joined[1] = joined[1].with_in_sync("n2", "").unwrap();
+        let s = state_draining(&["n1", "n2", "n3"], &[], 2, joined.clone());
+        let h = plan_handover(&s).unwrap();
+        assert_eq!((h.shard, &h.step), (1, &HandoverStep::Fence("n2".into())));
+        joined[1] = h.to.handed_to_replica("").unwrap();
+        let s = state_draining(&["n1", "n2", "n3"], &[], 2, joined.clone());
+        assert_eq!(
+            plan_handover(&s),
+            None,
+            "a surplus copy goes once all are in sync"
+        );
+        joined[1] = joined[1].with_in_sync("n3", "").unwrap();
+        let s = state_draining(&["n1", "n2", "n3"], &[], 2, joined.clone());
+        let h = plan_handover(&s).unwrap();
+        assert_eq!(
+            (h.shard, &h.step),
+            (1, &HandoverStep::DropReplica("n3".into()))
+        );
+        joined[1] = h.to.clone();
+        assert_eq!(joined[1].copies().collect::<Vec<_>>(), ["n2", "n1"]);
+        let s = state_draining(&["n1", "n2", "n3"], &[], 2, joined);
+        assert_eq!(plan_handover(&s), None);
+        // Applying the plans converges: every step moves one primary two below, so they end
+        // within one of each other.
+        let mut shards = vec![shard("n1", &["n2", "n3"], &["n2", "n3"]); 7];
+        for _ in 0..10 {
+            let s = state_draining(&["n1", "n2", "n3"], &[], 3, shards.clone());
+            let Some(h) = plan_handover(&s) else { break };
+            shards[h.shard as usize] = h.to.handed_to_replica("").unwrap();
+        }
+        let mut led: BTreeMap<&str, usize> = BTreeMap::new();
+        for a in &shards {
+            *led.entry(a.owner.as_str()).or_default() += 1;
+        }
+        assert_eq!(
+            led.values().copied().collect::<Vec<_>>(),
+            [3, 2, 2],
+            "{led:?}"
+        );
     }
 
     #[test]
@@ -773,14 +1253,15 @@ mod tests {
         /// the in-sync set first, as the primary does), kills, restarts on the same disk,
         /// wipes (the node back at once with the same id on an empty disk, a new token: nothing
         /// probes it before the next step), coordinator rounds (`plan_promotions`, then
-        /// `plan_replaced_copies`) and catch-ups (a catching-up copy takes the primary's log and
-        /// joins with its disk's token). After every step, every node the rule counts as
+        /// `plan_replaced_copies`), catch-ups (a catching-up copy takes the primary's log and
+        /// joins with its disk's token) and planned hand-overs of the primary to an in-sync
+        /// replica (fence, drain, promotion with the old primary in sync). After every step, every node the rule counts as
         /// holding an in-sync copy (`holds_in_sync_copy`: what promotions, reads and
         /// `min_in_sync` go by) holds every acknowledged entry; so does every promoted copy.
         /// Ignoring the recorded directories fails it at the first wipe of an in-sync copy.
         #[test]
         fn model_no_copy_counted_in_sync_lacks_an_acknowledged_entry(
-            ops in proptest::collection::vec((0u8..6, 0usize..3), 1..150),
+            ops in proptest::collection::vec((0u8..7, 0usize..3), 1..150),
         ) {
             let mut nodes = vec![ModelNode { alive: true, disk: 0, log: Vec::new() }; 3];
             let infos: Vec<NodeInfo> = (0..3)
@@ -817,6 +1298,46 @@ mod tests {
                     3 => nodes[n].alive = true,
                     4 => {
                         nodes[n] = ModelNode { alive: true, disk: nodes[n].disk + 1, log: Vec::new() };
+                    }
+                    // A planned hand-over to an in-sync replica: the fence, the old primary's drain
+                    // (its whole log onto every in-sync replica alive on its disk; one that is
+                    // not leaves the in-sync set first, by a swap of the fenced record), then the
+                    // promotion, or the fence lifted when the chosen replica left.
+                    6 => {
+                        let state = model_view(&nodes, &record);
+                        if !state.holds_in_sync_copy(&record, &record.owner) {
+                            continue;
+                        }
+                        let candidates: Vec<String> = record
+                            .in_sync_replicas
+                            .iter()
+                            .filter(|r| nodes[model_index(r)].alive)
+                            .cloned()
+                            .collect();
+                        if candidates.is_empty() {
+                            continue;
+                        }
+                        let to = candidates[n % candidates.len()].clone();
+                        let mut fenced = record.handover_fenced(&to).unwrap();
+                        let p = model_index(&record.owner);
+                        for replica in fenced.in_sync_replicas.clone() {
+                            if state.holds_in_sync_copy(&fenced, &replica) {
+                                nodes[model_index(&replica)].log = nodes[p].log.clone();
+                            } else {
+                                fenced = fenced.without_in_sync(&replica).unwrap();
+                            }
+                        }
+                        record = match fenced.handed_to_replica(&model_token(p, nodes[p].disk)) {
+                            Some(promoted) => {
+                                let new = model_index(&promoted.owner);
+                                proptest::prop_assert_eq!(
+                                    &nodes[new].log, &nodes[p].log,
+                                    "the new primary's log is the old one's: nothing to cut"
+                                );
+                                promoted
+                            }
+                            None => fenced.fence_lifted(),
+                        };
                     }
                     _ => {
                         for planned in plan_promotions(&model_view(&nodes, &record)) {

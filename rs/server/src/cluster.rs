@@ -115,6 +115,8 @@ pub struct ClusterNode {
     gates: DashMap<String, Arc<tokio::sync::RwLock<()>>>,
     /// Local shards being copied in by a move: not this node's yet, and not to be dropped.
     pub(crate) incoming: Arc<DashMap<String, ()>>,
+    /// Local shards whose primary (this node) is handing them over to a replica (`moves.rs`).
+    pub(crate) handing_over: DashMap<String, ()>,
     pub(crate) moves: crate::moves::MoveCounters,
     /// The CA that signs the other nodes' TLS certificates (`--cluster-ca`).
     peer_ca: Option<Vec<u8>>,
@@ -218,6 +220,7 @@ impl ClusterNode {
             registry,
             gates: DashMap::new(),
             incoming: Arc::new(DashMap::new()),
+            handing_over: DashMap::new(),
             moves: crate::moves::MoveCounters::default(),
             peer_ca,
             peers: DashMap::new(),
@@ -1027,7 +1030,9 @@ fn unreadable(name: &str, why: &str) -> ApiError {
 /// of it or its data was given up; left alone if its collection's record is unreadable or etcd
 /// cannot be read (tried again a few seconds later). Copies being pulled in by a move are left
 /// alone. A fence naming this node as the taker of a shard it is not copying (the move died
-/// with this process) is lifted: the old owner serves the shard again at the next epoch.
+/// with this process) is lifted: the old owner serves the shard again at the next epoch. A
+/// hand-over's fence (it names a replica) is the old primary's to settle: this node starts
+/// its part when it is that primary.
 async fn reconcile(node: std::sync::Weak<ClusterNode>) {
     let Some(mut state) = node.upgrade().map(|n| n.state.clone()) else {
         return;
@@ -1066,6 +1071,7 @@ async fn reconcile(node: std::sync::Weak<ClusterNode>) {
                     shard: shard as u32,
                 };
                 if assignment.moving_to.as_deref() == Some(node.node_id.as_str())
+                    && !assignment.is_replica_handover()
                     && !node.incoming.contains_key(&name.local_name())
                 {
                     crate::moves::lift_fence(&node, &name, assignment).await;
@@ -1075,6 +1081,7 @@ async fn reconcile(node: std::sync::Weak<ClusterNode>) {
         node.forget_unused_handles(&current);
         node.forget_replications(&current);
         node.start_replications(&current).await;
+        crate::moves::start_handovers(&node);
         drop(node);
         let changed = state.changed();
         if undecided {

@@ -29,7 +29,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use tarn_cluster::{plan_move, PlannedMove, ShardAssignment, ShardName, ShardState};
+use tarn_cluster::{
+    plan_move, HandoverStep, PlannedHandover, PlannedMove, ShardAssignment, ShardName, ShardState,
+};
 use tarn_collection::{Collection, Durability};
 use tarn_proto::v1 as pb;
 use tokio::sync::mpsc;
@@ -55,6 +57,10 @@ const FENCE_LAG_ENTRIES: u64 = 128;
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(120);
 /// From the fence to the owner's last entry: past this the move is abandoned, the fence lifted.
 const HANDOVER_LIMIT: Duration = Duration::from_secs(15);
+/// How long a primary's hand-over to its in-sync replica may take on the old primary, from
+/// seeing the fence to the promotion (draining its writes, its replicas taking its last
+/// entries); past it the fence is lifted.
+const REPLICA_HANDOVER_LIMIT: Duration = Duration::from_secs(10);
 /// A stream that says nothing for this long is broken.
 const STREAM_SILENCE_LIMIT: Duration = Duration::from_secs(30);
 /// An owner's stream whose taker reads nothing for this long ends (releasing its WAL pin).
@@ -983,67 +989,365 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
             let state = Arc::clone(&watch.borrow_and_update());
             for map in state.collections.values() {
                 for (shard, a) in map.shards.iter().enumerate() {
-                    if let Some(taker) = &a.moving_to {
-                        if !state.is_alive(taker) {
-                            let name = ShardName {
-                                collection: map.def.name.clone(),
-                                uid: map.def.uid,
-                                shard: shard as u32,
-                            };
-                            lift_fence(&node, &name, a).await;
+                    let Some(taker) = &a.moving_to else {
+                        continue;
+                    };
+                    let name = ShardName {
+                        collection: map.def.name.clone(),
+                        uid: map.def.uid,
+                        shard: shard as u32,
+                    };
+                    if a.is_replica_handover() {
+                        // The old primary drives a hand-over: lifted if it or the replica died.
+                        if !state.is_alive(taker) || !state.is_alive(&a.owner) {
+                            lift_handover(&node, &name, a.epoch).await;
                         }
+                    } else if !state.is_alive(taker) {
+                        lift_fence(&node, &name, a).await;
                     }
                 }
             }
             promote_replicas(&node, &state).await;
             drop_replaced_copies(&node, &state).await;
             rereplicate(&node, &state, &mut dead_since).await;
-            let planned = plan_move(&state);
-            let key = planned.as_ref().map(|p| (p.collection.clone(), p.shard));
-            let failed_before = key.as_ref().and_then(|k| state.move_failures.get(k));
-            match planned {
-                // Backing off a shard whose moves failed: wait for the time, or a change.
-                Some(_) if failed_before.is_some_and(|f| !f.may_retry_at(unix_ms())) => {
-                    drop(node);
-                    let _ = tokio::time::timeout(Duration::from_secs(1), watch.changed()).await;
+            // A replicated collection's primaries move by hand-over, the others by copying.
+            let step = match tarn_cluster::plan_handover(&state) {
+                Some(handover) => Some(Step::HandOver(Box::new(handover))),
+                None => plan_move(&state).map(Step::Move),
+            };
+            let Some(step) = step else {
+                drop(node);
+                let _ = tokio::time::timeout(Duration::from_secs(2), watch.changed()).await;
+                continue;
+            };
+            let (collection, shard, from, to) = step.describe();
+            let failed_before = state.move_failures.get(&(collection.to_owned(), shard));
+            // Backing off a shard whose moves failed: wait for the time, or a change.
+            if failed_before.is_some_and(|f| !f.may_retry_at(unix_ms())) {
+                drop(node);
+                let _ = tokio::time::timeout(Duration::from_secs(1), watch.changed()).await;
+                continue;
+            }
+            let outcome = match &step {
+                Step::Move(planned) => request_move(&node, planned).await,
+                Step::HandOver(planned) => hand_over(&node, planned).await,
+            };
+            let failure = match &outcome {
+                Ok(()) => None,
+                Err(error) => {
+                    tracing::warn!(%collection, shard, %from, %to, %error, "planned move failed");
+                    Some(tarn_cluster::MoveFailure {
+                        to: to.to_owned(),
+                        error: error.to_string(),
+                        failures: failed_before.map_or(0, |f| f.failures) + 1,
+                        at_unix_ms: unix_ms(),
+                    })
                 }
-                Some(planned) => {
-                    let outcome = request_move(&node, &planned).await;
-                    let failure = match &outcome {
-                        Ok(()) => None,
-                        Err(error) => {
-                            tracing::warn!(collection = %planned.collection, shard = planned.shard,
-                                from = %planned.from, to = %planned.to, %error, "planned move failed");
-                            Some(tarn_cluster::MoveFailure {
-                                to: planned.to.clone(),
-                                error: error.to_string(),
-                                failures: failed_before.map_or(0, |f| f.failures) + 1,
-                                at_unix_ms: unix_ms(),
-                            })
-                        }
-                    };
-                    if failure.is_some() || failed_before.is_some() {
-                        if let Err(error) = node
-                            .store()
-                            .record_move_failure(
-                                &planned.collection,
-                                planned.shard,
-                                failure.as_ref(),
-                            )
-                            .await
-                        {
-                            tracing::warn!(%error, "could not record a move's outcome");
-                            tokio::time::sleep(Duration::from_secs(2)).await;
-                        }
-                    }
-                }
-                None => {
-                    drop(node);
-                    let _ = tokio::time::timeout(Duration::from_secs(2), watch.changed()).await;
+            };
+            if failure.is_some() || failed_before.is_some() {
+                if let Err(error) = node
+                    .store()
+                    .record_move_failure(collection, shard, failure.as_ref())
+                    .await
+                {
+                    tracing::warn!(%error, "could not record a move's outcome");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
                 }
             }
         }
         tracing::warn!(%node_id, "no longer the placement coordinator");
+    }
+}
+
+/// What the placement coordinator does next for one shard.
+enum Step {
+    /// Copy the shard to another node and flip it (a collection of one copy per shard).
+    Move(PlannedMove),
+    /// A step of handing a replicated shard's primary over to a replica.
+    HandOver(Box<PlannedHandover>),
+}
+
+impl Step {
+    /// (collection, shard, from, to), for the log and the failure record.
+    fn describe(&self) -> (&str, u32, &str, &str) {
+        match self {
+            Step::Move(p) => (&p.collection, p.shard, &p.from, &p.to),
+            Step::HandOver(p) => {
+                let (HandoverStep::AddReplica(to)
+                | HandoverStep::Fence(to)
+                | HandoverStep::DropReplica(to)) = &p.step;
+                (&p.collection, p.shard, &p.from.owner, to)
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A replicated shard's primary handed over to an in-sync replica.
+//
+// 1. The coordinator fences the shard for the replica B ([`hand_over`]): (A, e, serving) ->
+//    (A, e, fenced, moving to B), a swap of the whole record. The epoch stays, so that A's
+//    replication at e goes on shipping to the replicas, and B does not lift the fence as a
+//    move's taker would (B holds a copy: `ShardAssignment::is_replica_handover`).
+// 2. A sees the fence ([`start_handovers`]), takes the shard's write gate exclusively (the
+//    writes that passed their epoch check before finish; later ones find the fence, ABORTED,
+//    and routers retry), syncs its log to its last entry L, and waits until every in-sync
+//    replica has L durable (one that does not within the bound leaves the in-sync set first,
+//    as at any write). Its log and the in-sync replicas' are then the same, entry for entry.
+// 3. A reads the record (linearizably) and, if it is still the fence with B in sync, swaps it
+//    for (B, e + 1, serving) with A an in-sync replica on its data directory. Nothing is cut
+//    from A's log when it follows B.
+// 4. Any failure lifts the fence by a swap of the whole record: (A, e + 1, serving) — done by A,
+//    by the coordinator when A or B is dead or past the limit. The copy of a draining A then
+//    leaves as any replica on a draining node does ([`rereplicate`]).
+
+/// Carries out one planned step of a hand-over (the coordinator's side): a new replica (the
+/// primary seeds it; the next rounds wait until it is in sync), a surplus replica dropped, or
+/// the fence, after which it waits for the old primary's promotion of the replica (at most
+/// [`HANDOVER_LIMIT`], and only while both nodes are alive; else it lifts the fence).
+async fn hand_over(node: &Arc<ClusterNode>, planned: &PlannedHandover) -> Result<(), ApiError> {
+    let (name, swap) = whole_record_swap(
+        &planned.collection,
+        planned.uid,
+        planned.shard,
+        &planned.from,
+        &planned.to,
+    );
+    let landed = node
+        .store()
+        .compare_and_set_shard(&swap)
+        .await
+        .map_err(|e| ApiError::ClusterStore(e.to_string()))?;
+    if !landed {
+        return Err(ApiError::StaleShardMap(format!(
+            "shard {} of collection '{}' changed before its primary could be handed over",
+            planned.shard, planned.collection
+        )));
+    }
+    let local = name.local_name();
+    // The next round plans from a view that has this change.
+    node.wait_for_view(Duration::from_secs(2), |s| {
+        s.assignment(&name) != Some(&planned.from)
+    })
+    .await;
+    let to = match &planned.step {
+        HandoverStep::AddReplica(on) => {
+            tracing::info!(shard = %local, primary = %planned.from.owner, replica = %on,
+                draining = planned.draining,
+                "hand-over: a new replica first (it takes over once in sync)");
+            return Ok(());
+        }
+        HandoverStep::DropReplica(node_id) => {
+            tracing::info!(shard = %local, replica = %node_id,
+                "hand-over: a surplus replica leaves (every other copy is in sync)");
+            return Ok(());
+        }
+        HandoverStep::Fence(to) => to,
+    };
+    let fenced_at = Instant::now();
+    tracing::info!(shard = %local, primary = %planned.from.owner, to = %to,
+        draining = planned.draining, "hand-over: fenced; the primary drains and promotes");
+    let epoch = planned.to.epoch;
+    // Settled (promoted, or the fence lifted), or one of the two nodes died (then the fence is
+    // lifted here at once, and the shard fails over if it must).
+    node.wait_for_view(HANDOVER_LIMIT, |s| {
+        s.assignment(&name).is_none_or(|a| a.epoch > epoch)
+            || !s.is_alive(&planned.from.owner)
+            || !s.is_alive(to)
+    })
+    .await;
+    let write_pause = fenced_at.elapsed();
+    match node.state().assignment(&name) {
+        Some(a) if a.epoch > epoch && a.owner == *to => {
+            node.moves.finished.fetch_add(1, Ordering::Relaxed);
+            node.moves
+                .last_write_pause_us
+                .store(write_pause.as_micros() as u64, Ordering::Relaxed);
+            tracing::info!(shard = %local, from = %planned.from.owner, primary = %to,
+                epoch = a.epoch, write_pause_ms = write_pause.as_secs_f64() * 1e3,
+                "hand-over: the replica is the shard's primary");
+            Ok(())
+        }
+        Some(a) if a.epoch > epoch => Err(ApiError::StaleShardMap(format!(
+            "the hand-over of shard {} of collection '{}' to node {to} was abandoned (now \
+             node {}'s at epoch {})",
+            planned.shard, planned.collection, a.owner, a.epoch
+        ))),
+        None => Err(ApiError::NotFound(planned.collection.clone())),
+        Some(_) => {
+            lift_handover(node, &name, epoch).await;
+            Err(ApiError::Unavailable(format!(
+                "the hand-over of shard {} of collection '{}' to node {to} was not done (a node \
+                 died, or past {} s); its fence is lifted",
+                planned.shard,
+                planned.collection,
+                HANDOVER_LIMIT.as_secs()
+            )))
+        }
+    }
+}
+
+/// Starts the old primary's part of a hand-over ([`hand_over_as_primary`]) for every shard
+/// this node's view shows it primary of and fenced for a hand-over to a replica, one task per
+/// shard; a hand-over that fails lifts its fence.
+pub(crate) fn start_handovers(node: &Arc<ClusterNode>) {
+    let state = node.state();
+    for map in state.collections.values() {
+        for (idx, a) in map.shards.iter().enumerate() {
+            if a.owner != node.node_id || !a.is_replica_handover() {
+                continue;
+            }
+            let shard = ShardName {
+                collection: map.def.name.clone(),
+                uid: map.def.uid,
+                shard: idx as u32,
+            };
+            let local = shard.local_name();
+            if node.handing_over.insert(local.clone(), ()).is_some() {
+                continue;
+            }
+            let (node, fence, min_in_sync) = (Arc::clone(node), a.clone(), map.def.min_in_sync);
+            tokio::spawn(async move {
+                let outcome = tokio::time::timeout(
+                    REPLICA_HANDOVER_LIMIT,
+                    hand_over_as_primary(&node, &shard, &fence, min_in_sync),
+                )
+                .await;
+                let error = match outcome {
+                    Ok(Ok(())) => None,
+                    Ok(Err(error)) => Some(error.to_string()),
+                    Err(_) => Some(format!(
+                        "not done within {} s",
+                        REPLICA_HANDOVER_LIMIT.as_secs()
+                    )),
+                };
+                if let Some(error) = error {
+                    tracing::warn!(shard = %local, %error, "hand-over failed; lifting its fence");
+                    lift_handover(&node, &shard, fence.epoch).await;
+                }
+                node.handing_over.remove(&local);
+            });
+        }
+    }
+}
+
+/// The old primary's part of a hand-over (steps 2 and 3 above): drains its writes, makes sure
+/// every in-sync replica holds its whole log, and promotes the fence's replica with this copy
+/// in sync, by a swap of the whole record as read linearizably.
+async fn hand_over_as_primary(
+    node: &Arc<ClusterNode>,
+    shard: &ShardName,
+    fence: &ShardAssignment,
+    min_in_sync: u32,
+) -> Result<(), ApiError> {
+    let local = shard.local_name();
+    let saw_fence = Instant::now();
+    let since_fence = || saw_fence.elapsed().as_secs_f64() * 1e3;
+    // Every write that passed its epoch check before this node saw the fence holds the gate
+    // shared until it is acknowledged or fails; later writes find the fence and are refused.
+    let gate = node.gate(&local);
+    let _writes_held = gate.write().await;
+    let drained_ms = since_fence();
+    let collection = node.registry.get_shard(&local)?;
+    let last = collection.sync_wal().await?;
+    // The replication at the fence's epoch (the shard's, unchanged) ships what the replicas
+    // lack; a replica without `last` within the bound leaves the in-sync set first.
+    if let Some(replication) = node
+        .replication_for_write(shard, fence, min_in_sync, &collection)
+        .await?
+    {
+        replication.replicate(node, last).await?;
+    }
+    let replicated_ms = since_fence();
+    fail_point("moves::fail_handover")?;
+    let record = node
+        .store()
+        .read_shard(&shard.collection, shard.uid, shard.shard)
+        .await
+        .map_err(|e| ApiError::ClusterStore(e.to_string()))?;
+    let current = match record {
+        tarn_cluster::ShardRecord::Assigned(a)
+            if a.owner == node.node_id && a.epoch == fence.epoch =>
+        {
+            a
+        }
+        other => {
+            return Err(ApiError::StaleShardMap(format!(
+                "the hand-over's fence is gone (now {other:?})"
+            )))
+        }
+    };
+    let promoted = current
+        .handed_to_replica(&node.incarnation)
+        .ok_or_else(|| {
+            ApiError::StaleShardMap(format!(
+                "the hand-over's replica is no longer in sync ({current:?})"
+            ))
+        })?;
+    let (_, swap) = whole_record_swap(
+        &shard.collection,
+        shard.uid,
+        shard.shard,
+        &current,
+        &promoted,
+    );
+    let landed = node
+        .store()
+        .compare_and_set_shard(&swap)
+        .await
+        .map_err(|e| ApiError::ClusterStore(e.to_string()))?;
+    if !landed {
+        return Err(ApiError::StaleShardMap(
+            "the shard's record changed during the hand-over".to_owned(),
+        ));
+    }
+    tracing::info!(shard = %local, primary = %promoted.owner, epoch = promoted.epoch,
+        last_seq_no = last, drained_ms, replicated_ms, promoted_ms = since_fence(),
+        "hand-over: writes drained, every in-sync replica holds the log; the replica is the \
+         primary and this copy an in-sync replica");
+    // The view follows before the gate opens, so that no pass of reconciliation starts this
+    // hand-over again from the fence.
+    node.wait_for_view(Duration::from_secs(1), |s| {
+        s.assignment(shard)
+            .is_none_or(|a| a.epoch >= promoted.epoch)
+    })
+    .await;
+    Ok(())
+}
+
+/// Lifts a hand-over's fence at `epoch` (not a later hand-over's): the old primary serves the
+/// shard again at the next epoch, its copies as they are (one swap of the whole record as read
+/// linearizably, so that a replica that left the in-sync set under the fence is not put back).
+/// Logged, not returned.
+async fn lift_handover(node: &ClusterNode, shard: &ShardName, epoch: u64) {
+    let local = shard.local_name();
+    let record = node
+        .store()
+        .read_shard(&shard.collection, shard.uid, shard.shard)
+        .await;
+    let current = match record {
+        Ok(tarn_cluster::ShardRecord::Assigned(a))
+            if a.is_replica_handover() && a.epoch == epoch =>
+        {
+            a
+        }
+        Ok(_) => return,
+        Err(error) => {
+            tracing::warn!(shard = %local, %error, "could not lift a hand-over's fence yet");
+            return;
+        }
+    };
+    let back = current.fence_lifted();
+    let (_, swap) = whole_record_swap(&shard.collection, shard.uid, shard.shard, &current, &back);
+    match node.store().compare_and_set_shard(&swap).await {
+        Ok(true) => {
+            tracing::info!(shard = %local, primary = %back.owner, epoch = back.epoch,
+                "hand-over abandoned; the fence is lifted")
+        }
+        Ok(false) => {}
+        Err(error) => {
+            tracing::warn!(shard = %local, %error, "could not lift a hand-over's fence yet")
+        }
     }
 }
 
@@ -1222,25 +1526,27 @@ async fn rereplicate(
                 } else {
                     None
                 };
-                let Some(next) = next else {
-                    continue;
-                };
-                match node
-                    .store()
-                    .compare_and_set_shard(&swap_to(&next, None))
-                    .await
-                {
-                    Ok(true) => {
-                        tracing::info!(collection = %name, shard = idx, %draining,
+                // Nothing to do for the draining copy yet (another copy is catching up, or is
+                // dead and never will): a dead replica is still replaced below, so that the
+                // draining copy can leave once its replacement is in sync.
+                if let Some(next) = next {
+                    match node
+                        .store()
+                        .compare_and_set_shard(&swap_to(&next, None))
+                        .await
+                    {
+                        Ok(true) => {
+                            tracing::info!(collection = %name, shard = idx, %draining,
                             replicas = ?next.replicas, "drain: a replica moves off a draining node");
+                        }
+                        Ok(false) => {}
+                        Err(error) => {
+                            tracing::warn!(collection = %name, shard = idx, %error, "drain: etcd unavailable; retrying");
+                            return;
+                        }
                     }
-                    Ok(false) => {}
-                    Err(error) => {
-                        tracing::warn!(collection = %name, shard = idx, %error, "drain: etcd unavailable; retrying");
-                        return;
-                    }
+                    continue;
                 }
-                continue;
             }
             let Some(dead) = a.replicas.iter().find(|n| replace(n)) else {
                 continue;

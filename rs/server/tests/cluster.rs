@@ -5371,3 +5371,384 @@ fn a_drain_moves_replica_copies_off_the_node_add_first() {
         }
     });
 }
+
+/// `text` without terminal colour sequences (a node's log read back).
+fn without_colours(text: &str) -> String {
+    let mut plain = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
+/// Writes one document at a time through `client` (tenant 0, multiples of 7 from `base`, as
+/// `check_acked` reads them), each recorded in `acked`, until `stop`: the longest time between
+/// two acknowledgements (how long writes were refused at worst), and the failures.
+async fn probe_refusals(
+    client: Client,
+    base: u128,
+    acked: Acked,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (Duration, Vec<String>) {
+    const DIM: usize = 8;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(base as u64);
+    let (mut longest, mut failures) = (Duration::ZERO, Vec::new());
+    let mut last_ack = std::time::Instant::now();
+    for k in 0u128.. {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            break;
+        }
+        let doc = (base + k) * 7;
+        let v = vectors(&mut rng, 1, DIM);
+        let insert = Insert::new("moving", vec![doc], v.clone())
+            .users(vec![0])
+            .timeout(Duration::from_secs(5));
+        match client.insert(insert).await {
+            Ok(_) => {
+                longest = longest.max(last_ack.elapsed());
+                last_ack = std::time::Instant::now();
+                acked.lock().unwrap().insert(doc, Doc::Live(v));
+            }
+            Err(error) => {
+                failures.push(format!("{:?}: {}", error.code(), error.message()));
+                acked.lock().unwrap().insert(doc, Doc::Uncertain);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    (longest, failures)
+}
+
+/// Moving primaries while a failover happens (issue test 9): 4 nodes, a collection of 2 copies
+/// per shard (min_in_sync 1) under two writers through each node. n1, primary of some shards, is
+/// drained while n4, primary of others, is killed with kill -9: n1's primaries are handed over
+/// to their in-sync replicas (fence, drain, promotion) and its copies then leave add-first,
+/// n4's shards fail over and its replicas are rebuilt (`--replace-dead-after 3`), and the
+/// primaries left unbalanced by the failover move by hand-over too. Afterwards: n1 holds no
+/// copy (map and disk), every shard has two in-sync copies, every acknowledged write is there
+/// once and no removed document is back (through each live node), the two copies of each shard
+/// are identical, failed writes are only UNAVAILABLE / DEADLINE_EXCEEDED / ABORTED, and no
+/// hand-over's old primary had its log cut afterwards (its whole log is on the new primary:
+/// with the drain skipped, writes in flight at the fence leave entries there that the new
+/// primary lacks, and they are cut; a fail point delays every shipped batch by 20 ms so that
+/// writes are in flight). The longest refusal of a one-at-a-time
+/// writer and each hand-over's write pause (fence to promotion) are reported.
+#[test]
+fn processes_a_drain_and_primary_moves_during_a_failover_lose_no_acknowledged_write() {
+    const LEASE: u64 = 2;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    const REPLACE: &[&str] = &["--replace-dead-after", "3"];
+    let mut nodes = nodes_with(
+        dir.path(),
+        4,
+        &etcd.endpoint(),
+        LEASE,
+        REPLACE,
+        &[
+            ("RUST_LOG", "info"),
+            // Every batch a primary ships waits 20 ms first: writes are in flight whenever a
+            // fence lands, so a hand-over that did not drain them would leave entries on the
+            // old primary that its successor lacks (and they would be cut).
+            ("FAILPOINTS", "replication::hold_entries=return(20)"),
+        ],
+    );
+    let rt = runtime();
+    const DIM: usize = 8;
+    const SHARDS: u32 = 8;
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let (clients, status) = rt.block_on(async {
+        let mut clients = Vec::new();
+        for addr in &addrs {
+            clients.push(Client::connect(addr.clone()).await.unwrap());
+        }
+        clients[0]
+            .create_collection(
+                CollectionSpec::new("moving", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(SHARDS, ShardKey::Doc)
+                    .replicas(2, 1),
+            )
+            .await
+            .unwrap();
+        let status = wait_in_sync(&addrs[0], 2).await;
+        (clients, status)
+    });
+    let led = owners(&status, "moving");
+    assert!(led.get("n1").is_some_and(|n| *n > 0), "{led:?}");
+    assert!(led.get("n4").is_some_and(|n| *n > 0), "{led:?}");
+
+    // Two writers through each node: a write in flight on most shards at any time.
+    let doubled: Vec<Client> = clients.iter().chain(&clients).cloned().collect();
+    let (acked, stop, writers) = start_writers_on(&rt, &doubled, DIM);
+    let probe = {
+        let _entered = rt.enter();
+        tokio::spawn(probe_refusals(
+            clients[1].clone(),
+            300_000_000,
+            acked.clone(),
+            stop.clone(),
+        ))
+    };
+    std::thread::sleep(Duration::from_millis(1000));
+    // The drain of n1 and the kill of n4, together.
+    rt.block_on(clients[1].drain_node("n1", false)).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    nodes[3].kill();
+    let faulted = std::time::Instant::now();
+    let status = rt.block_on(async {
+        loop {
+            let status = clients[1].cluster_status().await.unwrap();
+            let shards: Vec<_> = status
+                .shards
+                .iter()
+                .filter(|s| s.collection == "moving")
+                .collect();
+            let gone = |n: &str| {
+                shards.iter().all(|s| {
+                    s.node_id != n
+                        && !s.replicas.iter().any(|r| r == n)
+                        && !s.in_sync.iter().any(|r| r == n)
+                })
+            };
+            if gone("n1")
+                && gone("n4")
+                && shards
+                    .iter()
+                    .all(|s| s.state == "serving" && s.in_sync.len() == 2)
+            {
+                break status;
+            }
+            assert!(
+                faulted.elapsed() < Duration::from_secs(40),
+                "not settled 40 s after the faults: {shards:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    eprintln!(
+        "settled {:?} after the drain and the kill: {:?}",
+        faulted.elapsed(),
+        owners(&status, "moving")
+    );
+    rt.block_on(async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut failures = Vec::new();
+        for writer in writers {
+            let (acknowledged, failed) = writer.await.unwrap();
+            eprintln!(
+                "writer: {acknowledged} acknowledged, {} failed",
+                failed.len()
+            );
+            failures.extend(failed);
+        }
+        let (longest, failed) = probe.await.unwrap();
+        eprintln!(
+            "one-at-a-time writer through n2: longest time without an acknowledgement {longest:?} \
+             ({} refusals)",
+            failed.len()
+        );
+        failures.extend(failed);
+        assert_retryable(&failures);
+        for client in &clients[..3] {
+            check_acked(client, &acked).await;
+        }
+    });
+    // Each live node's log, without the terminal's colours.
+    let logs: Vec<String> = nodes[..3]
+        .iter()
+        .map(|n| without_colours(&n.server.as_ref().unwrap().logs()))
+        .collect();
+    let all_logs = logs.concat();
+    let field = |line: &str, name: &str| -> String {
+        let key = format!(" {name}=");
+        line.find(&key)
+            .and_then(|at| line[at + key.len()..].split_whitespace().next())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    // (time, shard, old primary) of each landed hand-over, from the coordinators' logs.
+    let handed: Vec<(String, String, String)> = all_logs
+        .lines()
+        .filter(|l| l.contains("hand-over: the replica is the shard's primary"))
+        .map(|l| {
+            let at = l.split_whitespace().next().unwrap_or_default().to_owned();
+            (at, field(l, "shard"), field(l, "from"))
+        })
+        .collect();
+    let pauses: Vec<f64> = all_logs
+        .lines()
+        .filter(|l| l.contains("hand-over: the replica is the shard's primary"))
+        .filter_map(|l| field(l, "write_pause_ms").parse().ok())
+        .collect();
+    let failovers = all_logs.matches("failover: an in-sync replica").count();
+    for line in all_logs.lines().filter(|l| l.contains("hand-over")) {
+        eprintln!("  {line}");
+    }
+    eprintln!(
+        "{} hand-overs (write pause, fence to promotion, ms: {pauses:?}), {failovers} failovers",
+        handed.len()
+    );
+    assert!(
+        handed.len() >= led["n1"],
+        "each shard n1 led was handed over"
+    );
+    assert!(failovers >= 1, "n4's shards failed over");
+    assert!(
+        pauses.iter().all(|ms| *ms < 2000.0),
+        "a hand-over paused writes for long: {pauses:?}"
+    );
+    // A hand-over's old primary holds nothing its successor lacks: its log is never cut after
+    // it (a copy that followed the killed n4 may be: n4's unacknowledged tail).
+    for (node, log) in nodes.iter().zip(&logs) {
+        for cut in log
+            .lines()
+            .filter(|l| l.contains("cut entries a deposed primary never had acknowledged"))
+        {
+            let at = cut.split_whitespace().next().unwrap_or_default();
+            let shard = field(cut, "shard");
+            assert!(
+                !handed
+                    .iter()
+                    .any(|(t, s, from)| *s == shard && *from == node.id && at > t.as_str()),
+                "{} handed {shard} over and then its log was cut: the replica was promoted \
+                 without the old primary's whole log ({cut})",
+                node.id
+            );
+        }
+    }
+    // n1 lets its copies go from disk.
+    let started = std::time::Instant::now();
+    while shard_dirs(&nodes[0], "moving") > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "n1 kept a copy on disk"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    for node in &mut nodes[..3] {
+        node.kill();
+    }
+    assert!(local_copies(&nodes[0].dir, "moving").is_empty());
+    assert_copies_identical(nodes[1..3].iter().map(|n| &n.dir), "moving", SHARDS, 2);
+}
+
+/// A hand-over that fails (the fail point `moves::fail_handover` fires once, on the old primary
+/// after its drain) lifts its fence: the old primary serves the shard again at the next epoch,
+/// the failure is recorded, and the coordinator tries again after its backoff, which lands. The
+/// drain of n1 (primary of some shards of a 2-copy collection, under writers through every node)
+/// ends with n1 in no record and on no disk; every acknowledged write is there, failed writes
+/// only UNAVAILABLE / DEADLINE_EXCEEDED / ABORTED.
+#[test]
+fn processes_a_failed_hand_over_lifts_its_fence_and_is_tried_again() {
+    const LEASE: u64 = 2;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let nodes = nodes_with(
+        dir.path(),
+        3,
+        &etcd.endpoint(),
+        LEASE,
+        &[],
+        &[
+            ("RUST_LOG", "info"),
+            ("FAILPOINTS", "moves::fail_handover=1*return"),
+        ],
+    );
+    let rt = runtime();
+    const DIM: usize = 8;
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let (clients, status) = rt.block_on(async {
+        let mut clients = Vec::new();
+        for addr in &addrs {
+            clients.push(Client::connect(addr.clone()).await.unwrap());
+        }
+        clients[0]
+            .create_collection(
+                CollectionSpec::new("moving", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(3, ShardKey::Doc)
+                    .replicas(2, 1),
+            )
+            .await
+            .unwrap();
+        let status = wait_in_sync(&addrs[0], 2).await;
+        (clients, status)
+    });
+    assert!(owners(&status, "moving").contains_key("n1"), "{status:?}");
+    let (acked, stop, writers) = start_writers_on(&rt, &clients, DIM);
+    std::thread::sleep(Duration::from_millis(500));
+    rt.block_on(async {
+        clients[1].drain_node("n1", false).await.unwrap();
+        let started = std::time::Instant::now();
+        loop {
+            let status = clients[1].cluster_status().await.unwrap();
+            let shards: Vec<_> = status
+                .shards
+                .iter()
+                .filter(|s| s.collection == "moving")
+                .collect();
+            let done = shards.iter().all(|s| {
+                s.node_id != "n1"
+                    && !s.replicas.iter().any(|r| r == "n1")
+                    && s.state == "serving"
+                    && s.in_sync.len() == 2
+            });
+            if done {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "{shards:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut failures = Vec::new();
+        for writer in writers {
+            let (acknowledged, failed) = writer.await.unwrap();
+            eprintln!(
+                "writer: {acknowledged} acknowledged, {} failed",
+                failed.len()
+            );
+            failures.extend(failed);
+        }
+        assert_retryable(&failures);
+        for client in &clients {
+            check_acked(client, &acked).await;
+        }
+    });
+    let logs: String = nodes
+        .iter()
+        .map(|n| without_colours(&n.server.as_ref().unwrap().logs()))
+        .collect();
+    for needle in [
+        "hand-over failed; lifting its fence",
+        "hand-over abandoned; the fence is lifted",
+        "hand-over: the replica is the shard's primary",
+    ] {
+        assert!(logs.contains(needle), "no {needle:?} in the logs");
+    }
+    let started = std::time::Instant::now();
+    while shard_dirs(&nodes[0], "moving") > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "n1 kept a copy on disk"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
