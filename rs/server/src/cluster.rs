@@ -1028,11 +1028,11 @@ fn unreadable(name: &str, why: &str) -> ApiError {
 /// linearizable read of its record ([`ClusterNode::retire_copy`]): dropped only if its
 /// collection was dropped or another node holds its data; set aside if the store has no record
 /// of it or its data was given up; left alone if its collection's record is unreadable or etcd
-/// cannot be read (tried again a few seconds later). Copies being pulled in by a move are left
-/// alone. A fence naming this node as the taker of a shard it is not copying (the move died
-/// with this process) is lifted: the old owner serves the shard again at the next epoch. A
-/// hand-over's fence (it names a replica) is the old primary's to settle: this node starts
-/// its part when it is that primary.
+/// cannot be read, or while another task holds its lock (tried again a few seconds later).
+/// Copies being pulled in by a move are left alone. A fence naming this node as the taker of a
+/// shard it is not copying (the move died with this process) is lifted: the old owner serves
+/// the shard again at the next epoch. A hand-over's fence (it names a replica) is the old
+/// primary's to settle: this node starts its part when it is that primary.
 async fn reconcile(node: std::sync::Weak<ClusterNode>) {
     let Some(mut state) = node.upgrade().map(|n| n.state.clone()) else {
         return;
@@ -1056,9 +1056,13 @@ async fn reconcile(node: std::sync::Weak<ClusterNode>) {
             if mine || node.incoming.contains_key(&local) {
                 continue;
             }
-            // A pull holds the lock for its whole run: leave the copy to it.
+            // A pull holds the lock for its whole run: leave the copy to it. Other holders
+            // (an append from a primary whose view still names this node, a seed) hold it
+            // briefly: the copy is judged again after `RECONCILE_RETRY`, since no later change
+            // of the map may come to wake this loop.
             let lock = node.copy_lock(&local);
             let Ok(_copy) = lock.try_lock() else {
+                undecided = true;
                 continue;
             };
             undecided |= !node.retire_copy(&local, &shard).await;
