@@ -19,7 +19,8 @@
 #      acknowledged (the lease is the default 5 s). Also: replication lag under the insert load
 #      (the primary's status, sampled every 0.2 s); catch-up MB/s of a replica restarted after the
 #      whole data set was written while it was down (by log), and of a node restarted with
-#      its data directory deleted (snapshot + tail of every copy it held).
+#      its data directory deleted (snapshot + tail of every copy it held); the write pause of a
+#      primary handed over to its replica (a drain under 4 inserting clients).
 # Data: ../shared/data/minilm-debian (60,733 x 384) when present, else 20,000 random 128-d rows.
 #   scripts/bench-cluster.sh        (ROUNDS=3, alternating; medians; PARTS=replicas: part 4 only)
 # Ends with one line:
@@ -28,7 +29,8 @@
 #   move_mb_per_s=.. copy_mb_per_s=.. move_ratio=.. move_write_pause_ms=..
 #   replicas2_insert_rps_ratio=.. replicas3_insert_rps_ratio=.. spread3_search_qps_ratio=..
 #   replicas2_lag_entries_p50=.. replicas3_lag_entries_p50=.. catchup_log_mb_per_s=..
-#   catchup_snapshot_mb_per_s=.. failover_first_write_s=..
+#   catchup_snapshot_mb_per_s=.. handover_write_pause_ms=.. handover_insert_max_ms=..
+#   failover_first_write_s=..
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${ROUNDS:-3}"
@@ -325,4 +327,40 @@ t1="$(date +%s.%N)"
 failover_s="$(python3 -c 'import sys; print(f"{float(sys.argv[2]) - float(sys.argv[1]):.2f}")' "$t0" "$t1")"
 echo "failover: first durable write acknowledged ${failover_s} s after kill -9 of the primary (lease 5 s)"
 sed 's/\x1b\[[0-9;]*m//g' "$work"/n*.err | grep 'failover: an in-sync replica' | sed 's/^/failover log: /' || true
-echo "$rep_line $lag_line $catch_line failover_first_write_s=$failover_s"
+# A primary handed over: the primary of a 2-copy collection is drained while 4 clients insert
+# durably into it through another node, so its primary moves to its in-sync replica (fence, the
+# old primary drains its writes and its replicas' logs, promotion). The write pause from the
+# coordinator's log (its fence to its view of the promotion) and the old primary's phases; the
+# inserts' p99 and slowest over the drain. Last, on the two nodes the failover left (the other
+# collections' moves the drain starts do not disturb the figures above); cancelled after.
+"$tarn" collection create hand --dimension 128 --shards 1 --replicas 2 --addr "$via" >/dev/null
+"$tarn" bench insert --collection hand --clients 4 --requests 400 --first-id 80000000 --addr "$via" >/dev/null
+hand_primary_id="$("$tarn" cluster status --json --addr "$via" | python3 -c '
+import json, sys
+print(next(x["node_id"] for x in json.load(sys.stdin)["shards"] if x["collection"] == "hand"))')"
+hand_primary="$("$tarn" cluster status --json --addr "$via" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+print(next(n["address"] for n in s["nodes"] if n["node_id"] == sys.argv[1]))' "$hand_primary_id")"
+# The live node that is not the primary (the failover's victim stays down).
+for a in "${addrs[@]}"; do [[ $a != "$victim" && $a != "$hand_primary" ]] && hand_via="$a"; done
+handed() { sed 's/\x1b\[[0-9;]*m//g' "$work"/n*.err | grep "hand-over: the replica is the shard's primary" | grep 'shard=hand\.'; }
+"$tarn" bench insert --collection hand --clients 4 --requests 12000 --first-id 81000000 --json --addr "$hand_via" >"$work/hand_inserts.json" &
+inserter=$!
+sleep 1
+"$tarn" cluster drain "$hand_primary_id" --no-wait --addr "$hand_via" >/dev/null
+for _ in $(seq 1 240); do handed >/dev/null && break; sleep 0.25; done
+wait "$inserter"
+"$tarn" cluster drain "$hand_primary_id" --cancel --addr "$hand_via" >/dev/null
+line="$(handed | head -1)"
+[[ -n $line ]] || { echo "the hand-over did not land within a minute"; exit 1; }
+echo "hand-over: $line"
+sed 's/\x1b\[[0-9;]*m//g' "$work"/n*.err | grep 'hand-over: writes drained' | grep 'shard=hand\.' | sed 's/^/hand-over, old primary: /' || true
+echo "inserts during the hand-over: $(cat "$work/hand_inserts.json")"
+handover_pause_ms="$(sed -n 's/.* write_pause_ms=\([0-9.e+-]*\).*/\1/p' <<<"$line" | xargs printf '%.1f')"
+handover_p99_ms="$(json_field p99_ms <"$work/hand_inserts.json")"
+handover_max_ms="$(json_field max_ms <"$work/hand_inserts.json" | xargs printf '%.1f')"
+echo "hand-over: write pause ${handover_pause_ms} ms (coordinator), inserts p99 ${handover_p99_ms} ms, slowest ${handover_max_ms} ms"
+handover_line="handover_write_pause_ms=$handover_pause_ms handover_insert_max_ms=$handover_max_ms"
+
+echo "$rep_line $lag_line $catch_line $handover_line failover_first_write_s=$failover_s"
