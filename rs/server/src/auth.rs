@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use tonic::Request;
 
-use crate::status::ApiError;
+use tarn_dataplane::ApiError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {

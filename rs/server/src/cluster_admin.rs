@@ -8,8 +8,8 @@ use tarn_proto::v1::cluster_server::Cluster;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Access, ApiKeys};
-use crate::cluster::ClusterNode;
-use crate::status::ApiError;
+use tarn_dataplane::ApiError;
+use tarn_dataplane::ClusterNode;
 
 #[derive(Debug)]
 pub struct ClusterAdmin {
@@ -75,10 +75,9 @@ impl Cluster for ClusterAdmin {
             )));
         }
         cluster
-            .store()
             .set_draining(&request.node_id, !request.cancel)
             .await
-            .map_err(|e| Status::from(ApiError::ClusterStore(e.to_string())))?;
+            .map_err(Status::from)?;
         tracing::info!(node = %request.node_id, cancel = request.cancel, "drain requested");
         Ok(Response::new(pb::DrainResponse {
             shards_left: state.shards_owned_by(&request.node_id).count() as u32,
@@ -196,7 +195,7 @@ impl Cluster for ClusterAdmin {
             shards,
             etcd_connected: cluster.store_connected(),
             cluster_id: cluster.cluster_id.clone(),
-            set_aside: cluster.registry.set_aside_list()?.len() as u32,
+            set_aside: cluster.registry().set_aside_list()?.len() as u32,
             unreadable: state.unreadable.keys().cloned().collect(),
         }))
     }
@@ -208,7 +207,7 @@ impl Cluster for ClusterAdmin {
         self.keys.check(&request, Access::Read)?;
         let cluster = self.node()?;
         let shards = cluster
-            .registry
+            .registry()
             .set_aside_list()?
             .into_iter()
             .map(|(name, reason, bytes)| pb::SetAsideShard {
@@ -227,7 +226,7 @@ impl Cluster for ClusterAdmin {
         self.keys.check(&request, Access::Write)?;
         let cluster = self.node()?;
         let name = request.into_inner().name;
-        cluster.registry.drop_set_aside(&name).await?;
+        cluster.registry().drop_set_aside(&name).await?;
         tracing::warn!(%name, "set-aside shard copy dropped");
         Ok(Response::new(pb::DropSetAsideResponse {}))
     }
@@ -242,6 +241,7 @@ impl Cluster for ClusterAdmin {
         let request = request.into_inner();
         let n_documents = self
             .tarn
+            .router
             .import_set_aside(
                 cluster,
                 &request.name,

@@ -9,8 +9,8 @@ use prometheus::{
     Registry as PromRegistry, TextEncoder,
 };
 
-use crate::cluster::ClusterNode;
-use crate::registry::Registry;
+use tarn_dataplane::ClusterNode;
+use tarn_dataplane::{Registry, RouterMetrics};
 
 #[derive(Debug)]
 pub struct Metrics {
@@ -33,6 +33,16 @@ const LATENCY_BUCKETS: &[f64] = &[
 ];
 
 impl Metrics {
+    /// The data plane's own metrics (registered here; prometheus handles share their values).
+    pub fn router_metrics(&self) -> RouterMetrics {
+        RouterMetrics {
+            append_ack: self.append_ack.clone(),
+            forwarded: self.forwarded.clone(),
+            fan_out: self.fan_out.clone(),
+            retried_on_moved_shard: self.retried_on_moved_shard.clone(),
+        }
+    }
+
     pub fn new() -> anyhow::Result<Self> {
         let registry = PromRegistry::new();
         let rpc = HistogramVec::new(
@@ -109,7 +119,7 @@ impl Metrics {
         if let Some(cluster) = cluster {
             use std::sync::atomic::Ordering::Relaxed;
             let state = cluster.state();
-            let moves = &cluster.moves;
+            let moves = cluster.move_counters();
             let _ = writeln!(
                 text,
                 "# HELP tarn_cluster_shards_owned shards this node owns\n\

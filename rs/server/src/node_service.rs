@@ -13,9 +13,9 @@ use tarn_proto::v1::node_server::Node;
 use tarn_proto::v1::tarn_server::Tarn;
 use tonic::{Request, Response, Status};
 
-use crate::cluster::ClusterNode;
 use crate::service::TarnService;
-use crate::status::ApiError;
+use tarn_dataplane::ApiError;
+use tarn_dataplane::ClusterNode;
 
 /// Marks a request handed from the `Node` service to a `Tarn` handler in this process: only
 /// such a request may name a shard address. Request extensions are never sent over the wire.
@@ -31,7 +31,7 @@ pub struct NodeService {
 /// The collection name a shard's data call runs on: its address, `<local name>@<epoch>`.
 fn address(shard: Option<pb::ShardRef>) -> Result<String, ApiError> {
     let shard = shard.ok_or_else(|| ApiError::invalid("shard", "missing"))?;
-    crate::registry::validate_name(&shard.collection)?;
+    tarn_dataplane::validate_name(&shard.collection)?;
     Ok(ShardName {
         collection: shard.collection,
         uid: shard.uid,
@@ -167,7 +167,7 @@ impl Node for NodeService {
     ) -> Result<Response<pb::PullShardResponse>, Status> {
         let cluster = self.node()?;
         cluster.check_node(&request)?;
-        let response = crate::moves::pull_shard(cluster, request.into_inner()).await?;
+        let response = tarn_dataplane::node::pull_shard(cluster, request.into_inner()).await?;
         Ok(Response::new(response))
     }
 
@@ -177,7 +177,7 @@ impl Node for NodeService {
     ) -> Result<Response<pb::AppendEntriesResponse>, Status> {
         let cluster = self.node()?;
         cluster.check_node(&request)?;
-        let response = crate::replication::append_entries(cluster, request.into_inner()).await?;
+        let response = tarn_dataplane::node::append_entries(cluster, request.into_inner()).await?;
         Ok(Response::new(response))
     }
 
@@ -187,7 +187,8 @@ impl Node for NodeService {
     ) -> Result<Response<Self::ShardStreamStream>, Status> {
         let cluster = self.node()?;
         cluster.check_node(&request)?;
-        let stream = crate::moves::shard_stream(Arc::clone(cluster), request.into_inner()).await?;
+        let stream =
+            tarn_dataplane::node::shard_stream(Arc::clone(cluster), request.into_inner()).await?;
         Ok(Response::new(stream))
     }
 }

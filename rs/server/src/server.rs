@@ -15,11 +15,11 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 use crate::auth::ApiKeys;
 use crate::config::ServeConfig;
 use crate::metrics::{self, Metrics};
-use crate::registry::Registry;
 use crate::service::TarnService;
+use tarn_dataplane::{Registry, Router};
 
 /// Holds an exclusive lock on `<data_dir>/LOCK` for the life of the server.
-pub(crate) fn lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<File> {
+pub fn lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<File> {
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating data directory {}", data_dir.display()))?;
     let path = data_dir.join("LOCK");
@@ -127,7 +127,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
                         .context("connecting to etcd")?,
                 ),
             };
-            let options = crate::cluster::JoinOptions {
+            let options = tarn_dataplane::JoinOptions {
                 node_id: cluster.node_id.clone(),
                 address: cluster.advertise.clone(),
                 lease_ttl: cluster.lease_ttl,
@@ -143,7 +143,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
                 data_dir: config.data_dir.clone(),
                 force_new_cluster: cluster.force_new_cluster,
             };
-            let node = crate::cluster::ClusterNode::join(store, options, Arc::clone(&registry))
+            let node = tarn_dataplane::ClusterNode::join(store, options, Arc::clone(&registry))
                 .await
                 .context("joining the cluster")?;
             Some(node)
@@ -185,15 +185,18 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         .register_encoded_file_descriptor_set(tarn_proto::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
+    let router = Router::new(
+        Arc::clone(&registry),
+        cluster.clone(),
+        config.max_inflight_writes,
+        metrics.router_metrics(),
+    );
     let service = Arc::new(TarnService {
-        registry: Arc::clone(&registry),
+        router,
         keys,
         metrics,
-        write_slots: Arc::new(Semaphore::new(config.max_inflight_writes)),
-        max_inflight_writes: config.max_inflight_writes,
-        snapshot_slots: Arc::new(Semaphore::new(crate::snapshots::MAX_CONCURRENT_SNAPSHOTS)),
-        restore_slots: Arc::new(Semaphore::new(crate::snapshots::MAX_CONCURRENT_SNAPSHOTS)),
-        cluster: cluster.clone(),
+        snapshot_slots: Arc::new(Semaphore::new(tarn_dataplane::MAX_CONCURRENT_SNAPSHOTS)),
+        restore_slots: Arc::new(Semaphore::new(tarn_dataplane::MAX_CONCURRENT_SNAPSHOTS)),
     });
     let cluster_admin =
         tarn_proto::v1::cluster_server::ClusterServer::new(crate::cluster_admin::ClusterAdmin {

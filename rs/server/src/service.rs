@@ -1,39 +1,29 @@
-//! The `tarn.v1.Tarn` gRPC service.
+//! The `tarn.v1.Tarn` gRPC service: API keys, request checks and the wire answers; the data
+//! work is the data plane's [`Router`] (a local collection, or the cluster's shards).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tarn_collection::SearchRequest;
+use tarn_dataplane::{convert, removal_filter, ApiError, Router, MAX_CONCURRENT_SNAPSHOTS};
 use tarn_proto::v1 as pb;
 use tarn_proto::v1::tarn_server::Tarn;
 use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Access, ApiKeys};
-use crate::cluster::ClusterNode;
-use crate::convert;
 use crate::metrics::Metrics;
-use crate::registry::Registry;
-use crate::snapshots;
-use crate::status::ApiError;
-
-/// How long a search waits for `min_seq_no` when the client set no deadline.
-const DEFAULT_MIN_SEQ_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Debug)]
 pub struct TarnService {
-    pub registry: Arc<Registry>,
+    /// The data plane: local collections, write slots and (cluster mode) the shard router.
+    pub router: Router,
     pub keys: ApiKeys,
     pub metrics: Arc<Metrics>,
-    /// Bounds writes waiting for their WAL group; past it, RESOURCE_EXHAUSTED.
-    pub write_slots: Arc<Semaphore>,
-    pub max_inflight_writes: usize,
     /// Bounds snapshots streaming at once; past it, RESOURCE_EXHAUSTED.
     pub snapshot_slots: Arc<Semaphore>,
     /// Bounds restores receiving at once; past it, RESOURCE_EXHAUSTED.
     pub restore_slots: Arc<Semaphore>,
-    /// Cluster mode: this node's membership and view of the shard map.
-    pub cluster: Option<Arc<ClusterNode>>,
 }
 
 type RpcResult<T> = Result<Response<T>, Status>;
@@ -57,64 +47,6 @@ impl TarnService {
         result.map(Response::new)
     }
 
-    /// The shared part of Insert and Remove: find the collection, check the durability, take a
-    /// write slot, run the write and record its append-to-acknowledgement time.
-    async fn logged_write<F, Fut>(
-        &self,
-        collection: &str,
-        durability: i32,
-        write: F,
-    ) -> Result<u64, ApiError>
-    where
-        F: FnOnce(tarn_collection::Collection, Option<tarn_wal::Durability>) -> Fut,
-        Fut: std::future::Future<Output = tarn_collection::Result<u64>>,
-    {
-        self.logged_op(
-            collection,
-            durability,
-            |collection, durability| async move {
-                let seq_no = write(collection, durability).await?;
-                Ok((seq_no, seq_no))
-            },
-        )
-        .await
-    }
-
-    /// [`TarnService::logged_write`] for writes that log zero or more entries and answer more
-    /// than a sequence number: `write` returns the last sequence number it logged (0: none)
-    /// and its answer. The last entry is replicated and acknowledged as one write's.
-    async fn logged_op<T, F, Fut>(
-        &self,
-        collection: &str,
-        durability: i32,
-        write: F,
-    ) -> Result<T, ApiError>
-    where
-        F: FnOnce(tarn_collection::Collection, Option<tarn_wal::Durability>) -> Fut,
-        Fut: std::future::Future<Output = Result<(u64, T), ApiError>>,
-    {
-        let (collection, gate) = self.resolve_for_write(collection).await?;
-        let durability = convert::durability(durability)?;
-        let _permit = self.write_permit()?;
-        let append_started = Instant::now();
-        let (seq_no, answer) = write(collection, durability).await?;
-        if let (Some(cluster), Some(shard_write)) = (&self.cluster, &gate) {
-            // A shard with replicas acknowledges a write once every in-sync replica has it
-            // durable (a replica that does not answer in time leaves the in-sync set first).
-            if let (Some(replication), true) = (&shard_write.replication, seq_no > 0) {
-                replication.replicate(cluster, seq_no).await?;
-            }
-            // A shard's write is acknowledged only while this node surely still owns it: a
-            // node cut off from etcd meanwhile answers UNAVAILABLE (the write is durable here
-            // but not acknowledged: like any failed write, it may or may not be applied).
-            cluster.writable()?;
-        }
-        self.metrics
-            .append_ack
-            .observe(append_started.elapsed().as_secs_f64());
-        Ok(answer)
-    }
-
     /// A shard address (`<collection>.<uid>.<shard>@<epoch>`) is for the cluster's own
     /// node-to-node calls, which come through the `Node` service (`node_service.rs`): the public
     /// API refuses it from the wire, whatever the caller's key (a client writing to a shard
@@ -136,55 +68,6 @@ impl TarnService {
             )),
         }
     }
-
-    /// The cluster router for a call naming `collection`, unless this node serves the call
-    /// itself: single-node mode, or a shard address sent by a router.
-    pub(crate) fn router(&self, collection: &str) -> Option<&Arc<ClusterNode>> {
-        self.cluster
-            .as_ref()
-            .filter(|_| tarn_cluster::ShardName::parse(collection).is_none())
-    }
-
-    /// The local collection a call names: a user collection, or (cluster mode) a shard
-    /// address, served only at the epoch it names.
-    pub(crate) async fn resolve(
-        &self,
-        name: &str,
-    ) -> Result<tarn_collection::Collection, ApiError> {
-        if let (Some(cluster), Some((shard, Some(epoch)))) =
-            (&self.cluster, tarn_cluster::ShardName::parse(name))
-        {
-            return cluster.local_copy(&self.registry, &shard, epoch).await;
-        }
-        self.registry.get(name)
-    }
-
-    /// [`TarnService::resolve`] for a write: a shard address is served only while the shard
-    /// takes writes, and the shard's write gate is held until the write is acknowledged.
-    async fn resolve_for_write(
-        &self,
-        name: &str,
-    ) -> Result<
-        (
-            tarn_collection::Collection,
-            Option<crate::cluster::ShardWrite>,
-        ),
-        ApiError,
-    > {
-        if let (Some(cluster), Some((shard, Some(epoch)))) =
-            (&self.cluster, tarn_cluster::ShardName::parse(name))
-        {
-            let write = cluster.local_shard_for_write(&shard, epoch).await?;
-            return Ok((write.collection.clone(), Some(write)));
-        }
-        Ok((self.registry.get(name)?, None))
-    }
-
-    fn write_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
-        Arc::clone(&self.write_slots)
-            .try_acquire_owned()
-            .map_err(|_| ApiError::Overloaded(self.max_inflight_writes))
-    }
 }
 
 /// The time left before the client's deadline (`grpc-timeout`), if it sent one.
@@ -205,7 +88,7 @@ fn client_deadline<T>(request: &Request<T>) -> Option<Duration> {
 
 #[tonic::async_trait]
 impl Tarn for TarnService {
-    type CreateSnapshotStream = snapshots::ChunkStream;
+    type CreateSnapshotStream = tarn_dataplane::ChunkStream;
 
     async fn create_snapshot(
         &self,
@@ -216,17 +99,17 @@ impl Tarn for TarnService {
             self.keys.check(&request, Access::Read)?;
             self.check_shard_address(&request, &request.get_ref().collection)?;
             let name = request.into_inner().collection;
-            if self.router(&name).is_some() {
+            if self.router.cluster_for(&name).is_some() {
                 return Err(ApiError::Unsupported(format!(
                     "collection '{name}' is sharded over the cluster: snapshots of sharded \
                      collections are not supported yet (docs/CLUSTER.md)"
                 )));
             }
-            let collection = self.registry.get(&name)?;
+            let collection = self.router.registry.get(&name)?;
             let permit = Arc::clone(&self.snapshot_slots)
                 .try_acquire_owned()
-                .map_err(|_| ApiError::TooManySnapshots(snapshots::MAX_CONCURRENT_SNAPSHOTS))?;
-            snapshots::stream_snapshot(name, collection, permit).await
+                .map_err(|_| ApiError::TooManySnapshots(MAX_CONCURRENT_SNAPSHOTS))?;
+            tarn_dataplane::stream_snapshot(name, collection, permit).await
         }
         .await;
         self.observe("CreateSnapshot", started, result)
@@ -241,10 +124,11 @@ impl Tarn for TarnService {
             self.keys.check(&request, Access::Write)?;
             let _permit = Arc::clone(&self.restore_slots)
                 .try_acquire_owned()
-                .map_err(|_| ApiError::TooManySnapshots(snapshots::MAX_CONCURRENT_SNAPSHOTS))?;
-            if let Some(cluster) = &self.cluster {
+                .map_err(|_| ApiError::TooManySnapshots(MAX_CONCURRENT_SNAPSHOTS))?;
+            if let Some(cluster) = &self.router.cluster {
                 let api_key = crate::auth::api_key(&request);
                 let (collection, seq_no) = self
+                    .router
                     .import_snapshot(cluster, request.into_inner(), api_key.as_deref())
                     .await?;
                 return Ok(pb::RestoreSnapshotResponse {
@@ -253,7 +137,8 @@ impl Tarn for TarnService {
                 });
             }
             let (name, collection, info) =
-                snapshots::restore_from_stream(&self.registry, request.into_inner()).await?;
+                tarn_dataplane::restore_from_stream(&self.router.registry, request.into_inner())
+                    .await?;
             Ok(pb::RestoreSnapshotResponse {
                 collection: Some(convert::collection_info(
                     &name,
@@ -279,9 +164,10 @@ impl Tarn for TarnService {
             let deadline = client_deadline(&request);
             let request = request.into_inner();
             let config = convert::collection_config(&request)?;
-            if let Some(cluster) = &self.cluster {
+            if let Some(cluster) = &self.router.cluster {
                 let map = cluster.create_collection(&request, config).await?;
                 let info = self
+                    .router
                     .routed_info(cluster, &map, api_key.as_deref(), deadline)
                     .await?;
                 return Ok(pb::CreateCollectionResponse {
@@ -301,7 +187,7 @@ impl Tarn for TarnService {
                     request.replication_factor, request.min_in_sync
                 )));
             }
-            let collection = self.registry.create(&request.name, config).await?;
+            let collection = self.router.registry.create(&request.name, config).await?;
             Ok(pb::CreateCollectionResponse {
                 collection: Some(convert::collection_info(
                     &request.name,
@@ -324,9 +210,9 @@ impl Tarn for TarnService {
             self.keys.check(&request, Access::Write)?;
             self.check_shard_address(&request, &request.get_ref().name)?;
             let name = &request.get_ref().name;
-            match &self.cluster {
+            match &self.router.cluster {
                 Some(cluster) => cluster.drop_collection(name).await?,
-                None => self.registry.drop_collection(name).await?,
+                None => self.router.registry.drop_collection(name).await?,
             }
             Ok(pb::DropCollectionResponse {})
         }
@@ -340,9 +226,9 @@ impl Tarn for TarnService {
     ) -> RpcResult<pb::ListCollectionsResponse> {
         let started = Instant::now();
         let result = self.keys.check(&request, Access::Read).map(|()| {
-            let names = match &self.cluster {
+            let names = match &self.router.cluster {
                 Some(cluster) => cluster.list(),
-                None => self.registry.names(),
+                None => self.router.registry.names(),
             };
             pb::ListCollectionsResponse { names }
         });
@@ -360,9 +246,10 @@ impl Tarn for TarnService {
             let api_key = crate::auth::api_key(&request);
             let deadline = client_deadline(&request);
             let name = &request.get_ref().name;
-            if let Some(cluster) = self.router(name) {
+            if let Some(cluster) = self.router.cluster_for(name) {
                 let map = cluster.map(name).await?;
                 let info = self
+                    .router
                     .routed_info(cluster, &map, api_key.as_deref(), deadline)
                     .await?;
                 return Ok(pb::GetCollectionResponse {
@@ -370,7 +257,7 @@ impl Tarn for TarnService {
                 });
             }
             Ok(pb::GetCollectionResponse {
-                collection: Some(self.local_info(name).await?),
+                collection: Some(self.router.local_info(name).await?),
             })
         }
         .await;
@@ -385,8 +272,9 @@ impl Tarn for TarnService {
             let deadline = client_deadline(&request);
             let api_key = crate::auth::api_key(&request);
             let request = request.into_inner();
-            if let Some(cluster) = self.router(&request.collection) {
+            if let Some(cluster) = self.router.cluster_for(&request.collection) {
                 return self
+                    .router
                     .routed_insert(cluster, request, deadline, api_key.as_deref())
                     .await;
             }
@@ -394,6 +282,7 @@ impl Tarn for TarnService {
             let user_ids = convert::ids(&request.user_ids);
             let attributes = convert::attributes(&request.attributes)?;
             let seq_no = self
+                .router
                 .local_insert(
                     &request.collection,
                     doc_ids,
@@ -421,8 +310,9 @@ impl Tarn for TarnService {
             let deadline = client_deadline(&request);
             let api_key = crate::auth::api_key(&request);
             let request = request.into_inner();
-            if let Some(cluster) = self.router(&request.collection) {
+            if let Some(cluster) = self.router.cluster_for(&request.collection) {
                 return self
+                    .router
                     .routed_remove(cluster, request, deadline, api_key.as_deref())
                     .await;
             }
@@ -431,6 +321,7 @@ impl Tarn for TarnService {
             if let Some(filter) = &request.filter {
                 let filter = removal_filter(filter, &doc_ids)?;
                 let (seq_no, n_removed) = self
+                    .router
                     .local_remove_matching(
                         &request.collection,
                         user_ids,
@@ -446,6 +337,7 @@ impl Tarn for TarnService {
                 });
             }
             let seq_no = self
+                .router
                 .local_remove(&request.collection, doc_ids, user_ids, request.durability)
                 .await?;
             Ok(pb::RemoveResponse {
@@ -466,8 +358,9 @@ impl Tarn for TarnService {
             let deadline = client_deadline(&request);
             let api_key = crate::auth::api_key(&request);
             let request = request.into_inner();
-            if let Some(cluster) = self.router(&request.collection) {
+            if let Some(cluster) = self.router.cluster_for(&request.collection) {
                 return self
+                    .router
                     .routed_search(cluster, request, deadline, api_key.as_deref())
                     .await;
             }
@@ -493,6 +386,7 @@ impl Tarn for TarnService {
                 filter: request.filter.as_ref().map(convert::filter).transpose()?,
             };
             let hits = self
+                .router
                 .local_search(&request.collection, search, deadline)
                 .await?;
             Ok(pb::SearchResponse {
@@ -515,29 +409,31 @@ impl Tarn for TarnService {
             let request = request.into_inner();
             // The collection first (NOT_FOUND), then the request's size, as a single node always
             // answered.
-            match self.router(&request.collection) {
+            match self.router.cluster_for(&request.collection) {
                 Some(cluster) => drop(cluster.map(&request.collection).await?),
-                None => drop(self.resolve(&request.collection).await?),
+                None => drop(self.router.resolve(&request.collection).await?),
             }
             if request.doc_ids.len() > 10_000 {
                 return Err(ApiError::invalid("doc_ids", "at most 10000 per call"));
             }
             let user_id = request.user_id.as_ref().map_or(0, convert::id_to_u128);
             let doc_ids = convert::ids(&request.doc_ids);
-            let docs = match self.router(&request.collection) {
+            let docs = match self.router.cluster_for(&request.collection) {
                 Some(cluster) => {
-                    self.routed_get(
-                        cluster,
-                        &request.collection,
-                        user_id,
-                        &doc_ids,
-                        deadline,
-                        api_key.as_deref(),
-                    )
-                    .await?
+                    self.router
+                        .routed_get(
+                            cluster,
+                            &request.collection,
+                            user_id,
+                            &doc_ids,
+                            deadline,
+                            api_key.as_deref(),
+                        )
+                        .await?
                 }
                 None => {
-                    self.local_get(&request.collection, user_id, &doc_ids)
+                    self.router
+                        .local_get(&request.collection, user_id, &doc_ids)
                         .await?
                 }
             };
@@ -565,12 +461,13 @@ impl Tarn for TarnService {
             let api_key = crate::auth::api_key(&request);
             let deadline = client_deadline(&request);
             let name = &request.get_ref().collection;
-            let flushed_seq_no = match self.router(name) {
+            let flushed_seq_no = match self.router.cluster_for(name) {
                 Some(cluster) => {
-                    self.routed_flush(cluster, name, api_key.as_deref(), deadline)
+                    self.router
+                        .routed_flush(cluster, name, api_key.as_deref(), deadline)
                         .await?
                 }
-                None => self.local_flush(name).await?,
+                None => self.router.local_flush(name).await?,
             };
             Ok(pb::FlushResponse { flushed_seq_no })
         }
@@ -591,55 +488,23 @@ impl Tarn for TarnService {
             let request = request.into_inner();
             let fields = convert::field_specs(&request.fields)?;
             let name = &request.collection;
-            if let Some(cluster) = self.router(name) {
+            if let Some(cluster) = self.router.cluster_for(name) {
                 let info = self
+                    .router
                     .routed_add_fields(cluster, name, fields, api_key.as_deref(), deadline)
                     .await?;
                 return Ok(pb::AddFieldsResponse {
                     collection: Some(info),
                 });
             }
-            self.local_add_fields(name, fields).await?;
+            self.router.local_add_fields(name, fields).await?;
             Ok(pb::AddFieldsResponse {
-                collection: Some(self.local_info(name).await?),
+                collection: Some(self.router.local_info(name).await?),
             })
         }
         .await;
         self.observe("AddFields", started, result)
     }
-}
-
-/// The filter of a remove by filter, which lists no documents.
-pub(crate) fn removal_filter(
-    filter: &pb::Filter,
-    doc_ids: &[u128],
-) -> Result<tarn_collection::Filter, ApiError> {
-    if !doc_ids.is_empty() {
-        return Err(ApiError::invalid(
-            "filter",
-            "a remove takes either doc_ids or a filter, not both",
-        ));
-    }
-    convert::filter(filter)
-}
-
-/// A document as Get answers it: its id, vector and attributes (None when it has none).
-pub(crate) type StoredDocument = (u128, Vec<f32>, Option<pb::Attributes>);
-
-/// How long a `min_seq_no` wait may take: until a little before the client's deadline, so
-/// that the DEADLINE_EXCEEDED status is ours and not the transport's cancellation.
-fn min_seq_wait(deadline: Option<Duration>) -> Duration {
-    deadline.map_or(DEFAULT_MIN_SEQ_WAIT, |d| {
-        d.saturating_sub((d / 5).clamp(Duration::from_millis(20), Duration::from_millis(200)))
-    })
-}
-
-/// A filter the collection's schema refuses, as INVALID_ARGUMENT naming `filter` (the
-/// engine's message already says "filter: ...").
-fn filter_error(error: &tarn_collection::AttributeError) -> ApiError {
-    let message = error.to_string();
-    let reason = message.strip_prefix("filter: ").unwrap_or(&message);
-    ApiError::invalid("filter", reason)
 }
 
 /// The read token of a single-node write: its sequence number as shard 0's position.
@@ -653,193 +518,4 @@ fn single_node_token(seq_no: u64) -> Vec<u8> {
         }],
     }
     .encode()
-}
-
-/// The operations on this node's own collections (a user collection, or a shard it owns), as
-/// the handlers and the cluster router both use them.
-impl TarnService {
-    pub(crate) async fn local_insert(
-        &self,
-        name: &str,
-        doc_ids: Vec<u128>,
-        user_ids: Vec<u128>,
-        vectors: Vec<f32>,
-        attributes: Vec<tarn_collection::Attributes>,
-        durability: i32,
-    ) -> Result<u64, ApiError> {
-        self.logged_write(name, durability, |collection, durability| async move {
-            collection
-                .insert_with_attributes(&doc_ids, &user_ids, &vectors, &attributes, durability)
-                .await
-        })
-        .await
-    }
-
-    /// Removes every document of `user_ids` (tenant 0 when none) matching `filter` when the
-    /// request is handled: once every operation logged before it is applied, the matches are
-    /// resolved to ids and logged as ordinary removes, one per tenant (a remove entry applies
-    /// each of its ids to each of its tenants), so replay and replicas repeat exactly these
-    /// removals. Returns the last sequence number logged (0 when nothing matched) and the
-    /// number of (tenant, document) pairs removed.
-    pub(crate) async fn local_remove_matching(
-        &self,
-        name: &str,
-        user_ids: Vec<u128>,
-        filter: tarn_collection::Filter,
-        durability: i32,
-        deadline: Option<Duration>,
-    ) -> Result<(u64, u64), ApiError> {
-        let wait = min_seq_wait(deadline);
-        self.logged_op(name, durability, |collection, durability| async move {
-            filter
-                .validate(&collection.schema())
-                .map_err(|error| filter_error(&error))?;
-            // Read the writes acknowledged before this request: they must be applied to be
-            // matched.
-            let logged = collection.stats().last_appended_seq;
-            collection.wait_applied(logged, wait).await?;
-            let matches = collection.matching_documents(&user_ids, &filter)?;
-            let n_removed = matches.len() as u64;
-            let mut removes = Vec::new();
-            for tenant in matches.chunk_by(|a, b| a.0 == b.0) {
-                let docs: Vec<u128> = tenant.iter().map(|&(_, doc)| doc).collect();
-                for part in docs.chunks(tarn_collection::MAX_PAIRS_PER_REQUEST) {
-                    let (collection, user, part) = (collection.clone(), tenant[0].0, part.to_vec());
-                    removes
-                        .push(async move { collection.remove(&part, &[user], durability).await });
-                }
-            }
-            // Concurrently: they share group commits.
-            let mut last_seq = 0;
-            for seq in crate::routing::join_all(removes).await {
-                last_seq = last_seq.max(seq?);
-            }
-            Ok((last_seq, (last_seq, n_removed)))
-        })
-        .await
-    }
-
-    /// Appends fields to a local collection. On a shard (a router's call), fields it already
-    /// declares with the same type are skipped, so a retried AddFields completes where an
-    /// earlier one stopped; the rest must be new.
-    pub(crate) async fn local_add_fields(
-        &self,
-        name: &str,
-        fields: Vec<tarn_collection::FieldSpec>,
-    ) -> Result<(), ApiError> {
-        let on_shard = tarn_cluster::ShardName::parse(name).is_some();
-        self.logged_op(name, 0, |collection, _| async move {
-            let mut fields = fields;
-            if on_shard {
-                let schema = collection.schema();
-                fields.retain(|spec| schema.field(&spec.name) != Some(spec));
-                if fields.is_empty() {
-                    return Ok((0, ()));
-                }
-            }
-            Ok((collection.add_fields(fields).await?, ()))
-        })
-        .await
-    }
-
-    pub(crate) async fn local_remove(
-        &self,
-        name: &str,
-        doc_ids: Vec<u128>,
-        user_ids: Vec<u128>,
-        durability: i32,
-    ) -> Result<u64, ApiError> {
-        self.logged_write(name, durability, |collection, durability| async move {
-            collection.remove(&doc_ids, &user_ids, durability).await
-        })
-        .await
-    }
-
-    /// A search of one local collection; a `min_seq` wait ends a little before `deadline`.
-    pub(crate) async fn local_search(
-        &self,
-        name: &str,
-        search: SearchRequest,
-        deadline: Option<Duration>,
-    ) -> Result<Vec<tarn_collection::SearchHit>, ApiError> {
-        let wait = min_seq_wait(deadline);
-        let collection = self.resolve(name).await?;
-        collection.validate_search(&search)?;
-        if search.min_seq > 0 {
-            collection.wait_applied(search.min_seq, wait).await?;
-        }
-        // A graph search of a few tenants takes a fraction of a millisecond: it runs on this
-        // worker, since handing it to another thread and back costs two thread wake-ups, more
-        // than the search itself (docs/benchmarks/sealed-search.md, "Through gRPC"). An exact
-        // search scans every vector of its tenants, and a search naming many tenants searches
-        // each of them (a small tenant by a scan): those run on the blocking pool, a bounded
-        // number at a time, so that the runtime's workers stay free for writes and cheap reads
-        // (the threshold is measured: docs/BENCHMARKS.md, "Heavy searches and a durable
-        // writer").
-        /// Searches naming at least this many tenants run off the runtime's workers.
-        const HEAVY_SEARCH_TENANTS: usize = 16;
-        static HEAVY_SEARCH_SLOTS: std::sync::OnceLock<Arc<Semaphore>> = std::sync::OnceLock::new();
-        if !search.exact && search.user_ids.len() < HEAVY_SEARCH_TENANTS {
-            return Ok(collection.search(&search)?);
-        }
-        // All cores but one, as for the indexer: a durable write's handler, the WAL writer and
-        // ingestion always find a core.
-        let slots = HEAVY_SEARCH_SLOTS.get_or_init(|| {
-            let cores = std::thread::available_parallelism().map_or(1, usize::from);
-            Arc::new(Semaphore::new(cores.saturating_sub(1).max(1)))
-        });
-        // Held by the blocking task, so a search whose caller went away still counts until it
-        // ends.
-        let slot = Arc::clone(slots)
-            .acquire_owned()
-            .await
-            .map_err(|e| ApiError::Internal(e.to_string()))?;
-        tokio::task::spawn_blocking(move || {
-            // Tests only: hold a heavy search inside the pool (`server::heavy_search=sleep(ms)`).
-            #[cfg(feature = "failpoints")]
-            fail::fail_point!("server::heavy_search");
-            let hits = collection.search(&search);
-            drop(slot);
-            hits
-        })
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?
-        .map_err(ApiError::from)
-    }
-
-    /// The stored documents among `doc_ids` of one tenant: (doc, vector, attributes).
-    pub(crate) async fn local_get(
-        &self,
-        name: &str,
-        user_id: u128,
-        doc_ids: &[u128],
-    ) -> Result<Vec<StoredDocument>, ApiError> {
-        Ok(self
-            .resolve(name)
-            .await?
-            .get_with_attributes(user_id, doc_ids)?
-            .into_iter()
-            .map(|(doc_id, vector, attributes)| {
-                (doc_id, vector, convert::attributes_to_wire(&attributes))
-            })
-            .collect())
-    }
-
-    pub(crate) async fn local_info(&self, name: &str) -> Result<pb::CollectionInfo, ApiError> {
-        let collection = self.resolve(name).await?;
-        Ok(convert::collection_info(
-            name,
-            collection.config(),
-            collection.schema().fields(),
-            &collection.stats(),
-        ))
-    }
-
-    pub(crate) async fn local_flush(&self, name: &str) -> Result<u64, ApiError> {
-        let collection = self.resolve(name).await?;
-        // A flush holds a write slot like a write: it waits on the WAL and a checkpoint, and
-        // under overload it is refused the same way.
-        let _permit = self.write_permit()?;
-        Ok(collection.flush().await?)
-    }
 }

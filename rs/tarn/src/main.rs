@@ -1,8 +1,14 @@
-//! The `tarn` binary: `tarn serve` runs the server; the other commands are a client. Everything
-//! is in the `tarn_server` library; this file picks the runtime and the logging.
+//! The `tarn` binary: `tarn serve` runs the server (the `tarn_server` library); the other
+//! commands are a client (`client.rs`, `bench.rs`, `backup.rs`). This file picks the runtime and
+//! the logging.
+
+mod backup;
+mod bench;
+mod cli;
+mod client;
+mod filter_expr;
 
 use clap::Parser;
-use tarn_server::cli;
 
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -50,7 +56,7 @@ fn main() -> std::process::ExitCode {
             }
             command => {
                 init_logging(false);
-                tarn_server::run_client_command(command).await
+                client::run(command).await
             }
         }
     });

@@ -1,9 +1,10 @@
-//! Command-line interface (clap). Every `serve` flag can also come from a `TARN_*` environment
-//! variable or the TOML file given by `--config`; precedence: flag, environment, file, default.
+//! Command-line interface (clap): the `tarn` command and its subcommands. `tarn serve`'s flags
+//! are `tarn_server::ServeArgs` (config.rs there), so the server does not depend on this crate.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+pub use tarn_server::ServeArgs;
 
 #[derive(Debug, Parser)]
 #[command(name = "tarn", version, about = "tarn: a durable vector database")]
@@ -315,77 +316,6 @@ pub struct BenchFreshnessArgs {
     pub seed: u64,
     #[arg(long)]
     pub json: bool,
-}
-
-#[derive(Debug, Args, Default)]
-pub struct ServeArgs {
-    /// TOML file with any of the settings below (keys as the flags, with underscores).
-    #[arg(long, env = "TARN_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// Where collections live [default: ./tarn-data].
-    #[arg(long, env = "TARN_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// gRPC address: host:port, or unix:/path for a Unix socket [default: 127.0.0.1:50051].
-    #[arg(long, env = "TARN_LISTEN")]
-    pub listen: Option<String>,
-    /// Prometheus /metrics address; "off" disables it [default: 127.0.0.1:9100].
-    #[arg(long, env = "TARN_METRICS_LISTEN")]
-    pub metrics_listen: Option<String>,
-    /// Largest gRPC message accepted or sent [default: 67108864].
-    #[arg(long, env = "TARN_MAX_MESSAGE_BYTES")]
-    pub max_message_bytes: Option<usize>,
-    /// Writes allowed to wait for the WAL at once; more get RESOURCE_EXHAUSTED [default: 10000].
-    #[arg(long, env = "TARN_MAX_INFLIGHT_WRITES")]
-    pub max_inflight_writes: Option<usize>,
-    /// Read-write API keys (comma-separated in the environment). None: auth off.
-    #[arg(long = "api-key", env = "TARN_API_KEYS", value_delimiter = ',')]
-    pub api_keys: Vec<String>,
-    /// Read-only API keys.
-    #[arg(
-        long = "read-only-key",
-        env = "TARN_READ_ONLY_KEYS",
-        value_delimiter = ','
-    )]
-    pub read_only_keys: Vec<String>,
-    /// TLS certificate chain (PEM); with --tls-key, serve TLS.
-    #[arg(long, env = "TARN_TLS_CERT")]
-    pub tls_cert: Option<PathBuf>,
-    #[arg(long, env = "TARN_TLS_KEY")]
-    pub tls_key: Option<PathBuf>,
-    /// Log as JSON lines (level from RUST_LOG).
-    #[arg(long, env = "TARN_LOG_JSON")]
-    pub log_json: Option<bool>,
-    /// Cluster mode: etcd endpoints (comma-separated), e.g. http://127.0.0.1:2379. Without it the
-    /// server runs alone (the embedded default).
-    #[arg(long, env = "TARN_ETCD", value_delimiter = ',')]
-    pub etcd: Vec<String>,
-    /// Cluster mode: this node's id, unique in the cluster.
-    #[arg(long, env = "TARN_NODE_ID")]
-    pub node_id: Option<String>,
-    /// Cluster mode: the gRPC address other nodes and clients reach this node at (host:port).
-    #[arg(long, env = "TARN_ADVERTISE")]
-    pub advertise: Option<String>,
-    /// Cluster mode: seconds without a keep-alive after which the node is dead to the cluster
-    /// [default: 5].
-    #[arg(long, env = "TARN_LEASE_SECONDS")]
-    pub lease_seconds: Option<u64>,
-    /// Cluster mode: copies of each shard, the primary included, for collections created
-    /// without a replication factor [default: 2, or the live nodes when fewer].
-    #[arg(long, env = "TARN_REPLICATION_FACTOR")]
-    pub replication_factor: Option<u32>,
-    /// Cluster mode: seconds a node may stay dead before the replica copies it held are rebuilt
-    /// on other live nodes (re-replication) [default: 600].
-    #[arg(long, env = "TARN_REPLACE_DEAD_AFTER")]
-    pub replace_dead_after: Option<u64>,
-    /// Cluster mode: join an etcd that holds no cluster id although this data directory belongs
-    /// to a cluster (that cluster's etcd is lost for good). A new cluster is formed; local
-    /// shards its map does not know are set aside (`tarn cluster set-aside`), never deleted.
-    #[arg(long)]
-    pub force_new_cluster: bool,
-    /// Cluster mode: the certificate authority (PEM) that signs the nodes' TLS certificates
-    /// (nodes advertising https:// addresses); without it, nodes trust the Mozilla roots.
-    #[arg(long, env = "TARN_CLUSTER_CA")]
-    pub cluster_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Args, Clone)]

@@ -1,10 +1,10 @@
-//! Cluster mode in the server: joining the cluster (membership under an etcd lease), keeping
-//! this node's shards in line with the shard map, and routing every `tarn.v1.Tarn` call to the
-//! shards concerned, here or on their owners.
+//! Cluster mode's node: joining the cluster (membership under an etcd lease), keeping this
+//! node's shards in line with the shard map, and finding where each shard is served (here or on
+//! its owner) for the router (`routing.rs`).
 //!
 //! A shard's data is a local collection on its owner, named `<collection>.<uid>.<shard>`
 //! ([`ShardName`]). A router addresses it by shard and epoch through the node-to-node
-//! `tarn.v1.Node` service (`node_service.rs`; the owner's own calls go straight to the local
+//! `tarn.v1.Node` service (tarn-server's `node_service.rs`; the owner's own calls go straight to the local
 //! collection: no extra hop), handled as `<local name>@<epoch>`; the owner serves it only if the
 //! shard map says it owns the shard at exactly that epoch, and answers ABORTED otherwise
 //! (fencing by epoch on every write, never by timing).
@@ -152,7 +152,7 @@ impl std::fmt::Debug for ClusterNode {
 
 /// A local shard taking a write: its collection, its write gate held (shared) until the write
 /// is acknowledged, and its replication when it has replicas.
-pub struct ShardWrite {
+pub(crate) struct ShardWrite {
     pub collection: Collection,
     /// Held until the write is acknowledged (dropped with this value).
     pub _gate: tokio::sync::OwnedRwLockReadGuard<()>,
@@ -160,7 +160,7 @@ pub struct ShardWrite {
 }
 
 /// Where one shard's call goes.
-pub enum Target {
+pub(crate) enum Target {
     /// This node owns the shard: the address name, served locally.
     Local(String),
     /// Another node does: a `Node` client to it and the shard as it is addressed there.
@@ -312,6 +312,24 @@ impl ClusterNode {
         &self.store
     }
 
+    /// `Cluster/Drain`: marks `node_id` draining (its shards move away) or not, in etcd.
+    pub async fn set_draining(&self, node_id: &str, draining: bool) -> Result<(), ApiError> {
+        self.store
+            .set_draining(node_id, draining)
+            .await
+            .map_err(|e| ApiError::ClusterStore(e.to_string()))
+    }
+
+    /// This node's local collections and shard copies.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// This node's move, seed and failover counters (for metrics).
+    pub fn move_counters(&self) -> &crate::moves::MoveCounters {
+        &self.moves
+    }
+
     /// Whether this node may acknowledge a write to a shard it owns: only while its membership
     /// lease is surely alive with a margin to spare, and its view of the map is at least as new
     /// as its registration. A node cut off from etcd cannot know whether the cluster has given
@@ -408,7 +426,7 @@ impl ClusterNode {
     /// at exactly `epoch` and the shard is not fenced. The gate is taken before the check, so
     /// a hand-over that drains the gate after seeing the fence waits for every write that
     /// passed the check.
-    pub async fn local_shard_for_write(
+    pub(crate) async fn local_shard_for_write(
         self: &Arc<Self>,
         shard: &ShardName,
         epoch: u64,
@@ -646,7 +664,7 @@ impl ClusterNode {
     /// the `spread`-th on (callers pass a rotating number, plus one per failed try, so reads
     /// spread over the copies and a retry takes the next one). Also how many copies there are
     /// to try. The owner alone when it is the only one.
-    pub async fn read_target(
+    pub(crate) async fn read_target(
         &self,
         map: &CollectionMap,
         shard: u32,
@@ -682,7 +700,7 @@ impl ClusterNode {
 
     /// Where a call for `shard` of `map` goes: here, or to its live owner (over the `Node`
     /// service, naming the shard at the epoch this node's map gives it).
-    pub async fn target(&self, map: &CollectionMap, shard: u32) -> Result<Target, ApiError> {
+    pub(crate) async fn target(&self, map: &CollectionMap, shard: u32) -> Result<Target, ApiError> {
         let owner = &map.shards[shard as usize].owner;
         self.target_on(map, shard, owner, pb::ShardRole::Owner)
             .await

@@ -154,8 +154,8 @@ fn restore_offline(
     data_dir: &Path,
     name: &str,
 ) -> anyhow::Result<(SnapshotInfo, u64)> {
-    crate::registry::validate_name(name).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let _lock = crate::server::lock_data_dir(data_dir)?;
+    tarn_dataplane::validate_name(name).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let _lock = tarn_server::lock_data_dir(data_dir)?;
     let collections = data_dir.join("collections");
     std::fs::create_dir_all(&collections)
         .with_context(|| format!("creating {}", collections.display()))?;

@@ -134,7 +134,7 @@ type StreamItem = Result<pb::ShardStreamMessage, Status>;
 /// Starts sending the shard `request.shard` (an address `<local name>@<epoch>` this node owns
 /// and serves) to `request.to_node`, on a thread of its own (snapshot and WAL reads are
 /// blocking file I/O).
-pub(crate) async fn shard_stream(
+pub async fn shard_stream(
     node: Arc<ClusterNode>,
     request: pb::ShardStreamRequest,
 ) -> Result<tokio_stream::wrappers::ReceiverStream<StreamItem>, ApiError> {
@@ -421,7 +421,7 @@ impl Drop for Incoming<'_> {
 
 /// Pulls a shard to this node (see the module documentation); answers once this node owns it
 /// at a new epoch, or with why not (the old owner then still serves it).
-pub(crate) async fn pull_shard(
+pub async fn pull_shard(
     node: &Arc<ClusterNode>,
     request: pb::PullShardRequest,
 ) -> Result<pb::PullShardResponse, ApiError> {

@@ -14,7 +14,7 @@ use tarn_proto::v1 as pb;
 
 use crate::cluster::{self, ClusterNode, Target};
 use crate::convert;
-use crate::service::TarnService;
+use crate::router::Router;
 use crate::status::ApiError;
 
 fn wire_durability(value: i32) -> Result<Option<Durability>, ApiError> {
@@ -51,7 +51,7 @@ pub(crate) async fn join_all<F: std::future::Future>(
     out.into_iter().flatten().collect()
 }
 
-impl TarnService {
+impl Router {
     /// Runs `call` for every (shard, part) at once and returns the answers in the parts' order;
     /// records the whole fan-out's time under `method`.
     async fn fan_out<P, T, F, Fut>(
@@ -175,7 +175,7 @@ impl TarnService {
         self.metrics.forwarded.with_label_values(&[method]).inc();
     }
 
-    pub(crate) async fn routed_insert(
+    pub async fn routed_insert(
         &self,
         cluster: &ClusterNode,
         request: pb::InsertRequest,
@@ -298,7 +298,7 @@ impl TarnService {
         })
     }
 
-    pub(crate) async fn routed_remove(
+    pub async fn routed_remove(
         &self,
         cluster: &ClusterNode,
         request: pb::RemoveRequest,
@@ -364,7 +364,7 @@ impl TarnService {
     }
 
     /// A remove by filter: every shard the tenants' documents may be on resolves its own
-    /// matches and logs their removal (`TarnService::local_remove_matching`); the answer counts
+    /// matches and logs their removal (`Router::local_remove_matching`); the answer counts
     /// every shard's removals.
     async fn routed_remove_matching(
         &self,
@@ -376,8 +376,7 @@ impl TarnService {
         api_key: Option<&str>,
     ) -> Result<pb::RemoveResponse, ApiError> {
         let user_ids = convert::ids(&request.user_ids);
-        let domain_filter =
-            crate::service::removal_filter(filter, &convert::ids(&request.doc_ids))?;
+        let domain_filter = crate::local::removal_filter(filter, &convert::ids(&request.doc_ids))?;
         let timeout = cluster::forward_deadline(deadline);
         let parts = cluster::search_shards(&map.def, &user_ids)
             .into_iter()
@@ -432,7 +431,7 @@ impl TarnService {
         })
     }
 
-    pub(crate) async fn routed_search(
+    pub async fn routed_search(
         &self,
         cluster: &ClusterNode,
         request: pb::SearchRequest,
@@ -560,7 +559,7 @@ impl TarnService {
         })
     }
 
-    pub(crate) async fn routed_get(
+    pub async fn routed_get(
         &self,
         cluster: &ClusterNode,
         collection: &str,
@@ -568,7 +567,7 @@ impl TarnService {
         doc_ids: &[u128],
         deadline: Option<Duration>,
         api_key: Option<&str>,
-    ) -> Result<Vec<crate::service::StoredDocument>, ApiError> {
+    ) -> Result<Vec<crate::local::StoredDocument>, ApiError> {
         let map = cluster.map(collection).await?;
         let timeout = cluster::forward_deadline(deadline);
         let parts = cluster::split(&map.def, doc_ids, &[user_id]);
@@ -627,7 +626,7 @@ impl TarnService {
 
     /// `GetCollection` of a sharded collection: every shard's counters, summed. Within the
     /// client's deadline (or [`INFO_DEADLINE`]).
-    pub(crate) async fn routed_info(
+    pub async fn routed_info(
         &self,
         cluster: &ClusterNode,
         map: &CollectionMap,
@@ -726,7 +725,7 @@ impl TarnService {
     /// some of them from an interrupted earlier call skips those), like Flush reaches every
     /// shard; answers the collection's info. Refused before any shard changes for a bad list,
     /// a field every shard already declares, or one declared with another type.
-    pub(crate) async fn routed_add_fields(
+    pub async fn routed_add_fields(
         &self,
         cluster: &ClusterNode,
         collection: &str,
@@ -808,7 +807,7 @@ impl TarnService {
 
     /// `Flush` of a sharded collection: every shard checkpoints; the answer is the sum of their
     /// checkpointed sequence numbers. Within the client's deadline (or [`FLUSH_DEADLINE`]).
-    pub(crate) async fn routed_flush(
+    pub async fn routed_flush(
         &self,
         cluster: &ClusterNode,
         collection: &str,
@@ -912,13 +911,13 @@ fn single_position(map: &CollectionMap, positions: &[(u32, u64)]) -> u64 {
 /// Documents per insert when an import copies a snapshot into a cluster collection.
 const IMPORT_BATCH: usize = 500;
 
-impl TarnService {
+impl Router {
     /// `RestoreSnapshot` in cluster mode: the way a collection that started on one node moves
     /// into a cluster. The snapshot is restored into a hidden local copy (verified as any
     /// restore), a sharded collection is created with its configuration, every live document is
     /// inserted through the router (FSYNC, batches of one tenant), and the copy is deleted. The
     /// collection exists while it fills; if the import fails it is dropped again.
-    pub(crate) async fn import_snapshot(
+    pub async fn import_snapshot(
         &self,
         cluster: &ClusterNode,
         mut stream: tonic::Streaming<pb::RestoreSnapshotRequest>,
@@ -985,7 +984,7 @@ impl TarnService {
     /// `Cluster/ImportSetAside`: every live document of the set-aside copy `name` inserted
     /// into the existing cluster collection `collection` through the router (a shard's data
     /// goes back wherever its shard is now). The copy is opened in place and stays until dropped.
-    pub(crate) async fn import_set_aside(
+    pub async fn import_set_aside(
         &self,
         cluster: &ClusterNode,
         name: &str,

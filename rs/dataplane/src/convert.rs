@@ -1,4 +1,5 @@
-//! Protobuf <-> domain conversions; protobuf types stop here.
+//! Protobuf <-> domain conversions, in one place: the gRPC handlers (tarn-server) and the router,
+//! which speaks the public API's messages on both sides of a fan-out, both use them.
 
 use tarn_collection::{
     Attributes, CollectionConfig, CollectionStats, DurabilityName, FieldSpec, FieldType, Filter,

@@ -1,4 +1,6 @@
-//! Every error the service can return, and the one place that maps each to a gRPC status.
+//! Every error the data plane and the gRPC services can return ([`ApiError`]), and the one place
+//! that maps each to a gRPC status (here, beside the type: the server and the router's answers to
+//! other nodes both need it).
 
 use tarn_collection::{CollectionError, ErrorKind};
 use tonic::Status;

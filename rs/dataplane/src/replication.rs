@@ -148,7 +148,7 @@ impl std::fmt::Debug for ShardReplication {
 
 /// One replica's figures, for metrics.
 #[derive(Debug, Clone)]
-pub(crate) struct ReplicaFigures {
+pub struct ReplicaFigures {
     pub collection: String,
     pub shard: u32,
     pub node: String,
@@ -160,7 +160,7 @@ pub(crate) struct ReplicaFigures {
 impl ClusterNode {
     /// Every replica of the shards this node replicates as primary: its lag and whether it is
     /// in sync.
-    pub(crate) fn replication_figures(&self) -> Vec<ReplicaFigures> {
+    pub fn replication_figures(&self) -> Vec<ReplicaFigures> {
         let mut figures = Vec::new();
         for entry in self.replication.iter() {
             let replication = entry.value();
@@ -1068,7 +1068,7 @@ async fn append(
 /// the request's epoch, to the sender as primary and to this node as a replica; a local copy is
 /// created empty only where the map says this data directory starts it empty. Every answer
 /// names this data directory (its token), the one a join records for the copy.
-pub(crate) async fn append_entries(
+pub async fn append_entries(
     node: &Arc<ClusterNode>,
     request: pb::AppendEntriesRequest,
 ) -> Result<pb::AppendEntriesResponse, ApiError> {

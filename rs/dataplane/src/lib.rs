@@ -1,0 +1,36 @@
+//! `tarn-dataplane`: the cluster's data plane, below the gRPC layer. [`Router`] is what the
+//! server's handlers call: this node's own collections ([`Registry`], `local.rs`) and, in cluster
+//! mode, every call split by shard and sent to the shards' owners (`routing.rs`) through this
+//! node's [`ClusterNode`] (membership, the shard map, reconciliation: `cluster.rs`), with shard
+//! moves and hand-overs (`moves.rs`) and replication to a shard's replicas (`replication.rs`).
+//!
+//! It implements no tonic service and knows no CLI: the node-to-node calls it makes and answers
+//! are the `tarn.v1.Node` messages of `tarn-proto`, and the server's `Node` service hands them
+//! to [`node`]'s functions. Every error is an [`ApiError`], mapped to a gRPC status in one place
+//! (`status.rs`).
+
+mod cluster;
+pub mod convert;
+mod local;
+mod moves;
+mod registry;
+mod replication;
+mod router;
+mod routing;
+mod snapshots;
+mod status;
+
+pub use cluster::{ClusterConfig, ClusterNode, JoinOptions, NODE_SECRET_HEADER};
+pub use local::{removal_filter, StoredDocument};
+pub use moves::MoveCounters;
+pub use registry::{validate_name, Registry};
+pub use replication::ReplicaFigures;
+pub use router::{Router, RouterMetrics};
+pub use snapshots::{restore_from_stream, stream_snapshot, ChunkStream, MAX_CONCURRENT_SNAPSHOTS};
+pub use status::{ApiError, RETRY_AFTER_MS};
+
+/// The node-to-node calls the server's `tarn.v1.Node` service hands to the data plane.
+pub mod node {
+    pub use crate::moves::{pull_shard, shard_stream};
+    pub use crate::replication::append_entries;
+}
