@@ -346,6 +346,23 @@ impl ClusterState {
         })
     }
 
+    /// The shards `node_id` leads (owns as primary), each as its name, its assignment and its
+    /// collection's map: what a primary's background duties (hand-overs, replication) walk over.
+    pub fn shards_led_by<'a>(
+        &'a self,
+        node_id: &'a str,
+    ) -> impl Iterator<Item = (ShardName, &'a ShardAssignment, &'a CollectionMap)> + 'a {
+        self.shards_owned_by(node_id)
+            .map(|(map, shard, assignment)| {
+                let name = ShardName {
+                    collection: map.def.name.clone(),
+                    uid: map.def.uid,
+                    shard,
+                };
+                (name, assignment, map)
+            })
+    }
+
     /// The map of the collection `shard` belongs to: none when the collection is gone or is
     /// another incarnation of the name (a collection dropped and created again has a new uid).
     pub fn collection_of(&self, shard: &ShardName) -> Option<&CollectionMap> {

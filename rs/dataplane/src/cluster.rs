@@ -4,10 +4,10 @@
 //!
 //! A shard's data is a local collection on its owner, named `<collection>.<uid>.<shard>`
 //! ([`ShardName`]). A router addresses it by shard and epoch through the node-to-node
-//! `tarn.v1.Node` service (tarn-server's `node_service.rs`; the owner's own calls go straight to the local
-//! collection: no extra hop), handled as `<local name>@<epoch>`; the owner serves it only if the
-//! shard map says it owns the shard at exactly that epoch, and answers ABORTED otherwise
-//! (fencing by epoch on every write, never by timing).
+//! `tarn.v1.Node` service (tarn-server's `node_service.rs`; the owner's own calls go straight to
+//! the local collection: no extra hop), handled as `<local name>@<epoch>`; the owner serves it
+//! only if the shard map says it owns the shard at exactly that epoch, and answers ABORTED
+//! otherwise (fencing by epoch on every write, never by timing).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1106,13 +1106,12 @@ impl Step {
 /// the fence, after which it waits for the old primary's promotion of the replica (at most
 /// [`HANDOVER_LIMIT`], and only while both nodes are alive; else it lifts the fence).
 async fn hand_over(node: &Arc<ClusterNode>, planned: &PlannedHandover) -> Result<(), ApiError> {
-    let (name, swap) = whole_record_swap(
-        &planned.collection,
-        planned.uid,
-        planned.shard,
-        &planned.from,
-        &planned.to,
-    );
+    let name = ShardName {
+        collection: planned.collection.clone(),
+        uid: planned.uid,
+        shard: planned.shard,
+    };
+    let swap = whole_record_swap(&name, &planned.from, &planned.to);
     let landed = node
         .store()
         .compare_and_set_shard(&swap)
@@ -1192,42 +1191,35 @@ async fn hand_over(node: &Arc<ClusterNode>, planned: &PlannedHandover) -> Result
 /// shard; a hand-over that fails lifts its fence.
 pub(crate) fn start_handovers(node: &Arc<ClusterNode>) {
     let state = node.state();
-    for map in state.collections.values() {
-        for (idx, a) in map.shards.iter().enumerate() {
-            if a.owner != node.node_id || !a.is_replica_handover() {
-                continue;
-            }
-            let shard = ShardName {
-                collection: map.def.name.clone(),
-                uid: map.def.uid,
-                shard: idx as u32,
-            };
-            let local = shard.local_name();
-            if node.handing_over.insert(local.clone(), ()).is_some() {
-                continue;
-            }
-            let (node, fence, min_in_sync) = (Arc::clone(node), a.clone(), map.def.min_in_sync);
-            tokio::spawn(async move {
-                let outcome = tokio::time::timeout(
-                    REPLICA_HANDOVER_LIMIT,
-                    hand_over_as_primary(&node, &shard, &fence, min_in_sync),
-                )
-                .await;
-                let error = match outcome {
-                    Ok(Ok(())) => None,
-                    Ok(Err(error)) => Some(error.to_string()),
-                    Err(_) => Some(format!(
-                        "not done within {} s",
-                        REPLICA_HANDOVER_LIMIT.as_secs()
-                    )),
-                };
-                if let Some(error) = error {
-                    tracing::warn!(shard = %local, %error, "hand-over failed; lifting its fence");
-                    lift_handover(&node, &shard, fence.epoch).await;
-                }
-                node.handing_over.remove(&local);
-            });
+    for (shard, a, map) in state.shards_led_by(&node.node_id) {
+        if !a.is_replica_handover() {
+            continue;
         }
+        let local = shard.local_name();
+        if node.handing_over.insert(local.clone(), ()).is_some() {
+            continue;
+        }
+        let (node, fence, min_in_sync) = (Arc::clone(node), a.clone(), map.def.min_in_sync);
+        tokio::spawn(async move {
+            let outcome = tokio::time::timeout(
+                REPLICA_HANDOVER_LIMIT,
+                hand_over_as_primary(&node, &shard, &fence, min_in_sync),
+            )
+            .await;
+            let error = match outcome {
+                Ok(Ok(())) => None,
+                Ok(Err(error)) => Some(error.to_string()),
+                Err(_) => Some(format!(
+                    "not done within {} s",
+                    REPLICA_HANDOVER_LIMIT.as_secs()
+                )),
+            };
+            if let Some(error) = error {
+                tracing::warn!(shard = %local, %error, "hand-over failed; lifting its fence");
+                lift_handover(&node, &shard, fence.epoch).await;
+            }
+            node.handing_over.remove(&local);
+        });
     }
 }
 
@@ -1284,13 +1276,7 @@ async fn hand_over_as_primary(
                 "the hand-over's replica is no longer in sync ({current:?})"
             ))
         })?;
-    let (_, swap) = whole_record_swap(
-        &shard.collection,
-        shard.uid,
-        shard.shard,
-        &current,
-        &promoted,
-    );
+    let swap = whole_record_swap(shard, &current, &promoted);
     let landed = node
         .store()
         .compare_and_set_shard(&swap)
@@ -1338,7 +1324,7 @@ async fn lift_handover(node: &ClusterNode, shard: &ShardName, epoch: u64) {
         }
     };
     let back = current.fence_lifted();
-    let (_, swap) = whole_record_swap(&shard.collection, shard.uid, shard.shard, &current, &back);
+    let swap = whole_record_swap(shard, &current, &back);
     match node.store().compare_and_set_shard(&swap).await {
         Ok(true) => {
             tracing::info!(shard = %local, primary = %back.owner, epoch = back.epoch,
@@ -1351,31 +1337,23 @@ async fn lift_handover(node: &ClusterNode, shard: &ShardName, epoch: u64) {
     }
 }
 
-/// The shard's local name and a swap of its record from `from` to `to` that lands only if the
-/// whole record is still `from` (no registration guard: callers that need one set it).
+/// A swap of `shard`'s record from `from` to `to` that lands only if the whole record is still
+/// `from` (no registration guard: callers that need one set it).
 fn whole_record_swap<'a>(
-    collection: &'a str,
-    uid: u64,
-    shard: u32,
+    shard: &'a ShardName,
     from: &'a ShardAssignment,
     to: &'a ShardAssignment,
-) -> (ShardName, tarn_cluster::ShardSwap<'a>) {
-    let name = ShardName {
-        collection: collection.to_owned(),
-        uid,
-        shard,
-    };
-    let swap = tarn_cluster::ShardSwap {
-        collection,
-        uid,
-        shard,
+) -> tarn_cluster::ShardSwap<'a> {
+    tarn_cluster::ShardSwap {
+        collection: &shard.collection,
+        uid: shard.uid,
+        shard: shard.shard,
         expected_epoch: from.epoch,
         new: to,
         unless_registered: None,
         unless_registered_from: None,
         expected: Some(from),
-    };
-    (name, swap)
+    }
 }
 
 /// Failover: for each shard whose primary is dead to the cluster (or back on another disk)
@@ -1388,13 +1366,12 @@ fn whole_record_swap<'a>(
 /// land is decided again from the next view.
 async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::ClusterState) {
     for planned in tarn_cluster::plan_promotions(state) {
-        let (name, mut swap) = whole_record_swap(
-            &planned.collection,
-            planned.uid,
-            planned.shard,
-            &planned.from,
-            &planned.to,
-        );
+        let name = ShardName {
+            collection: planned.collection.clone(),
+            uid: planned.uid,
+            shard: planned.shard,
+        };
+        let mut swap = whole_record_swap(&name, &planned.from, &planned.to);
         swap.unless_registered = Some(&planned.dead_primary);
         swap.unless_registered_from = planned.dead_primary_incarnation.as_deref();
         match node.store().compare_and_set_shard(&swap).await {
@@ -1422,13 +1399,12 @@ async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::ClusterState
 /// seeds it.
 async fn drop_replaced_copies(node: &ClusterNode, state: &tarn_cluster::ClusterState) {
     for planned in tarn_cluster::plan_replaced_copies(state) {
-        let (name, swap) = whole_record_swap(
-            &planned.collection,
-            planned.uid,
-            planned.shard,
-            &planned.from,
-            &planned.to,
-        );
+        let name = ShardName {
+            collection: planned.collection.clone(),
+            uid: planned.uid,
+            shard: planned.shard,
+        };
+        let swap = whole_record_swap(&name, &planned.from, &planned.to);
         match node.store().compare_and_set_shard(&swap).await {
             Ok(true) => {
                 tracing::warn!(shard = %name.local_name(), replica = %planned.replica,

@@ -218,39 +218,29 @@ impl ClusterNode {
     /// returning or promoted-over copy is probed, cut back if it must be, and caught up without
     /// waiting for the next write (a new primary records its epoch here too).
     pub(crate) async fn start_replications(self: &Arc<Self>, state: &tarn_cluster::ClusterState) {
-        for map in state.collections.values() {
-            for (idx, assignment) in map.shards.iter().enumerate() {
-                if assignment.owner != self.node_id
-                    || assignment.replicas.is_empty()
-                    || !assignment.takes_writes()
-                {
-                    continue;
-                }
-                let shard = ShardName {
-                    collection: map.def.name.clone(),
-                    uid: map.def.uid,
-                    shard: idx as u32,
-                };
-                let local = shard.local_name();
-                let existing = self
-                    .replication
-                    .get(&local)
-                    .map(|r| Arc::clone(r.value()))
-                    .filter(|r| r.epoch == assignment.epoch);
-                if let Some(replication) = existing {
-                    // Replicas added or dropped since (re-replication): followers to match.
-                    replication.refresh(self, assignment);
-                    continue;
-                }
-                let Ok(collection) = self.registry.get_shard(&local) else {
-                    continue;
-                };
-                if let Err(error) = self
-                    .replication_of(&shard, assignment, map.def.min_in_sync, &collection)
-                    .await
-                {
-                    tracing::warn!(shard = %local, %error, "cannot start replicating a shard");
-                }
+        for (shard, assignment, map) in state.shards_led_by(&self.node_id) {
+            if assignment.replicas.is_empty() || !assignment.takes_writes() {
+                continue;
+            }
+            let local = shard.local_name();
+            let existing = self
+                .replication
+                .get(&local)
+                .map(|r| Arc::clone(r.value()))
+                .filter(|r| r.epoch == assignment.epoch);
+            if let Some(replication) = existing {
+                // Replicas added or dropped since (re-replication): followers to match.
+                replication.refresh(self, assignment);
+                continue;
+            }
+            let Ok(collection) = self.registry.get_shard(&local) else {
+                continue;
+            };
+            if let Err(error) = self
+                .replication_of(&shard, assignment, map.def.min_in_sync, &collection)
+                .await
+            {
+                tracing::warn!(shard = %local, %error, "cannot start replicating a shard");
             }
         }
     }
