@@ -30,7 +30,7 @@ ENTRYPOINT ["/usr/local/bin/tarn"]
 CMD ["serve"]
 
 # The binary from the host: `RUSTFLAGS='-C target-feature=+crt-static' cargo build --release
-# --target x86_64-unknown-linux-gnu -p tarn-server` (what scripts/docker-image.sh runs).
+# --target x86_64-unknown-linux-gnu -p tarn` (what scripts/docker-image.sh runs).
 FROM base AS prebuilt
 COPY target/x86_64-unknown-linux-gnu/release/tarn /usr/local/bin/tarn
 
@@ -39,7 +39,7 @@ FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
 RUN RUSTFLAGS='-C target-feature=+crt-static' \
-    cargo build --release --locked --target x86_64-unknown-linux-gnu -p tarn-server
+    cargo build --release --locked --target x86_64-unknown-linux-gnu -p tarn
 
 FROM base AS runtime
 COPY --from=build /src/target/x86_64-unknown-linux-gnu/release/tarn /usr/local/bin/tarn

@@ -36,7 +36,7 @@ cd "$(dirname "$0")/.."
 rounds="${ROUNDS:-3}"
 parts="${PARTS:-all}" # PARTS=replicas: only part 4
 data="${TARN_MINILM_DIR:-../shared/data/minilm-debian}"
-cargo build --release --locked -p tarn-server
+cargo build --release --locked -p tarn
 tarn="$PWD/target/release/tarn"
 source scripts/lib-etcd.sh
 ensure_etcd

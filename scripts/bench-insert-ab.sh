@@ -9,7 +9,8 @@
 #   its indexer is done before the next run), CLIENT (b: binary B's `tarn bench` drives both
 #   servers, so only the server differs; own: each side's own, to compare client changes too)
 # Build A from an older commit with, e.g.:
-#   git worktree add /tmp/old <commit> && (cd /tmp/old && cargo build --release -p tarn-server)
+#   git worktree add /tmp/old <commit> && (cd /tmp/old && cargo build --release -p tarn)
+#   (commits before the crate split name the package tarn-server: -p tarn-server)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 a_bin="${1:?usage: $0 A_BINARY B_BINARY}"

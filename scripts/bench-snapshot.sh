@@ -18,7 +18,7 @@ if [[ ! -f "$data/base.fvecs" ]]; then
 fi
 data="$(cd "$data" && pwd)"
 rounds="${ROUNDS:-3}"
-cargo build --release --locked -p tarn-server
+cargo build --release --locked -p tarn
 source scripts/lib-server.sh
 work="$(mktemp -d)"
 trap 'stop_tarn; rm -rf "$work"' EXIT

@@ -29,7 +29,7 @@ clients="1,8,64,256"
 
 source scripts/lib-venv.sh
 bench_venv
-cargo build --release -p tarn-server
+cargo build --release -p tarn
 cargo bench -p tarn-benches --bench reopen --no-run
 
 # The guest's idle polling decides what a wake-up of an idle vCPU costs, and with it the
@@ -127,7 +127,7 @@ if [[ -f "$data/base.fvecs" ]]; then
     $tarn insert --collection minilm --fvecs "$data/base.fvecs" --batch 500 --concurrency 8
     $tarn flush --collection minilm >/dev/null
     # One invocation per client count: with one client `tarn bench` runs on one thread (see
-    # rs/server/src/main.rs), as pgbench does.
+    # rs/tarn/src/main.rs), as pgbench does.
     for c in 1 16; do
         bench search --collection minilm --fvecs "$data/query.fvecs" --ivecs "$data/groundtruth.ivecs" \
             --clients "$c" --ef 16,24,32,64,128,256 --exact --passes 4

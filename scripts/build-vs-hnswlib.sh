@@ -24,7 +24,7 @@ source scripts/lib-venv.sh
 bench_venv
 mkdir -p target
 cargo bench -p tarn-benches --bench index_build --no-run
-cargo build --release -p tarn-server
+cargo build --release -p tarn
 "$BENCH_VENV/bin/pip" install --quiet ./clients/python
 rm -rf clients/python/build clients/python/*.egg-info
 export TARN_MINILM_DIR="$data"

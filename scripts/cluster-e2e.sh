@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Cluster mode end to end against real processes: a real etcd (Debian's etcd-server, installed
 # when missing) and real `tarn` nodes, driven by the `processes_*` tests of
-# rs/server/tests/cluster.rs:
+# rs/tarn/tests/cluster.rs:
 #   - three nodes: DOC-sharded exact search through every node equals brute force, graph recall,
 #     50 USER tenants isolated, drop and re-create;
 #   - kill -9 of a node under writes (UNAVAILABLE naming the shard and the node, partial
@@ -40,8 +40,8 @@ if ! ensure_etcd; then
     echo "cluster-e2e: SKIPPED: etcd-server could not be installed here"
     exit 0
 fi
-cargo test --locked -p tarn-server --all-features --test cluster "${1:-processes_}" -- --test-threads 1
+cargo test --locked -p tarn --all-features --test cluster "${1:-processes_}" -- --test-threads 1
 if [[ -z ${1:-} ]]; then
-    TARN_NEMESIS_REPLICAS=2 cargo test --locked -p tarn-server --all-features --test cluster \
+    TARN_NEMESIS_REPLICAS=2 cargo test --locked -p tarn --all-features --test cluster \
         processes_nemesis -- --test-threads 1
 fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Soak mode of the crash-under-load test (rs/server/tests/crash.rs): N iterations (default 500)
+# Soak mode of the crash-under-load test (rs/tarn/tests/crash.rs): N iterations (default 500)
 # of load, SIGKILL at a random moment, restart and check, against the real server built with
 # optimisations, in chunks of 50 seeds; prints a summary table. CI runs the same test with 20
 # iterations (scripts/check.sh). Usage: scripts/crash-soak.sh [ITERATIONS] [FIRST_SEED]
@@ -16,7 +16,7 @@ total_ops=0; total_keys=0; done_iter=0
 while (( done_iter < iterations )); do
     n=$(( iterations - done_iter < chunk ? iterations - done_iter : chunk ))
     TARN_CRASH_ITERATIONS="$n" TARN_CRASH_SEED="$seed" \
-        cargo test --release --quiet -p tarn-server --test crash -- --nocapture >"$out" 2>&1 || {
+        cargo test --release --quiet -p tarn --test crash -- --nocapture >"$out" 2>&1 || {
         cat "$out" >&2
         echo "crash-soak: FAILED in seeds $seed..$((seed + n - 1))" >&2
         exit 1

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tag="${1:-tarn:dev}"
 RUSTFLAGS='-C target-feature=+crt-static' \
-    cargo build --release --locked --target x86_64-unknown-linux-gnu -p tarn-server
+    cargo build --release --locked --target x86_64-unknown-linux-gnu -p tarn
 binary=target/x86_64-unknown-linux-gnu/release/tarn
 # Static: no program interpreter and no shared libraries needed (readelf is in binutils).
 if readelf -lW "$binary" | grep -q INTERP || readelf -dW "$binary" | grep -q NEEDED; then

@@ -23,7 +23,7 @@ bench_venv
 rm -rf clients/python/build clients/python/*.egg-info
 mkdir -p target docs/img
 cargo bench -p tarn-benches --bench filtered_search --no-run
-cargo build --release -p tarn-server
+cargo build --release -p tarn
 export TARN_MINILM_DIR="$data"
 
 source scripts/lib-server.sh

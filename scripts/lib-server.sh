@@ -2,7 +2,7 @@
 # starts $TARN_BIN (default target/release/tarn) on ephemeral ports (gRPC on the Unix socket $TARN_SOCKET if set),
 # waits until it announces its addresses, and sets TARN_PID, TARN_ADDR (http://host:port or
 # unix:/path, exported for the CLI) and TARN_METRICS. stop_tarn sends
-# SIGTERM and waits. The caller builds the binary first (cargo build --release -p tarn-server).
+# SIGTERM and waits. The caller builds the binary first (cargo build --release -p tarn).
 
 start_tarn() {
     local dir="$1"

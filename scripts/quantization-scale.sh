@@ -27,7 +27,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n="${TARN_SCALE_N:-2000000}"
-flock /tmp/tarn-build.lock cargo build --release -p tarn-server
+flock /tmp/tarn-build.lock cargo build --release -p tarn
 source scripts/lib-venv.sh
 bench_venv
 "$BENCH_VENV/bin/pip" install --quiet ./clients/python

@@ -21,7 +21,7 @@ export TARN_MINILM_DIR="$data"
 
 # The same curve through gRPC: a real server on loopback, one client (`tarn search`, one query
 # per request), after all vectors are inserted and sealed by `tarn flush`.
-cargo build --release -p tarn-server
+cargo build --release -p tarn
 source scripts/lib-server.sh
 work="$(mktemp -d)"
 trap 'stop_tarn; rm -rf "$work"' EXIT

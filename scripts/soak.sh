@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-600}"
-cargo build --release -p tarn-server
+cargo build --release -p tarn
 venv="${TARN_CLIENT_VENV:-target/venv-client}"
 [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet "./clients/python"

@@ -10,7 +10,7 @@ if ! command -v python3 >/dev/null; then
     exit 0
 fi
 export TARN_BIN="${TARN_BIN:-$PWD/target/debug/tarn}"
-[[ -x "$TARN_BIN" ]] || cargo build -p tarn-server
+[[ -x "$TARN_BIN" ]] || cargo build -p tarn
 venv="${TARN_CLIENT_VENV:-target/venv-client}"
 [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet "./clients/python[test]"
