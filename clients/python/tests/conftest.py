@@ -22,7 +22,7 @@ def tarn_server(listen):
     directory; yields the address it announces; stops it with SIGTERM and checks the exit."""
     binary = os.environ.get("TARN_BIN", os.path.join(REPO, "target", "debug", "tarn"))
     if not os.path.exists(binary):
-        pytest.fail(f"no tarn binary at {binary}: run `cargo build -p tarn-server` or set TARN_BIN")
+        pytest.fail(f"no tarn binary at {binary}: run `cargo build -p tarn` or set TARN_BIN")
     with tempfile.TemporaryDirectory() as data:
         proc = subprocess.Popen(
             [binary, "serve", "--data-dir", data, "--listen", listen,

@@ -911,6 +911,25 @@ mod token_tests {
     }
 
     #[test]
+    fn shards_led_by_names_each_shard_a_node_owns_and_no_other() {
+        let state = state_with(&["n1", "n2"], &["n1", "n2", "n1"]);
+        let led: Vec<(ShardName, String, u64)> = state
+            .shards_led_by("n1")
+            .map(|(name, assignment, map)| (name, assignment.owner.clone(), map.def.uid))
+            .collect();
+        let name = |shard| ShardName {
+            collection: "c".into(),
+            uid: 1,
+            shard,
+        };
+        assert_eq!(
+            led,
+            vec![(name(0), "n1".into(), 1), (name(2), "n1".into(), 1)]
+        );
+        assert_eq!(state.shards_led_by("n3").count(), 0);
+    }
+
+    #[test]
     fn a_shard_name_finds_its_assignment_only_in_its_incarnation() {
         let state = state_with(&["n1", "n2"], &["n1", "n2"]);
         let name = |uid, shard| ShardName {

@@ -27,7 +27,7 @@ pub use registry::{validate_name, Registry};
 pub use replication::ReplicaFigures;
 pub use router::{Router, RouterMetrics};
 pub use snapshots::{restore_from_stream, stream_snapshot, ChunkStream, MAX_CONCURRENT_SNAPSHOTS};
-pub use status::{ApiError, RETRY_AFTER_MS};
+pub use status::ApiError;
 
 /// The node-to-node calls the server's `tarn.v1.Node` service hands to the data plane.
 pub mod node {
