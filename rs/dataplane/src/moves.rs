@@ -955,9 +955,11 @@ pub(crate) async fn lift_fence(node: &ClusterNode, shard: &ShardName, fence: &Sh
 // The placement coordinator.
 
 /// Runs for the life of the node: campaigns in etcd's election, and while elected, lifts the
-/// fences of takers that died and carries out [`plan_move`]'s moves one at a time (asking each
-/// taker to pull its shard). Several coordinators at once (an election lost without knowing)
-/// stay safe: every change is a compare-and-swap on the shard's epoch.
+/// fences of takers that died, promotes in-sync replicas of dead primaries, re-replicates, and
+/// carries out [`plan_move`]'s moves and [`tarn_cluster::plan_handover`]'s hand-overs one at a
+/// time, each as a task of its own ([`run_step`]) so that failovers never wait behind a move.
+/// Several coordinators at once (an election lost without knowing) stay safe: every change is
+/// a compare-and-swap on the shard's epoch or whole record.
 pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
     loop {
         let Some((store, node_id)) = node
@@ -978,6 +980,8 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
         // Since when each node holding copies has been dead, as this coordinator saw it (a new
         // coordinator starts the clocks again: it may only wait longer).
         let mut dead_since: std::collections::HashMap<String, Instant> = Default::default();
+        // The move or hand-over under way ([`run_step`]).
+        let mut step_task: Option<tokio::task::JoinHandle<()>> = None;
         while leader.is_leader() {
             let Some(node) = node.upgrade() else {
                 return;
@@ -1010,6 +1014,18 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
             promote_replicas(&node, &state).await;
             drop_replaced_copies(&node, &state).await;
             rereplicate(&node, &state, &mut dead_since).await;
+            // One move or hand-over at a time, as a task of its own: the rounds above go on
+            // while it runs (a move copies for up to an hour; a failover must not wait for it).
+            if let Some(running) = step_task.as_mut().filter(|task| !task.is_finished()) {
+                drop(node);
+                tokio::select! {
+                    _ = watch.changed() => {}
+                    _ = running => {}
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                }
+                continue;
+            }
+            step_task = None;
             // A replicated collection's primaries move by hand-over, the others by copying.
             let step = match tarn_cluster::plan_handover(&state) {
                 Some(handover) => Some(Step::HandOver(Box::new(handover))),
@@ -1020,42 +1036,64 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
                 let _ = tokio::time::timeout(Duration::from_secs(2), watch.changed()).await;
                 continue;
             };
-            let (collection, shard, from, to) = step.describe();
-            let failed_before = state.move_failures.get(&(collection.to_owned(), shard));
+            let (collection, shard, _, _) = step.describe();
+            let failed_before = state
+                .move_failures
+                .get(&(collection.to_owned(), shard))
+                .cloned();
             // Backing off a shard whose moves failed: wait for the time, or a change.
-            if failed_before.is_some_and(|f| !f.may_retry_at(unix_ms())) {
+            if failed_before
+                .as_ref()
+                .is_some_and(|f| !f.may_retry_at(unix_ms()))
+            {
                 drop(node);
                 let _ = tokio::time::timeout(Duration::from_secs(1), watch.changed()).await;
                 continue;
             }
-            let outcome = match &step {
-                Step::Move(planned) => request_move(&node, planned).await,
-                Step::HandOver(planned) => hand_over(&node, planned).await,
-            };
-            let failure = match &outcome {
-                Ok(()) => None,
-                Err(error) => {
-                    tracing::warn!(%collection, shard, %from, %to, %error, "planned move failed");
-                    Some(tarn_cluster::MoveFailure {
-                        to: to.to_owned(),
-                        error: error.to_string(),
-                        failures: failed_before.map_or(0, |f| f.failures) + 1,
-                        at_unix_ms: unix_ms(),
-                    })
-                }
-            };
-            if failure.is_some() || failed_before.is_some() {
-                if let Err(error) = node
-                    .store()
-                    .record_move_failure(collection, shard, failure.as_ref())
-                    .await
-                {
-                    tracing::warn!(%error, "could not record a move's outcome");
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                }
-            }
+            step_task = Some(tokio::spawn(run_step(node, step, failed_before)));
         }
+        // A step still running finishes on its own (every change it makes is a guarded swap,
+        // like a second coordinator's would be).
         tracing::warn!(%node_id, "no longer the placement coordinator");
+    }
+}
+
+/// Carries out one planned step and records its outcome in etcd: a failure (counted on top of
+/// the shard's earlier ones, `failed_before`, so that the coordinator backs off), or, after
+/// earlier failures, that the shard moved.
+async fn run_step(
+    node: Arc<ClusterNode>,
+    step: Step,
+    failed_before: Option<tarn_cluster::MoveFailure>,
+) {
+    let (collection, shard, from, to) = step.describe();
+    let outcome = match &step {
+        Step::Move(planned) => request_move(&node, planned).await,
+        Step::HandOver(planned) => hand_over(&node, planned).await,
+    };
+    let failure = match &outcome {
+        Ok(()) => None,
+        Err(error) => {
+            tracing::warn!(%collection, shard, %from, %to, %error, "planned move failed");
+            Some(tarn_cluster::MoveFailure {
+                to: to.to_owned(),
+                error: error.to_string(),
+                failures: failed_before.as_ref().map_or(0, |f| f.failures) + 1,
+                at_unix_ms: unix_ms(),
+            })
+        }
+    };
+    if failure.is_some() || failed_before.is_some() {
+        if let Err(error) = node
+            .store()
+            .record_move_failure(collection, shard, failure.as_ref())
+            .await
+        {
+            // The step stays under way a little longer: the next is not planned at once from
+            // a record without this outcome.
+            tracing::warn!(%error, "could not record a move's outcome");
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
     }
 }
 
@@ -1365,7 +1403,11 @@ fn whole_record_swap<'a>(
 /// etcd nothing is promoted. Logged and counted (`tarn_failovers_total`); a swap that does not
 /// land is decided again from the next view.
 async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::ClusterState) {
-    for planned in tarn_cluster::plan_promotions(state) {
+    // Each promotion is its own guarded swap of one shard's record: they go to etcd
+    // `PROMOTIONS_IN_FLIGHT` at a time, not one after another (a dead node's hundreds of
+    // primaries are promoted in a few round trips' time, not hundreds).
+    let promotions = tarn_cluster::plan_promotions(state);
+    let promote = |planned: tarn_cluster::PlannedPromotion| async move {
         let name = ShardName {
             collection: planned.collection.clone(),
             uid: planned.uid,
@@ -1388,8 +1430,16 @@ async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::ClusterState
                 tracing::warn!(shard = %name.local_name(), %error, "failover: etcd unavailable; retrying");
             }
         }
-    }
+    };
+    use futures_util::stream::StreamExt;
+    futures_util::stream::iter(promotions)
+        .for_each_concurrent(PROMOTIONS_IN_FLIGHT, promote)
+        .await;
 }
+
+/// How many failovers' swaps the coordinator has in flight at once (etcd serializes them; the
+/// bound keeps a storm from queueing thousands of requests on one connection).
+const PROMOTIONS_IN_FLIGHT: usize = 32;
 
 /// Takes out of the in-sync set every in-sync replica whose node is registered from another
 /// data directory than the one recorded for its copy ([`tarn_cluster::plan_replaced_copies`]:

@@ -5788,3 +5788,132 @@ fn processes_a_failed_hand_over_lifts_its_fence_and_is_tried_again() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A long move does not hold up a failover: the placement coordinator runs each move or
+/// hand-over as a task of its own and goes on promoting replicas (and rebuilding copies)
+/// meanwhile. n3 joins a cluster of two and pulls shards of a one-copy collection, each pull held
+/// 20 s before its fence (`moves::before_fence`); while one is held, the node of n1 and n2 that
+/// is not the coordinator is killed (kill -9) under writers: every shard of the 2-copy
+/// collection it led is served by a promoted replica within the lease plus 6 s, while the pull
+/// is still held (the coordinator that awaited its moves promoted only after them). Every
+/// acknowledged write is there afterwards; failed writes only UNAVAILABLE / DEADLINE_EXCEEDED /
+/// ABORTED.
+#[test]
+fn processes_a_failover_is_not_held_up_by_a_long_move() {
+    const LEASE: u64 = 2;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let env: &[(&str, &str)] = &[
+        ("RUST_LOG", "info"),
+        ("FAILPOINTS", "moves::before_fence=return(20000)"),
+    ];
+    let mut nodes = nodes_with(dir.path(), 2, &etcd.endpoint(), LEASE, &[], env);
+    let rt = runtime();
+    const DIM: usize = 8;
+    rt.block_on(async {
+        let client = Client::connect(nodes[0].addr()).await.unwrap();
+        client
+            .create_collection(
+                CollectionSpec::new("moving", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(4, ShardKey::Doc)
+                    .replicas(2, 1),
+            )
+            .await
+            .unwrap();
+        client
+            .create_collection(
+                CollectionSpec::new("single", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(4, ShardKey::Doc),
+            )
+            .await
+            .unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+        let docs: Vec<u128> = (0..200).collect();
+        client
+            .insert(Insert::new("single", docs, vectors(&mut rng, 200, DIM)).users(vec![1]))
+            .await
+            .unwrap();
+        wait_in_sync(&nodes[0].addr(), 2).await;
+    });
+    let logs = |node: &Node| without_colours(&node.server.as_ref().unwrap().logs());
+    let coordinator = (0..2)
+        .find(|&i| logs(&nodes[i]).contains("this node is the placement coordinator"))
+        .expect("no coordinator among n1 and n2");
+    let victim = 1 - coordinator;
+    let mut n3 = Node::new(dir.path(), "n3", LEASE);
+    n3.start_with_env(&etcd.endpoint(), env);
+    nodes.push(n3);
+    let started = std::time::Instant::now();
+    while !logs(&nodes[2]).contains("pausing at a fail point") {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "n3 never pulled a shard"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let victim_id = nodes[victim].id.clone();
+    let survivors: Vec<String> = [coordinator, 2].iter().map(|&i| nodes[i].addr()).collect();
+    let (clients, led) = rt.block_on(async {
+        let mut clients = Vec::new();
+        for addr in &survivors {
+            clients.push(Client::connect(addr.clone()).await.unwrap());
+        }
+        let status = clients[0].cluster_status().await.unwrap();
+        (clients, owners(&status, "moving"))
+    });
+    assert!(
+        led.get(&victim_id).is_some_and(|n| *n > 0),
+        "{victim_id} leads no shard of 'moving': {led:?}"
+    );
+    let (acked, stop, writers) = start_writers_on(&rt, &clients, DIM);
+    std::thread::sleep(Duration::from_millis(300));
+    nodes[victim].kill();
+    let killed = std::time::Instant::now();
+    rt.block_on(async {
+        loop {
+            let status = clients[0].cluster_status().await.unwrap();
+            let failed_over = status
+                .shards
+                .iter()
+                .filter(|s| s.collection == "moving")
+                .all(|s| s.node_id != victim_id && s.state == "serving");
+            if failed_over {
+                break;
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(LEASE + 6),
+                "no failover within {} s of the kill, behind the held move: {:?}",
+                LEASE + 6,
+                status.shards
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    eprintln!("failed over {:?} after the kill", killed.elapsed());
+    assert!(
+        !logs(&nodes[2]).contains("shard moved here"),
+        "the pull was no longer held when the failover landed: the test proves nothing"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    rt.block_on(async {
+        let mut failures = Vec::new();
+        for writer in writers {
+            let (acknowledged, failed) = writer.await.unwrap();
+            eprintln!(
+                "writer: {acknowledged} acknowledged, {} failed",
+                failed.len()
+            );
+            failures.extend(failed);
+        }
+        assert_retryable(&failures);
+        for client in &clients {
+            check_acked(client, &acked).await;
+        }
+    });
+}
