@@ -438,11 +438,21 @@ impl Collection {
                 })
             })
             .map_err(|e| CollectionError::io("spawn checkpoint thread", dir, e))?;
+        #[allow(unused_mut)]
+        let mut checkpoint_wal_bytes = shared.config.checkpoint_wal_bytes;
+        // Tests only: a checkpoint every few KiB of log applied, on every copy of a shard
+        // (replicas take no flushes) (`collection::checkpoint_wal_bytes=return(<bytes>)`).
+        #[cfg(feature = "failpoints")]
+        if let Some(Some(bytes)) = fail::eval("collection::checkpoint_wal_bytes", |arg| {
+            arg.and_then(|bytes| bytes.parse::<u64>().ok())
+        }) {
+            checkpoint_wal_bytes = bytes;
+        }
         let worker = IngestWorker {
             shared: Arc::clone(&shared),
             applied_seq: last_seq,
             triggers: crate::triggers::CheckpointTriggers::new(
-                shared.config.checkpoint_wal_bytes,
+                checkpoint_wal_bytes,
                 shared.config.checkpoint_mutable_bytes,
                 shared.config.seal_unindexed,
                 shared.config.checkpoint_interval(),

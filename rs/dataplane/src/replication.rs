@@ -110,6 +110,10 @@ pub(crate) struct ShardReplication {
     /// This copy's epoch history, this epoch's start included (recorded before the first
     /// entry of the epoch was appended): shipped with every entry batch.
     history: Vec<pb::EpochStart>,
+    /// This epoch's first sequence number. A new follower holds the log from it while its
+    /// replica is away: a deposed primary that comes back needs everything from there (it
+    /// holds the rest), and this primary never learnt its position.
+    epoch_first_seq: u64,
     /// The shard's record as this primary last knew it: its own swaps land here at once (the
     /// view follows later); changes by others are taken from the view.
     record: StdMutex<ShardAssignment>,
@@ -260,11 +264,20 @@ impl ClusterNode {
             .get(&local)
             .map(|r| Arc::clone(r.value()))
             .filter(|r| r.epoch == assignment.epoch);
+        let mut start_hold = None;
         let replication = match existing {
             Some(r) => r,
             None if assignment.replicas.is_empty() && min_in_sync <= 1 => return Ok(None),
             None => {
                 let history = begin_epoch(collection, assignment.epoch).await?;
+                let epoch_first_seq = history
+                    .iter()
+                    .rev()
+                    .find(|start| start.epoch == assignment.epoch)
+                    .map_or(collection.last_seq_no() + 1, |start| start.first_seq);
+                // Held until the first followers have taken their own holds (below), so that
+                // no checkpoint truncates the epoch's log meanwhile.
+                start_hold = collection.wal_tail_from(epoch_first_seq);
                 let (wanted, _) = watch::channel(collection.last_seq_no());
                 let r = Arc::new(ShardReplication {
                     shard: shard.clone(),
@@ -272,6 +285,7 @@ impl ClusterNode {
                     min_in_sync,
                     collection: collection.clone(),
                     history,
+                    epoch_first_seq,
                     record: StdMutex::new(assignment.clone()),
                     wanted,
                     acked: DashMap::new(),
@@ -294,6 +308,7 @@ impl ClusterNode {
             }
         };
         replication.refresh(self, assignment);
+        drop(start_hold);
         Ok(Some(replication))
     }
 
@@ -369,7 +384,13 @@ impl ShardReplication {
                 replica: replica.clone(),
                 collection: self.collection.clone(),
             };
-            let task = tokio::spawn(follow(follower, self.wanted.subscribe(), acked_tx));
+            // Until its first probe answers, the follower holds the log from the epoch's start
+            // (while the log still has it): its replica may be the deposed primary.
+            let held = self
+                .collection
+                .wal_tail_from(self.epoch_first_seq)
+                .map(|tail| (tail, self.collection.wal_stats().n_bytes));
+            let task = tokio::spawn(follow(follower, self.wanted.subscribe(), acked_tx, held));
             followers.push((replica, task));
         }
     }
@@ -682,7 +703,12 @@ struct Follower {
 
 /// A follower: ships the shard's log to `replica` for as long as this node is the shard's
 /// primary at `epoch` (the task is aborted when its `ShardReplication` goes).
-async fn follow(follower: Follower, mut wanted: watch::Receiver<u64>, acked: watch::Sender<Acked>) {
+async fn follow(
+    follower: Follower,
+    mut wanted: watch::Receiver<u64>,
+    acked: watch::Sender<Acked>,
+    mut held: Option<(WalTail, u64)>,
+) {
     let Follower {
         node,
         shard,
@@ -692,9 +718,8 @@ async fn follow(follower: Follower, mut wanted: watch::Receiver<u64>, acked: wat
         collection,
     } = follower;
     let mut backoff = Duration::from_millis(50);
-    // A hold on the log from the replica's position while it is away, and the log's byte count
-    // when it was taken.
-    let mut held: Option<(WalTail, u64)> = None;
+    // `held`: a hold on the log from the replica's position while it is away (from the epoch's
+    // start until it first answers), and the log's byte count when it was taken.
     loop {
         let Some(node) = node.upgrade() else {
             return;

@@ -4594,9 +4594,10 @@ fn processes_no_promotion_happens_without_etcd() {
 
 /// Catch-up by log (issue test 2): a replica killed while its primaries write and checkpoint
 /// (small WAL segments) comes back within the log they keep for it (`AWAY_REPLICA_WAL_BYTES`):
-/// its replica copies follow the log from where they stopped, never seeded, and rejoin; every
-/// acknowledged write is there and the copies are identical. (A shard it led fails over while
-/// it is down; the new primary never had its position and may seed it.)
+/// its copies follow the log from where they stopped, never seeded, and rejoin; every
+/// acknowledged write is there and the copies are identical. That includes a shard it led,
+/// which fails over while it is down: the new primary never learnt its position and holds its
+/// log from its epoch's start for it.
 #[test]
 fn processes_a_replica_back_within_the_kept_log_catches_up_by_log_across_checkpoints() {
     const LEASE: u64 = 2;
@@ -4606,8 +4607,13 @@ fn processes_a_replica_back_within_the_kept_log_catches_up_by_log_across_checkpo
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(binary, &dir.path().join("etcd"));
     // Small log segments, so that the checkpoints below would truncate what n3 lacks were the
-    // primaries not keeping it (the default bound, 1 GiB, is far above what is written here).
-    const SMALL_WAL: (&str, &str) = ("FAILPOINTS", "collection::wal_segment_bytes=return(32768)");
+    // primaries not keeping it (the default bound, 1 GiB, is far above what is written here);
+    // a checkpoint every 16 KiB of log on every copy, so that the replica promoted for the
+    // shard n3 leads has checkpointed before (its log no longer starts at 1).
+    const SMALL_WAL: (&str, &str) = (
+        "FAILPOINTS",
+        "collection::wal_segment_bytes=return(32768);collection::checkpoint_wal_bytes=return(16384)",
+    );
     let mut nodes = nodes_with(dir.path(), 3, &etcd.endpoint(), LEASE, &[], &[SMALL_WAL]);
     let rt = runtime();
     const DIM: usize = 8;
@@ -4630,9 +4636,32 @@ fn processes_a_replica_back_within_the_kept_log_catches_up_by_log_across_checkpo
         }
         clients
     });
-    // The shards n3 holds a replica copy of (not those it leads: their new primary, promoted
-    // while n3 is down, never had n3's position, and may seed it).
-    let replica_of: std::collections::BTreeSet<u32> = rt.block_on(async {
+    // About 50 KiB of log per shard before the kill, so that every copy checkpoints: documents
+    // of tenant 0 whose ids are multiples of 7 (as `check_acked` reads them).
+    let preloaded: Vec<(u128, Vec<f32>)> = rt.block_on(async {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(4601);
+        let mut preloaded = Vec::new();
+        for batch in 0..120u128 {
+            let docs: Vec<u128> = (0..25).map(|i| (900_000 + batch * 25 + i) * 7).collect();
+            let v = vectors(&mut rng, docs.len(), DIM);
+            clients[0]
+                .insert(
+                    Insert::new("moving", docs.clone(), v.clone())
+                        .users(vec![0])
+                        .durability(Durability::Fsync),
+                )
+                .await
+                .unwrap();
+            for (i, doc) in docs.into_iter().enumerate() {
+                preloaded.push((doc, v[i * DIM..(i + 1) * DIM].to_vec()));
+            }
+        }
+        preloaded
+    });
+    // The shards n3 holds a copy of: replicas, and those it leads (their new primary, promoted
+    // while n3 is down, never learnt n3's position: it holds its log from its epoch's start).
+    // A copy balancing adds on n3 afterwards is seeded, as any new copy.
+    let held_by_n3: std::collections::BTreeSet<u32> = rt.block_on(async {
         let status = Client::connect(addrs[0].clone())
             .await
             .unwrap()
@@ -4642,13 +4671,21 @@ fn processes_a_replica_back_within_the_kept_log_catches_up_by_log_across_checkpo
         status
             .shards
             .iter()
-            .filter(|s| s.collection == "moving" && s.replicas.iter().any(|n| n == "n3"))
+            .filter(|s| {
+                s.collection == "moving"
+                    && (s.node_id == "n3" || s.replicas.iter().any(|n| n == "n3"))
+            })
             .map(|s| s.shard)
             .collect()
     });
-    assert!(!replica_of.is_empty());
+    assert!(!held_by_n3.is_empty());
     nodes[2].kill();
     let (acked, stop, writers) = start_writers_on(&rt, &clients, DIM);
+    acked.lock().unwrap().extend(
+        preloaded
+            .into_iter()
+            .map(|(doc, vector)| (doc, Doc::Live(vector))),
+    );
     rt.block_on(async {
         tokio::time::sleep(Duration::from_secs(5)).await;
         for _ in 0..2 {
@@ -4697,10 +4734,10 @@ fn processes_a_replica_back_within_the_kept_log_catches_up_by_log_across_checkpo
                 .ok()
         })
         .collect();
-    eprintln!("n3 held replicas of shards {replica_of:?}; seeded: {seeded:?}");
+    eprintln!("n3 held copies of shards {held_by_n3:?}; seeded: {seeded:?}");
     assert!(
-        seeded.is_disjoint(&replica_of),
-        "n3 was seeded for shards it held a replica of ({seeded:?} of {replica_of:?}) instead of \
+        seeded.is_disjoint(&held_by_n3),
+        "n3 was seeded for shards it held a copy of ({seeded:?} of {held_by_n3:?}) instead of \
          following the kept log: {plain}"
     );
     for node in &mut nodes {
