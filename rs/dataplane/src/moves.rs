@@ -640,12 +640,7 @@ async fn seed(
     loop {
         let message = next_message(&mut stream, STREAM_SILENCE_LIMIT).await?;
         if !message.entries.is_empty() {
-            let batch: Vec<(u64, Arc<[u8]>)> = message
-                .entries
-                .into_iter()
-                .map(|e| (e.seq_no, Arc::from(e.payload)))
-                .collect();
-            let batch_bytes: u64 = batch.iter().map(|(_, p)| p.len() as u64).sum();
+            let (batch, batch_bytes) = copied_batch(message.entries);
             n_bytes += batch_bytes;
             node.moves
                 .seed_bytes
@@ -658,6 +653,19 @@ async fn seed(
             return Ok((n_bytes, applied));
         }
     }
+}
+
+/// Log entries as `append_copied` takes them: (sequence number, payload).
+type CopiedEntries = Vec<(u64, Arc<[u8]>)>;
+
+/// A shard stream's WAL entries as `append_copied` takes them, and their payloads' bytes.
+fn copied_batch(entries: Vec<pb::ShardWalEntry>) -> (CopiedEntries, u64) {
+    let batch: CopiedEntries = entries
+        .into_iter()
+        .map(|e| (e.seq_no, Arc::from(e.payload)))
+        .collect();
+    let n_bytes = batch.iter().map(|(_, p)| p.len() as u64).sum();
+    (batch, n_bytes)
 }
 
 /// A shard stream opened on its owner, with the snapshot it began with restored into a local
@@ -767,17 +775,10 @@ async fn copy_and_flip(
         };
         let message = next_message(&mut stream, limit).await?;
         if !message.entries.is_empty() {
-            let batch: Vec<(u64, Arc<[u8]>)> = message
-                .entries
-                .into_iter()
-                .map(|e| (e.seq_no, Arc::from(e.payload)))
-                .collect();
-            let batch_bytes: usize = batch.iter().map(|(_, p)| p.len()).sum();
-            n_bytes += batch_bytes as u64;
+            let (batch, batch_bytes) = copied_batch(message.entries);
+            n_bytes += batch_bytes;
             n_entries += batch.len() as u64;
-            node.moves
-                .bytes
-                .fetch_add(batch_bytes as u64, Ordering::Relaxed);
+            node.moves.bytes.fetch_add(batch_bytes, Ordering::Relaxed);
             applied = copy.append_copied(batch, Durability::Written).await?;
         }
         if message.handed_over {

@@ -3041,15 +3041,7 @@ fn processes_nemesis_seeded_faults_lose_no_acknowledged_write() {
         for node in &nodes {
             clients.push(Client::connect(node.addr()).await.unwrap());
         }
-        clients[0]
-            .create_collection(
-                CollectionSpec::new("moving", DIM as u32)
-                    .metric(Metric::L2)
-                    .shards(6, ShardKey::Doc)
-                    .replicas(replicas, 0),
-            )
-            .await
-            .unwrap();
+        create_moving(&clients[0], DIM, 6, replicas, 0).await;
         let (acked, stop, writers) = start_writers(&clients, DIM);
         let searchers: Vec<_> = clients
             .iter()
@@ -4074,6 +4066,29 @@ async fn wait_in_sync(addr: &str, copies: usize) -> tarn_client::ClusterStatus {
     }
 }
 
+/// Creates `moving` (`dim`, L2, `shards` DOC shards, `copies` copies of each, `min_in_sync`)
+/// through `client`.
+async fn create_moving(client: &Client, dim: usize, shards: u32, copies: u32, min_in_sync: u32) {
+    client
+        .create_collection(
+            CollectionSpec::new("moving", dim as u32)
+                .metric(Metric::L2)
+                .shards(shards, ShardKey::Doc)
+                .replicas(copies, min_in_sync),
+        )
+        .await
+        .unwrap();
+}
+
+/// A client connected to each of `addrs`.
+async fn connect_all(addrs: &[String]) -> Vec<Client> {
+    let mut clients = Vec::new();
+    for addr in addrs {
+        clients.push(Client::connect(addr.clone()).await.unwrap());
+    }
+    clients
+}
+
 /// Only the codes a client is told to retry on.
 fn assert_retryable(failures: &[String]) {
     let distinct: std::collections::BTreeSet<&String> = failures.iter().collect();
@@ -4110,19 +4125,8 @@ fn processes_primaries_fail_over_after_kill_9_and_sigstop_losing_no_acknowledged
     const DIM: usize = 8;
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
     let (clients, status) = rt.block_on(async {
-        let mut clients = Vec::new();
-        for addr in &addrs {
-            clients.push(Client::connect(addr.clone()).await.unwrap());
-        }
-        clients[0]
-            .create_collection(
-                CollectionSpec::new("moving", DIM as u32)
-                    .metric(Metric::L2)
-                    .shards(6, ShardKey::Doc)
-                    .replicas(2, 1),
-            )
-            .await
-            .unwrap();
+        let clients = connect_all(&addrs).await;
+        create_moving(&clients[0], DIM, 6, 2, 1).await;
         let status = wait_in_sync(&addrs[0], 2).await;
         (clients, status)
     });
@@ -4268,15 +4272,7 @@ fn processes_a_deposed_primary_cuts_its_unacknowledged_tail_and_resyncs() {
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
     let status = rt.block_on(async {
         let client = Client::connect(addrs[0].clone()).await.unwrap();
-        client
-            .create_collection(
-                CollectionSpec::new("moving", DIM as u32)
-                    .metric(Metric::L2)
-                    .shards(1, ShardKey::Doc)
-                    .replicas(2, 1),
-            )
-            .await
-            .unwrap();
+        create_moving(&client, DIM, 1, 2, 1).await;
         wait_in_sync(&addrs[0], 2).await
     });
     let shard = status
@@ -4390,15 +4386,7 @@ fn processes_the_last_in_sync_copy_is_promoted_and_refuses_writes_below_min_in_s
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
     let status = rt.block_on(async {
         let client = Client::connect(addrs[0].clone()).await.unwrap();
-        client
-            .create_collection(
-                CollectionSpec::new("moving", DIM as u32)
-                    .metric(Metric::L2)
-                    .shards(1, ShardKey::Doc)
-                    .replicas(3, 2),
-            )
-            .await
-            .unwrap();
+        create_moving(&client, DIM, 1, 3, 2).await;
         wait_in_sync(&addrs[0], 3).await
     });
     let shard = status
@@ -4514,15 +4502,7 @@ fn processes_no_promotion_happens_without_etcd() {
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
     let status = rt.block_on(async {
         let client = Client::connect(addrs[0].clone()).await.unwrap();
-        client
-            .create_collection(
-                CollectionSpec::new("moving", DIM as u32)
-                    .metric(Metric::L2)
-                    .shards(1, ShardKey::Doc)
-                    .replicas(2, 1),
-            )
-            .await
-            .unwrap();
+        create_moving(&client, DIM, 1, 2, 1).await;
         wait_in_sync(&addrs[0], 2).await
     });
     let shard = status
@@ -4620,21 +4600,9 @@ fn processes_a_replica_back_within_the_kept_log_catches_up_by_log_across_checkpo
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
     let clients: Vec<Client> = rt.block_on(async {
         let client = Client::connect(addrs[0].clone()).await.unwrap();
-        client
-            .create_collection(
-                CollectionSpec::new("moving", DIM as u32)
-                    .metric(Metric::L2)
-                    .shards(3, ShardKey::Doc)
-                    .replicas(2, 1),
-            )
-            .await
-            .unwrap();
+        create_moving(&client, DIM, 3, 2, 1).await;
         wait_in_sync(&addrs[0], 2).await;
-        let mut clients = Vec::new();
-        for addr in &addrs[..2] {
-            clients.push(Client::connect(addr.clone()).await.unwrap());
-        }
-        clients
+        connect_all(&addrs[..2]).await
     });
     // About 50 KiB of log per shard before the kill, so that every copy checkpoints: documents
     // of tenant 0 whose ids are multiples of 7 (as `check_acked` reads them).
@@ -4710,17 +4678,7 @@ fn processes_a_replica_back_within_the_kept_log_catches_up_by_log_across_checkpo
         }
     });
     // The shards n3's log says it was seeded for (the log's colour codes taken out).
-    let log = nodes[2].server.as_ref().unwrap().logs();
-    let mut plain = String::new();
-    let mut in_escape = false;
-    for c in log.chars() {
-        match (in_escape, c) {
-            (false, '\u{1b}') => in_escape = true,
-            (true, 'm') => in_escape = false,
-            (true, _) => {}
-            (false, c) => plain.push(c),
-        }
-    }
+    let plain = without_colours(&nodes[2].server.as_ref().unwrap().logs());
     let seeded: std::collections::BTreeSet<u32> = plain
         .lines()
         .filter(|l| l.contains("replica seeded; following by log"))
@@ -4775,21 +4733,9 @@ fn processes_replicas_catch_up_by_snapshot_past_the_log_and_after_a_wiped_disk()
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
     let clients: Vec<Client> = rt.block_on(async {
         let client = Client::connect(addrs[0].clone()).await.unwrap();
-        client
-            .create_collection(
-                CollectionSpec::new("moving", DIM as u32)
-                    .metric(Metric::L2)
-                    .shards(3, ShardKey::Doc)
-                    .replicas(2, 1),
-            )
-            .await
-            .unwrap();
+        create_moving(&client, DIM, 3, 2, 1).await;
         wait_in_sync(&addrs[0], 2).await;
-        let mut clients = Vec::new();
-        for addr in &addrs[..2] {
-            clients.push(Client::connect(addr.clone()).await.unwrap());
-        }
-        clients
+        connect_all(&addrs[..2]).await
     });
     let mut acked: Option<Acked> = None;
     for round in 0..2 {
@@ -4970,15 +4916,7 @@ fn processes_a_copy_back_on_a_wiped_disk_is_never_promoted_and_is_seeded_again()
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
     let status = rt.block_on(async {
         let client = Client::connect(addrs[0].clone()).await.unwrap();
-        client
-            .create_collection(
-                CollectionSpec::new("moving", DIM as u32)
-                    .metric(Metric::L2)
-                    .shards(1, ShardKey::Doc)
-                    .replicas(2, 1),
-            )
-            .await
-            .unwrap();
+        create_moving(&client, DIM, 1, 2, 1).await;
         wait_in_sync(&addrs[0], 2).await
     });
     let shard = status
@@ -5152,21 +5090,9 @@ fn processes_a_dead_node_s_copies_are_rebuilt_elsewhere_after_replace_dead_after
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
     let clients: Vec<Client> = rt.block_on(async {
         let client = Client::connect(addrs[0].clone()).await.unwrap();
-        client
-            .create_collection(
-                CollectionSpec::new("moving", DIM as u32)
-                    .metric(Metric::L2)
-                    .shards(3, ShardKey::Doc)
-                    .replicas(2, 1),
-            )
-            .await
-            .unwrap();
+        create_moving(&client, DIM, 3, 2, 1).await;
         wait_in_sync(&addrs[0], 2).await;
-        let mut clients = Vec::new();
-        for addr in &addrs[..2] {
-            clients.push(Client::connect(addr.clone()).await.unwrap());
-        }
-        clients
+        connect_all(&addrs[..2]).await
     });
     let (acked, stop, writers) = start_writers_on(&rt, &clients, DIM);
     std::thread::sleep(Duration::from_millis(1000));
@@ -5543,19 +5469,8 @@ fn processes_a_drain_and_primary_moves_during_a_failover_lose_no_acknowledged_wr
     const SHARDS: u32 = 8;
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
     let (clients, status) = rt.block_on(async {
-        let mut clients = Vec::new();
-        for addr in &addrs {
-            clients.push(Client::connect(addr.clone()).await.unwrap());
-        }
-        clients[0]
-            .create_collection(
-                CollectionSpec::new("moving", DIM as u32)
-                    .metric(Metric::L2)
-                    .shards(SHARDS, ShardKey::Doc)
-                    .replicas(2, 1),
-            )
-            .await
-            .unwrap();
+        let clients = connect_all(&addrs).await;
+        create_moving(&clients[0], DIM, SHARDS, 2, 1).await;
         let status = wait_in_sync(&addrs[0], 2).await;
         (clients, status)
     });
@@ -5749,19 +5664,8 @@ fn processes_a_failed_hand_over_lifts_its_fence_and_is_tried_again() {
     const DIM: usize = 8;
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
     let (clients, status) = rt.block_on(async {
-        let mut clients = Vec::new();
-        for addr in &addrs {
-            clients.push(Client::connect(addr.clone()).await.unwrap());
-        }
-        clients[0]
-            .create_collection(
-                CollectionSpec::new("moving", DIM as u32)
-                    .metric(Metric::L2)
-                    .shards(3, ShardKey::Doc)
-                    .replicas(2, 1),
-            )
-            .await
-            .unwrap();
+        let clients = connect_all(&addrs).await;
+        create_moving(&clients[0], DIM, 3, 2, 1).await;
         let status = wait_in_sync(&addrs[0], 2).await;
         (clients, status)
     });
@@ -5852,15 +5756,7 @@ fn processes_a_failover_is_not_held_up_by_a_long_move() {
     const DIM: usize = 8;
     rt.block_on(async {
         let client = Client::connect(nodes[0].addr()).await.unwrap();
-        client
-            .create_collection(
-                CollectionSpec::new("moving", DIM as u32)
-                    .metric(Metric::L2)
-                    .shards(4, ShardKey::Doc)
-                    .replicas(2, 1),
-            )
-            .await
-            .unwrap();
+        create_moving(&client, DIM, 4, 2, 1).await;
         client
             .create_collection(
                 CollectionSpec::new("single", DIM as u32)
@@ -5896,10 +5792,7 @@ fn processes_a_failover_is_not_held_up_by_a_long_move() {
     let victim_id = nodes[victim].id.clone();
     let survivors: Vec<String> = [coordinator, 2].iter().map(|&i| nodes[i].addr()).collect();
     let (clients, led) = rt.block_on(async {
-        let mut clients = Vec::new();
-        for addr in &survivors {
-            clients.push(Client::connect(addr.clone()).await.unwrap());
-        }
+        let clients = connect_all(&survivors).await;
         let status = clients[0].cluster_status().await.unwrap();
         (clients, owners(&status, "moving"))
     });
