@@ -16,8 +16,8 @@ use crate::connect::{open_channel, Address, TlsOptions};
 use crate::error::{Code, Error, Result};
 use crate::snapshot::{feed_restore, Restored, SnapshotStream};
 use crate::types::{
-    id_to_wire, ClusterStatus, CollectionInfo, CollectionSpec, Document, Hit, Insert, Remove,
-    Search, SetAsideShard, ShardKey, ShardStatus, WriteAck,
+    id_to_wire, ClusterStatus, CollectionInfo, CollectionSpec, Document, ForgetReport, Hit, Insert,
+    Remove, Search, SetAsideShard, ShardKey, ShardStatus, WriteAck,
 };
 
 /// Largest message the client sends or accepts (a large batch of vectors, a large `get`).
@@ -400,17 +400,12 @@ impl Client {
     /// data lost for good (with `confirm` false, only lists what would be given up). Returns the
     /// shards with their new owners. FAILED_PRECONDITION while the node is alive.
     pub async fn forget_node(&self, node_id: &str, confirm: bool) -> Result<Vec<ShardStatus>> {
-        Ok(self.forget_node_report(node_id, confirm).await?.0)
+        Ok(self.forget_node_report(node_id, confirm).await?.given_up)
     }
 
-    /// [`Client::forget_node`], also returning the shards that lose no data (another in-sync
-    /// copy is or becomes their primary; the node's copy is dropped from their record):
-    /// `(given up, kept)`.
-    pub async fn forget_node_report(
-        &self,
-        node_id: &str,
-        confirm: bool,
-    ) -> Result<(Vec<ShardStatus>, Vec<ShardStatus>)> {
+    /// [`Client::forget_node`], with every shard the node held a copy of, by what becomes of
+    /// it ([`ForgetReport`]).
+    pub async fn forget_node_report(&self, node_id: &str, confirm: bool) -> Result<ForgetReport> {
         let mut stub = self.cluster_stub();
         let mut request = tonic::Request::new(pb::ForgetNodeRequest {
             node_id: node_id.to_owned(),
@@ -427,7 +422,11 @@ impl Client {
             })
             .shards
         };
-        Ok((shards(reply.shards), shards(reply.kept)))
+        Ok(ForgetReport {
+            given_up: shards(reply.shards),
+            kept: shards(reply.kept),
+            set_aside: shards(reply.set_aside),
+        })
     }
 
     /// Cluster mode: marks `node_id` for draining (the placement coordinator moves its shards

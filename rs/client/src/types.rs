@@ -940,6 +940,22 @@ mod tests {
     }
 }
 
+/// Cluster mode: what `ForgetNode` does (or would do) to each shard the node held a copy of
+/// ([`crate::Client::forget_node_report`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ForgetReport {
+    /// Shards whose data is given up: they start empty on another node.
+    pub given_up: Vec<ShardStatus>,
+    /// Shards that lose nothing: another in-sync copy alive on its disk is, or becomes, their
+    /// primary; the node's copy leaves their record.
+    pub kept: Vec<ShardStatus>,
+    /// Shards the node held an in-sync replica of while no other in-sync copy is alive (their
+    /// primary is down): the node leaves their record, and its copy, should it come back, is
+    /// set aside, never deleted. They wait for their primary.
+    pub set_aside: Vec<ShardStatus>,
+}
+
 /// Cluster mode: the nodes and the shard placement ([`crate::Client::cluster_status`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -1,13 +1,17 @@
 //! What a node does with a local copy of a shard that its view of the map does not give it: the
 //! one rule that may delete shard data in cluster mode. A copy is dropped only on positive
-//! evidence read from the store linearizably ([`crate::ClusterStore::read_shard`]): the
-//! collection was dropped (a tombstone), or another node owns the shard and holds its data (it
-//! took it by a confirmed move). Anything else — the map has no record of the shard (an empty,
-//! foreign or restored-from-backup etcd), the record cannot be read, the shard's data was given
-//! up by `forget` — sets the copy aside, or leaves it in place: never deleted on the map's
-//! silence.
+//! evidence read from the store linearizably ([`crate::ClusterStore::read_copy_evidence`]): the
+//! collection was dropped (a tombstone), or the record, at least as new as any this node held
+//! the copy at, lists it in no role and names another in-sync copy that is alive on the data
+//! directory recorded for it (so that copy holds every acknowledged write). Anything else sets
+//! the copy aside or leaves it in place: the map has no record of the shard (an empty, foreign
+//! or restored-from-backup etcd), the record is older than this node's (etcd rolled back), the
+//! shard's data was given up by `forget`, or no other in-sync copy is alive on its disk (this
+//! may be the last copy). Never deleted on the map's silence.
 
-use crate::map::{ShardAssignment, ShardName};
+use std::collections::BTreeMap;
+
+use crate::map::{NodeInfo, ShardAssignment, ShardName};
 
 /// A shard's record as read from the store at one revision.
 // One value per linearizable read, never kept in bulk: boxing the assignment would only add an
@@ -23,6 +27,19 @@ pub enum ShardRecord {
     Unknown,
 }
 
+/// What a local copy is judged by, read linearizably at one revision
+/// ([`crate::ClusterStore::read_copy_evidence`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyEvidence {
+    pub record: ShardRecord,
+    /// Every live node's registration, by node id.
+    pub registered: BTreeMap<String, NodeInfo>,
+    /// The store's revision the read was served at.
+    pub revision: i64,
+    /// The cluster id the store holds (`None`: none, an empty or wiped etcd).
+    pub cluster_id: Option<String>,
+}
+
 /// What to do with a local copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CopyFate {
@@ -32,37 +49,104 @@ pub enum CopyFate {
     Drop(String),
     /// Move it aside, out of service, where an operator can import or drop it: the reason.
     SetAside(String),
+    /// Leave it where it is, out of service, and judge it again later: the reason (no other
+    /// in-sync copy is alive right now, but one may come back).
+    Undecided(String),
 }
 
-/// The fate of `node_id`'s local copy of `shard`, given its record read linearizably.
-pub fn fate_of_copy(node_id: &str, shard: &ShardName, record: &ShardRecord) -> CopyFate {
+/// The fate of `node_id`'s local copy of `shard`, given the evidence read linearizably and
+/// `held_epoch`, the highest epoch at which this node's data directory held a role in the
+/// shard's record (0 when unknown).
+pub fn fate_of_copy(
+    node_id: &str,
+    shard: &ShardName,
+    held_epoch: u64,
+    evidence: &CopyEvidence,
+) -> CopyFate {
     let what = format!("shard {} of collection '{}'", shard.shard, shard.collection);
-    match record {
-        ShardRecord::Dropped => CopyFate::Drop(format!("{what}: the collection was dropped")),
-        ShardRecord::Unknown => CopyFate::SetAside(format!(
-            "{what}: the cluster's store has no record of this collection (an etcd that lost \
-             it, or one restored from an older backup?)"
-        )),
-        ShardRecord::Assigned(a) if a.role_of(node_id).is_some() => CopyFate::Keep,
-        ShardRecord::Assigned(a) if a.moving_to.as_deref() == Some(node_id) => CopyFate::Keep,
-        ShardRecord::Assigned(a) if a.given_up.iter().any(|n| n == node_id) => {
-            CopyFate::SetAside(format!(
-                "{what}: its data on this node was given up (`tarn cluster forget`) and node {} \
-                 serves it since epoch {}",
-                a.owner, a.epoch
-            ))
+    let a = match &evidence.record {
+        ShardRecord::Dropped => {
+            return CopyFate::Drop(format!("{what}: the collection was dropped"));
         }
-        ShardRecord::Assigned(a) => CopyFate::Drop(format!(
-            "{what}: node {} holds it at epoch {} and this node is none of its copies (the data \
-             was taken by a move, or this replica was dropped)",
-            a.owner, a.epoch
-        )),
+        ShardRecord::Unknown => {
+            return CopyFate::SetAside(format!(
+                "{what}: the cluster's store has no record of this collection (an etcd that \
+                 lost it, or one restored from an older backup?)"
+            ));
+        }
+        ShardRecord::Assigned(a) => a,
+    };
+    if a.role_of(node_id).is_some() || a.moving_to.as_deref() == Some(node_id) {
+        return CopyFate::Keep;
     }
+    if a.epoch < held_epoch {
+        return CopyFate::SetAside(format!(
+            "{what}: its record (epoch {}) is older than epoch {held_epoch}, at which this node \
+             held the shard (etcd restored from an older backup?)",
+            a.epoch
+        ));
+    }
+    if a.given_up.iter().any(|n| n == node_id) {
+        return CopyFate::SetAside(format!(
+            "{what}: its data on this node was given up (`tarn cluster forget`) and node {} \
+             serves it since epoch {}",
+            a.owner, a.epoch
+        ));
+    }
+    let holder = a.in_sync().filter(|n| *n != node_id).find(|n| {
+        evidence
+            .registered
+            .get(*n)
+            .is_some_and(|info| !a.copy_replaced(n, &info.incarnation))
+    });
+    if let Some(holder) = holder {
+        return CopyFate::Drop(format!(
+            "{what}: node {} holds it at epoch {} (in sync: {holder}) and this node is none of \
+             its copies (the data was taken by a move, or this replica was dropped)",
+            a.owner, a.epoch
+        ));
+    }
+    let away: Vec<&str> = a
+        .in_sync()
+        .filter(|n| *n != node_id && !evidence.registered.contains_key(*n))
+        .collect();
+    if !away.is_empty() {
+        return CopyFate::Undecided(format!(
+            "{what}: this node is none of its copies, but no other in-sync copy is alive now \
+             (down: {}): kept until one is back",
+            away.join(", ")
+        ));
+    }
+    CopyFate::SetAside(format!(
+        "{what}: this node is none of its copies, and every in-sync copy the record lists (on \
+         node {} at epoch {}) is back on another data directory: this may be the last copy",
+        a.owner, a.epoch
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn alive(record: ShardRecord) -> CopyEvidence {
+        let registered = ["n1", "n2", "n3"]
+            .iter()
+            .map(|n| {
+                let info = NodeInfo {
+                    node_id: (*n).to_owned(),
+                    address: String::new(),
+                    incarnation: format!("dir-{n}"),
+                };
+                ((*n).to_owned(), info)
+            })
+            .collect();
+        CopyEvidence {
+            record,
+            registered,
+            revision: 10,
+            cluster_id: Some("c".into()),
+        }
+    }
 
     #[test]
     fn copies_are_dropped_only_on_positive_evidence() {
@@ -71,19 +155,12 @@ mod tests {
             uid: 7,
             shard: 3,
         };
-        let keep = |r: ShardRecord| assert_eq!(fate_of_copy("n1", &shard, &r), CopyFate::Keep);
-        let drops = |r: ShardRecord| {
-            assert!(
-                matches!(fate_of_copy("n1", &shard, &r), CopyFate::Drop(_)),
-                "{r:?}"
-            )
-        };
-        let aside = |r: ShardRecord| {
-            assert!(
-                matches!(fate_of_copy("n1", &shard, &r), CopyFate::SetAside(_)),
-                "{r:?}"
-            )
-        };
+        // Every other node alive, on the directory its copies were recorded on (none here).
+        let fate = |r: ShardRecord| fate_of_copy("n1", &shard, 0, &alive(r));
+        let keep = |r: ShardRecord| assert_eq!(fate(r), CopyFate::Keep);
+        let drops = |r: ShardRecord| assert!(matches!(fate(r.clone()), CopyFate::Drop(_)), "{r:?}");
+        let aside =
+            |r: ShardRecord| assert!(matches!(fate(r.clone()), CopyFate::SetAside(_)), "{r:?}");
         keep(ShardRecord::Assigned(ShardAssignment::serving("n1", 4)));
         keep(ShardRecord::Assigned(
             ShardAssignment::serving("n2", 4).fenced_for("n1"),
@@ -130,5 +207,44 @@ mod tests {
             .and_then(|a| a.promoted("n2"))
             .unwrap();
         keep(ShardRecord::Assigned(failed_over));
+    }
+
+    /// A copy the record no longer lists is deleted only while another in-sync copy is alive on
+    /// its recorded directory; never from a record older than the copy's own epoch.
+    #[test]
+    fn a_copy_no_other_in_sync_copy_holds_is_never_dropped() {
+        let shard = ShardName {
+            collection: "docs".into(),
+            uid: 7,
+            shard: 0,
+        };
+        // n1 primary on dir-n1, n2 in sync: re-replication swapped n2 out for n3 while n1 came
+        // back on a wiped disk (dir-new).
+        let replaced = ShardAssignment::created("n1", 1, "dir-n1")
+            .with_replica("n3")
+            .unwrap();
+        let mut evidence = alive(ShardRecord::Assigned(replaced.clone()));
+        assert!(matches!(
+            fate_of_copy("n2", &shard, 1, &evidence),
+            CopyFate::Drop(_)
+        ));
+        evidence.registered.get_mut("n1").unwrap().incarnation = "dir-new".into();
+        assert!(matches!(
+            fate_of_copy("n2", &shard, 1, &evidence),
+            CopyFate::SetAside(_)
+        ));
+        // The primary down: judged again later, neither dropped nor set aside.
+        evidence.registered.remove("n1");
+        assert!(matches!(
+            fate_of_copy("n2", &shard, 1, &evidence),
+            CopyFate::Undecided(_)
+        ));
+        // A record older than the epoch this node held the copy at (etcd rolled back): set
+        // aside even though its owner is alive on its disk.
+        let evidence = alive(ShardRecord::Assigned(replaced));
+        assert!(matches!(
+            fate_of_copy("n2", &shard, 3, &evidence),
+            CopyFate::SetAside(_)
+        ));
     }
 }

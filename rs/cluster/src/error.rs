@@ -14,6 +14,10 @@ pub enum ClusterError {
     /// A value in the store does not decode (written by a newer or broken tarn).
     #[error("coordination store holds a bad value at {key}: {reason}")]
     BadValue { key: String, reason: String },
+    /// The store broke the history the node holds it to (etcd wiped, replaced, or restored from
+    /// an older backup under the running node): the node is fenced. Not retriable.
+    #[error("the cluster's store broke its history, this node is fenced: {0}")]
+    HistoryBroken(String),
 }
 
 pub type Result<T, E = ClusterError> = std::result::Result<T, E>;

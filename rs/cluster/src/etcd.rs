@@ -61,7 +61,7 @@ use parking_lot::Mutex;
 use tokio::sync::{watch, OnceCell};
 use tokio::task::JoinHandle;
 
-use crate::copies::ShardRecord;
+use crate::copies::{CopyEvidence, ShardRecord};
 use crate::error::{ClusterError, Result};
 use crate::map::{
     ClusterState, CollectionDef, CollectionMap, MoveFailure, NodeInfo, ShardAssignment,
@@ -138,6 +138,22 @@ struct Inner {
     endpoints: String,
     /// Whether the last call, keep-alive or watch step reached etcd.
     connected: AtomicBool,
+    /// What this store must keep seeing ([`ClusterStore::guard_history`]), and whether it
+    /// stopped doing so.
+    history: Mutex<History>,
+}
+
+/// The history a node's store must keep: the cluster id it joined and the highest revision it
+/// (or its data directory, before this process) saw. etcd restored from an older backup shows
+/// a lower revision; etcd wiped or replaced shows no cluster id, or another.
+#[derive(Debug, Default)]
+struct History {
+    /// Set once the node's identity is settled; until then nothing is checked.
+    cluster_id: Option<String>,
+    /// The highest revision seen.
+    floor: i64,
+    /// Set when the store broke that history: the reason. Never cleared in this process.
+    fault: Option<String>,
 }
 
 /// The watch task and the channel it publishes on.
@@ -184,6 +200,7 @@ impl EtcdStore {
             prefix,
             endpoints: joined,
             connected: AtomicBool::new(false),
+            history: Mutex::default(),
         });
         // A cheap read proves that etcd answers (the client itself connects lazily).
         inner
@@ -335,6 +352,8 @@ impl ClusterStore for EtcdStore {
             .watcher
             .get_or_try_init(|| async {
                 let view = self.inner.load().await?;
+                self.inner
+                    .check_history(view.revision, view.cluster_id.as_deref())?;
                 let (tx, _) = watch::channel(Arc::new(view.state()));
                 let tx = Arc::new(tx);
                 let task = tokio::spawn(follow_forever(
@@ -515,29 +534,61 @@ impl ClusterStore for EtcdStore {
 
     async fn read_shard(&self, collection: &str, uid: u64, shard: u32) -> Result<ShardRecord> {
         let inner = &self.inner;
-        let def_key = inner.key(&format!("collections/{collection}"));
-        let key = inner.shard_key(collection, shard);
-        let tombstone = inner.tombstone_key(collection, uid);
+        let keys = inner.shard_record_keys(collection, uid, shard);
         // etcd's reads are linearizable unless asked to be serializable.
-        let read = when(
-            Vec::new(),
-            vec![get_op(&tombstone), get_op(&def_key), get_op(&key)],
-        );
+        let read = when(Vec::new(), keys.reads());
         let response = inner.call("read shard", inner.client.txn(read)).await?;
+        keys.record(&mut range_results(&response.responses), uid)
+    }
+
+    async fn read_copy_evidence(
+        &self,
+        collection: &str,
+        uid: u64,
+        shard: u32,
+    ) -> Result<CopyEvidence> {
+        let inner = &self.inner;
+        let keys = inner.shard_record_keys(collection, uid, shard);
+        let identity_key = inner.key(IDENTITY_KEY);
+        let nodes = inner.key("nodes/");
+        let mut reads = keys.reads();
+        reads.push(get_op(&identity_key));
+        reads.push(RequestOp {
+            request: Some(request_op::Request::RequestRange(
+                crate::etcd_api::etcdserverpb::RangeRequest {
+                    key: nodes.as_bytes().to_vec(),
+                    range_end: prefix_end(nodes.as_bytes()),
+                    ..Default::default()
+                },
+            )),
+        });
+        let response = inner
+            .call(
+                "read a shard's evidence",
+                inner.client.txn(when(Vec::new(), reads)),
+            )
+            .await?;
+        let revision = response.header.as_ref().map_or(0, |h| h.revision);
         let mut found = range_results(&response.responses);
-        if found.contains_key(&tombstone) {
-            return Ok(ShardRecord::Dropped);
-        }
-        let Some(def) = found.remove(&def_key) else {
-            return Ok(ShardRecord::Unknown);
+        let cluster_id = match found.remove(&identity_key) {
+            Some(kv) => Some(decode::<IdentityRecord>(&identity_key, &kv.value)?.cluster_id),
+            None => None,
         };
-        if decode::<CollectionDef>(&def_key, &def.value)?.uid != uid {
-            return Ok(ShardRecord::Unknown);
+        let mut registered = BTreeMap::new();
+        for (key, kv) in &found {
+            if key.starts_with(&nodes) {
+                // A registration this tarn cannot read counts as no live copy (never as one).
+                if let Ok(info) = serde_json::from_slice::<NodeInfo>(&kv.value) {
+                    registered.insert(info.node_id.clone(), info);
+                }
+            }
         }
-        match found.remove(&key) {
-            Some(kv) => Ok(ShardRecord::Assigned(decode(&key, &kv.value)?)),
-            None => Ok(ShardRecord::Unknown),
-        }
+        Ok(CopyEvidence {
+            record: keys.record(&mut found, uid)?,
+            registered,
+            revision,
+            cluster_id,
+        })
     }
 
     async fn identity(&self) -> Result<StoreIdentity> {
@@ -644,9 +695,82 @@ impl ClusterStore for EtcdStore {
     fn connected(&self) -> bool {
         self.inner.connected.load(Ordering::Relaxed)
     }
+
+    fn guard_history(&self, cluster_id: &str, floor: i64) {
+        let mut history = self.inner.history.lock();
+        history.cluster_id = Some(cluster_id.to_owned());
+        history.floor = history.floor.max(floor);
+    }
+
+    fn history_fault(&self) -> Option<String> {
+        self.inner.history.lock().fault.clone()
+    }
 }
 
 impl Inner {
+    /// Checks a state read at `revision`, holding the cluster id `cluster_id`, against the
+    /// history this store must keep; records the fault (and logs it once) if it breaks it.
+    fn check_history(&self, revision: i64, cluster_id: Option<&str>) -> Result<()> {
+        let mut history = self.history.lock();
+        if let Some(fault) = &history.fault {
+            return Err(ClusterError::HistoryBroken(fault.clone()));
+        }
+        let Some(expected) = history.cluster_id.clone() else {
+            return Ok(());
+        };
+        let fault = if cluster_id != Some(expected.as_str()) {
+            Some(match cluster_id {
+                None => format!(
+                    "etcd at {} holds no cluster id (wiped, or replaced by an empty etcd, under \
+                     this running node; cluster {expected})",
+                    self.endpoints
+                ),
+                Some(other) => format!(
+                    "etcd at {} holds cluster id {other}, not {expected} (replaced by another \
+                     cluster's etcd under this running node)",
+                    self.endpoints
+                ),
+            })
+        } else if revision < history.floor {
+            Some(format!(
+                "etcd at {} went back in time: its revision {revision} is behind revision {} \
+                 that this node saw (restored from an older backup?)",
+                self.endpoints, history.floor
+            ))
+        } else {
+            history.floor = revision;
+            None
+        };
+        match fault {
+            None => Ok(()),
+            Some(fault) => {
+                tracing::error!(%fault, "THIS NODE IS FENCED: the cluster's store broke its history; \
+                    it acknowledges no write and changes no shard copy until it is restarted \
+                    against an etcd that holds its history (see docs/CLUSTER.md, etcd restored \
+                    from a backup)");
+                history.fault = Some(fault.clone());
+                Err(ClusterError::HistoryBroken(fault))
+            }
+        }
+    }
+
+    /// The cluster id and the revision etcd holds now, read linearizably.
+    async fn current_identity(&self) -> Result<(Option<String>, i64)> {
+        let key = self.key(IDENTITY_KEY);
+        let response = self
+            .call(
+                "read the cluster id",
+                self.client.get(key.as_bytes(), false),
+            )
+            .await?;
+        let revision = response.header.as_ref().map_or(0, |h| h.revision);
+        let cluster_id = match response.kvs.first() {
+            Some(kv) => Some(decode::<IdentityRecord>(&key, &kv.value)?.cluster_id),
+            None => None,
+        };
+        Ok((cluster_id, revision))
+    }
+
     fn key(&self, relative: &str) -> String {
         format!("{}{relative}", self.prefix)
     }
@@ -657,6 +781,14 @@ impl Inner {
 
     fn tombstone_key(&self, collection: &str, uid: u64) -> String {
         self.key(&format!("dropped/{collection}/{uid:016x}"))
+    }
+
+    fn shard_record_keys(&self, collection: &str, uid: u64, shard: u32) -> ShardRecordKeys {
+        ShardRecordKeys {
+            tombstone: self.tombstone_key(collection, uid),
+            def: self.key(&format!("collections/{collection}")),
+            shard: self.shard_key(collection, shard),
+        }
     }
 
     fn set_connected(&self, connected: bool) {
@@ -754,6 +886,45 @@ impl Inner {
             view.put(&self.prefix, &kv.key, &kv.value);
         }
         Ok(view)
+    }
+}
+
+/// The keys a shard's record is read from: the collection's tombstone, definition and the
+/// shard's assignment.
+struct ShardRecordKeys {
+    tombstone: String,
+    def: String,
+    shard: String,
+}
+
+impl ShardRecordKeys {
+    fn reads(&self) -> Vec<RequestOp> {
+        vec![
+            get_op(&self.tombstone),
+            get_op(&self.def),
+            get_op(&self.shard),
+        ]
+    }
+
+    /// The record those reads found (they are taken out of `found`).
+    fn record(
+        &self,
+        found: &mut BTreeMap<String, crate::etcd_api::etcdserverpb::KeyValue>,
+        uid: u64,
+    ) -> Result<ShardRecord> {
+        if found.remove(&self.tombstone).is_some() {
+            return Ok(ShardRecord::Dropped);
+        }
+        let Some(def) = found.remove(&self.def) else {
+            return Ok(ShardRecord::Unknown);
+        };
+        if decode::<CollectionDef>(&self.def, &def.value)?.uid != uid {
+            return Ok(ShardRecord::Unknown);
+        }
+        match found.remove(&self.shard) {
+            Some(kv) => Ok(ShardRecord::Assigned(decode(&self.shard, &kv.value)?)),
+            None => Ok(ShardRecord::Unknown),
+        }
     }
 }
 
@@ -1057,6 +1228,10 @@ async fn register_again(
     node: &NodeInfo,
     ttl: Duration,
 ) -> Result<Option<(Lease, i64)>> {
+    // Never register into an etcd that lost this cluster's history (wiped, replaced, or
+    // restored from an older backup): the node stays out, fenced, instead.
+    let (cluster_id, revision) = inner.current_identity().await?;
+    inner.check_history(revision, cluster_id.as_deref())?;
     let lease = inner.grant(ttl_seconds(ttl)).await?;
     match inner.create_node_key(node, lease.id).await {
         Ok(Some(revision)) => Ok(Some((lease, revision))),
@@ -1188,6 +1363,8 @@ struct View {
     move_failures: BTreeMap<(String, u32), MoveFailure>,
     /// Collection records that did not decode, by key: the collection's name and why.
     unreadable: BTreeMap<String, (String, String)>,
+    /// The cluster id under the prefix (`None`: none, or it did not decode).
+    cluster_id: Option<String>,
 }
 
 /// What a key under the prefix is.
@@ -1197,6 +1374,8 @@ enum KeyKind<'a> {
     Shard(&'a str, u32),
     Draining(&'a str),
     MoveFailure(&'a str, u32),
+    /// The cluster's identity.
+    Identity,
     /// Election keys, and anything a newer tarn may add.
     Other,
 }
@@ -1208,6 +1387,9 @@ fn key_kind<'a>(prefix: &str, key: &'a [u8]) -> KeyKind<'a> {
     else {
         return KeyKind::Other;
     };
+    if relative == IDENTITY_KEY {
+        return KeyKind::Identity;
+    }
     if let Some(id) = relative.strip_prefix("nodes/") {
         return KeyKind::Node(id);
     }
@@ -1272,6 +1454,9 @@ impl View {
                     self.move_failures.insert((name.to_owned(), shard), failure);
                 })
             }
+            KeyKind::Identity => decode::<IdentityRecord>(&key_text, value).map(|identity| {
+                self.cluster_id = Some(identity.cluster_id);
+            }),
             KeyKind::Other => Ok(()),
         };
         if let Err(e) = outcome {
@@ -1313,6 +1498,7 @@ impl View {
             KeyKind::MoveFailure(name, shard) => {
                 self.move_failures.remove(&(name.to_owned(), shard));
             }
+            KeyKind::Identity => self.cluster_id = None,
             KeyKind::Other => {}
         }
     }
@@ -1384,6 +1570,13 @@ async fn follow_forever(
             backoff.wait().await;
             match inner.load().await {
                 Ok(reloaded) => {
+                    if inner
+                        .check_history(reloaded.revision, reloaded.cluster_id.as_deref())
+                        .is_err()
+                    {
+                        // Fenced: the last state stays published, and nothing follows.
+                        return;
+                    }
                     view = reloaded;
                     publish(&tx, &view);
                     tracing::info!(revision = view.revision, "etcd watch: state reloaded");
@@ -1440,6 +1633,12 @@ async fn follow(
             }
             // A deletion's key carries the revision of the deletion.
             view.revision = view.revision.max(kv.mod_revision);
+        }
+        if inner
+            .check_history(view.revision, view.cluster_id.as_deref())
+            .is_err()
+        {
+            return "the store broke this cluster's history".to_owned();
         }
         publish(tx, view);
     }

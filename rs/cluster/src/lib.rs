@@ -14,7 +14,7 @@ mod merge;
 mod replicas;
 mod store;
 
-pub use copies::{fate_of_copy, CopyFate, ShardRecord};
+pub use copies::{fate_of_copy, CopyEvidence, CopyFate, ShardRecord};
 pub use epochs::{last_common_seq, EpochHistory};
 pub use error::{ClusterError, Result};
 pub use etcd::{EtcdStore, Leadership, DEFAULT_PREFIX, ELECTION_TTL, REQUEST_TIMEOUT};

@@ -8,7 +8,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::copies::ShardRecord;
+use crate::copies::{CopyEvidence, ShardRecord};
 use crate::error::{ClusterError, Result};
 use crate::map::{ClusterState, CollectionMap, MoveFailure, NodeInfo, ShardAssignment};
 
@@ -192,6 +192,16 @@ pub trait ClusterStore: Send + Sync + std::fmt::Debug + 'static {
     /// [`ClusterError::BadValue`] if the record cannot be decoded.
     async fn read_shard(&self, collection: &str, uid: u64, shard: u32) -> Result<ShardRecord>;
 
+    /// What a node judges a local copy by ([`crate::fate_of_copy`]), read linearizably at one
+    /// revision: the shard's record, every node's registration, the store's revision and the
+    /// cluster id it holds.
+    async fn read_copy_evidence(
+        &self,
+        collection: &str,
+        uid: u64,
+        shard: u32,
+    ) -> Result<CopyEvidence>;
+
     /// The cluster's identity in the store.
     async fn identity(&self) -> Result<StoreIdentity>;
 
@@ -212,6 +222,18 @@ pub trait ClusterStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Campaigns in `election` as `node_id`, waiting until elected; one leader at a time.
     async fn campaign(&self, election: &str, node_id: &str) -> Result<Leader>;
+
+    /// From now on, this store must hold the cluster id `cluster_id` and never show a revision
+    /// below `floor` (nor below any it showed since): when it does (etcd wiped or replaced
+    /// under the running node, or restored from an older backup), it stops following etcd,
+    /// never registers the node again, and [`ClusterStore::history_fault`] says why. The node
+    /// fences itself on that.
+    fn guard_history(&self, _cluster_id: &str, _floor: i64) {}
+
+    /// Why the store broke the history [`ClusterStore::guard_history`] set, if it did.
+    fn history_fault(&self) -> Option<String> {
+        None
+    }
 
     /// Whether the store answered lately (for health and metrics). While it does not, the
     /// watched state stays as it last was, and the data plane goes on with it.
@@ -381,6 +403,26 @@ impl ClusterStore for MemoryStore {
             .filter(|m| m.def.uid == uid)
             .and_then(|m| m.shards.get(shard as usize))
             .map_or(ShardRecord::Unknown, |a| ShardRecord::Assigned(a.clone())))
+    }
+
+    async fn read_copy_evidence(
+        &self,
+        collection: &str,
+        uid: u64,
+        shard: u32,
+    ) -> Result<CopyEvidence> {
+        let record = self.read_shard(collection, uid, shard).await?;
+        let state = self.state.lock();
+        Ok(CopyEvidence {
+            record,
+            registered: state.nodes.clone(),
+            revision: state.revision,
+            cluster_id: self
+                .cluster_id
+                .lock()
+                .as_ref()
+                .map(|i| i.cluster_id.clone()),
+        })
     }
 
     async fn identity(&self) -> Result<StoreIdentity> {

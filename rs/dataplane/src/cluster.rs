@@ -50,6 +50,11 @@ pub struct ClusterConfig {
     /// directory belongs to a cluster (its etcd is lost for good). A new cluster id is created;
     /// local shards the new map does not know are set aside, never deleted.
     pub force_new_cluster: bool,
+    /// `--accept-etcd-rollback`: join an etcd whose revision is behind the one this data
+    /// directory saw (restored from an older backup). Local copies whose record is older than
+    /// the epoch they were held at are set aside, never deleted; shards whose copy was deleted
+    /// here are never started empty here.
+    pub accept_etcd_rollback: bool,
     /// `--cluster-ca`: the CA (PEM file) that signs the nodes' TLS certificates.
     pub peer_ca: Option<std::path::PathBuf>,
 }
@@ -70,6 +75,7 @@ pub struct JoinOptions {
     /// The data directory, locked by this process (its `INCARNATION` and `CLUSTER_ID` files).
     pub data_dir: std::path::PathBuf,
     pub force_new_cluster: bool,
+    pub accept_etcd_rollback: bool,
 }
 
 /// Copies of each shard of a collection created without a replication factor, when the server
@@ -86,6 +92,11 @@ pub struct Forgotten {
     /// Shards that lose nothing: another in-sync copy is (or becomes) the primary, and the
     /// node's copy is dropped from the record.
     pub kept: Vec<(String, u32, ShardAssignment)>,
+    /// Shards the node held an in-sync replica of while no other in-sync copy is alive on its
+    /// recorded disk (its primary is down): the node leaves the record and is listed as given
+    /// up, so that its copy, should it come back, is set aside (never deleted). The shard
+    /// waits for its primary.
+    pub set_aside: Vec<(String, u32, ShardAssignment)>,
 }
 
 /// The metadata that carries the cluster's node credential on node-to-node calls.
@@ -139,6 +150,8 @@ pub struct ClusterNode {
     /// The replication of each shard this node is primary of (`replication.rs`), by local name.
     pub(crate) replication: DashMap<String, Arc<crate::replication::ShardReplication>>,
     registration: Registration,
+    /// What this data directory has held: etcd's history as this node saw it (`ledger.rs`).
+    pub(crate) ledger: Arc<crate::ledger::CopyLedger>,
 }
 
 impl std::fmt::Debug for ClusterNode {
@@ -187,6 +200,7 @@ impl ClusterNode {
         registry: Arc<Registry>,
     ) -> anyhow::Result<Arc<ClusterNode>> {
         let incarnation = incarnation_token(&options.data_dir)?;
+        let ledger = Arc::new(crate::ledger::CopyLedger::open(&options.data_dir)?);
         let holds_shards = !registry.shard_names().is_empty();
         let identity = settle_identity(
             store.as_ref(),
@@ -195,6 +209,22 @@ impl ClusterNode {
             options.force_new_cluster,
         )
         .await?;
+        // From here on the store must hold this cluster's id and never go back behind what
+        // this directory saw; a new cluster (--force-new-cluster) or an accepted rollback
+        // starts that history again at the store's revision.
+        let floor = if options.force_new_cluster || options.accept_etcd_rollback {
+            tracing::warn!(
+                seen = ledger.revision(),
+                "the store's history starts again here (--force-new-cluster or \
+                 --accept-etcd-rollback): copies held at a later epoch than their record are \
+                 set aside, never deleted"
+            );
+            ledger.restart_history()?;
+            0
+        } else {
+            ledger.revision()
+        };
+        store.guard_history(&identity.cluster_id, floor);
         let JoinOptions {
             node_id,
             address,
@@ -209,7 +239,17 @@ impl ClusterNode {
             address: address.clone(),
             incarnation: incarnation.clone(),
         };
-        let registration = store.register(&node, lease_ttl).await?;
+        let registration = store
+            .register(&node, lease_ttl)
+            .await
+            .map_err(|e| match e {
+                tarn_cluster::ClusterError::HistoryBroken(why) => anyhow::anyhow!(
+                    "{why}. This node refuses to join: put back the etcd that holds the cluster's \
+                 history, or, if it is lost, restart with --accept-etcd-rollback (copies held at \
+                 a later epoch than their record are set aside, never deleted)"
+                ),
+                e => e.into(),
+            })?;
         let state = store.watch().await?;
         tracing::info!(%node_id, %address, cluster_id = %identity.cluster_id, "joined the cluster");
         let node = Arc::new(ClusterNode {
@@ -233,6 +273,7 @@ impl ClusterNode {
             copy_locks: DashMap::new(),
             replication: DashMap::new(),
             registration,
+            ledger,
         });
         tokio::spawn(reconcile(Arc::downgrade(&node)));
         tokio::spawn(crate::moves::coordinate(Arc::downgrade(&node)));
@@ -337,6 +378,7 @@ impl ClusterNode {
     /// margin before its lease could lapse, and starts again once it has registered again and
     /// read the map since. Searches go on meanwhile (from the last map it saw).
     pub fn writable(&self) -> Result<(), ApiError> {
+        self.check_store_history()?;
         let Some(liveness) = self.registration.liveness() else {
             return Ok(());
         };
@@ -359,6 +401,20 @@ impl ClusterNode {
         Ok(())
     }
 
+    /// Fails (UNAVAILABLE, naming why) once the cluster's store broke its history under this
+    /// running node (etcd wiped, replaced, or restored from an older backup): the node is
+    /// fenced, acknowledging no write and changing no copy, until it is restarted.
+    pub fn check_store_history(&self) -> Result<(), ApiError> {
+        match self.store.history_fault() {
+            None => Ok(()),
+            Some(why) => Err(ApiError::Unavailable(format!(
+                "node {} is fenced: {why}; it acknowledges no write and changes no shard copy \
+                 until it is restarted against an etcd that holds the cluster's history",
+                self.node_id
+            ))),
+        }
+    }
+
     /// The lock over a local shard's copy (see `copy_locks`).
     pub(crate) fn copy_lock(&self, local_name: &str) -> Arc<tokio::sync::Mutex<()>> {
         Arc::clone(
@@ -377,21 +433,53 @@ impl ClusterNode {
         if self.incoming.contains_key(local) {
             return true;
         }
-        let record = match self
+        if self.check_store_history().is_err() {
+            return false;
+        }
+        let evidence = match self
             .store
-            .read_shard(&shard.collection, shard.uid, shard.shard)
+            .read_copy_evidence(&shard.collection, shard.uid, shard.shard)
             .await
         {
-            Ok(record) => record,
+            Ok(evidence) => evidence,
             Err(error) => {
                 tracing::warn!(shard = %local, %error, "cannot read the shard's record; its local copy stays until it can be read");
                 return false;
             }
         };
-        match tarn_cluster::fate_of_copy(&self.node_id, shard, &record) {
+        // A store that lost this cluster's history judges nothing (the watch fences the node).
+        let seen = self.ledger.revision();
+        if evidence.cluster_id.as_deref() != Some(self.cluster_id.as_str())
+            || evidence.revision < seen
+        {
+            tracing::error!(shard = %local, cluster_id = ?evidence.cluster_id,
+                revision = evidence.revision, seen,
+                "the cluster's store does not hold this cluster's history; the local copy stays as it is");
+            return false;
+        }
+        let held = self.ledger.held_epoch(local);
+        match tarn_cluster::fate_of_copy(&self.node_id, shard, held, &evidence) {
             tarn_cluster::CopyFate::Keep => true,
+            tarn_cluster::CopyFate::Undecided(why) => {
+                tracing::info!(shard = %local, %why, "a local copy stays out of service for now");
+                false
+            }
             tarn_cluster::CopyFate::Drop(why) => {
                 tracing::info!(shard = %local, %why, "dropping a local shard");
+                // Recorded first: a shard whose copy was deleted here is never started empty
+                // here again, whatever an older record says.
+                let (name, revision) = (local.to_owned(), evidence.revision);
+                let epoch = match &evidence.record {
+                    tarn_cluster::ShardRecord::Assigned(a) => a.epoch,
+                    _ => u64::MAX,
+                };
+                if let Err(error) = self
+                    .note_ledger(move |l| l.note_dropped(&name, revision, epoch))
+                    .await
+                {
+                    tracing::error!(shard = %local, %error, "could not record the drop; the copy stays");
+                    return false;
+                }
                 if let Err(error) = self.registry.drop_shard(local).await {
                     tracing::error!(shard = %local, %error, "could not drop a shard");
                     return false;
@@ -405,6 +493,11 @@ impl ClusterNode {
                     Ok(path) => {
                         tracing::warn!(shard = %local, path = %path.display(), "local shard set aside");
                         self.gates.remove(local);
+                        let name = local.to_owned();
+                        if let Err(error) = self.note_ledger(move |l| l.note_set_aside(&name)).await
+                        {
+                            tracing::warn!(shard = %local, %error, "could not update the ledger");
+                        }
                         true
                     }
                     Err(error) => {
@@ -414,6 +507,17 @@ impl ClusterNode {
                 }
             }
         }
+    }
+
+    /// Runs a change of the ledger (blocking file I/O) off the async workers.
+    pub(crate) async fn note_ledger(
+        &self,
+        change: impl FnOnce(&crate::ledger::CopyLedger) -> std::io::Result<()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let ledger = Arc::clone(&self.ledger);
+        tokio::task::spawn_blocking(move || change(&ledger))
+            .await
+            .map_err(std::io::Error::other)?
     }
 
     /// The write gate of a local shard.
@@ -474,7 +578,7 @@ impl ClusterNode {
         if let Ok(collection) = self.registry.get_shard(&local) {
             return Ok(collection);
         }
-        if !assignment.create_replicas_on.contains(&self.incarnation) {
+        if !self.replica_starts_empty_here(&local, assignment) {
             return Err(ApiError::ShardUnavailable {
                 collection: shard.collection.clone(),
                 shard: shard.shard,
@@ -494,6 +598,19 @@ impl ClusterNode {
                 ApiError::Internal(format!("collection '{}' has a bad config: {e}", def.name))
             })?;
         self.registry.create_shard(&local, config).await
+    }
+
+    /// Whether this data directory may start its replica copy of `local` empty: the record
+    /// lists it among the directories a new collection's replicas start on, and no copy of the
+    /// shard was ever deleted here (an older record, from an etcd restored from a backup, may
+    /// still list it).
+    pub(crate) fn replica_starts_empty_here(
+        &self,
+        local: &str,
+        assignment: &ShardAssignment,
+    ) -> bool {
+        assignment.create_replicas_on.contains(&self.incarnation)
+            && self.ledger.may_start_empty(local, assignment.epoch)
     }
 
     /// Waits until this node's view of a shard differs from `seen` (or the collection is gone),
@@ -603,9 +720,12 @@ impl ClusterNode {
         // its directory is one the shard's replicas start empty on, and no copy of the shard
         // was set aside here (a copy replaced by a seed leaves the in-sync set first, so a
         // promoted copy was never replaced).
-        let starts_empty_here = assignment.create_on.as_deref() == Some(self.incarnation.as_str())
-            || (assignment.create_replicas_on.contains(&self.incarnation)
-                && !registry.has_set_aside(&local));
+        // Never where a copy of the shard was deleted before (a record from an etcd restored
+        // from an older backup may still name this directory).
+        let starts_empty_here = self.ledger.may_start_empty(&local, assignment.epoch)
+            && (assignment.create_on.as_deref() == Some(self.incarnation.as_str())
+                || (assignment.create_replicas_on.contains(&self.incarnation)
+                    && !registry.has_set_aside(&local)));
         if !starts_empty_here {
             return Err(ApiError::ShardUnavailable {
                 collection: shard.collection.clone(),
@@ -887,8 +1007,30 @@ impl ClusterNode {
         }
         let mut plan = Vec::new();
         let mut kept = Vec::new();
+        let mut set_aside = Vec::new();
         for (name, map) in &state.collections {
             for (shard, assignment) in map.shards.iter().enumerate() {
+                // An in-sync replica whose data no other in-sync copy holds alive on its disk
+                // (the primary is down, or back on a wiped disk): never "no data lost".
+                let another_holds = assignment
+                    .in_sync()
+                    .any(|n| n != node_id && state.holds_in_sync_copy(assignment, n));
+                if assignment.owner != node_id
+                    && assignment.in_sync().any(|n| n == node_id)
+                    && !another_holds
+                {
+                    if let Some(mut new) = assignment.without_replica(node_id) {
+                        new.given_up.push(node_id.to_owned());
+                        set_aside.push((
+                            name.clone(),
+                            map.def.uid,
+                            shard as u32,
+                            assignment.clone(),
+                            new,
+                        ));
+                    }
+                    continue;
+                }
                 // A copy another in-sync copy makes redundant loses no data: the forgotten
                 // node's replica leaves the record; a primary gives way to an alive in-sync
                 // replica (the promotion failover would make), which then drops it.
@@ -972,6 +1114,10 @@ impl ClusterNode {
                 swap_unless_registered(name, *uid, *shard, from.epoch, new, Some(from)).await?;
                 tracing::warn!(collection = %name, shard, forgotten = %node_id, owner = %new.owner, "a forgotten node's copy dropped: another in-sync copy holds the data");
             }
+            for (name, uid, shard, from, new) in &set_aside {
+                swap_unless_registered(name, *uid, *shard, from.epoch, new, Some(from)).await?;
+                tracing::warn!(collection = %name, shard, forgotten = %node_id, owner = %new.owner, "a forgotten node's in-sync copy leaves the record and is set aside should it come back: no other in-sync copy is alive");
+            }
             for (name, uid, shard, epoch, new) in &plan {
                 swap_unless_registered(name, *uid, *shard, *epoch, new, None).await?;
                 tracing::warn!(collection = %name, shard, forgotten = %node_id, owner = %new.owner, "shard given up: its data is lost, it starts empty");
@@ -992,6 +1138,10 @@ impl ClusterNode {
                 .map(|(name, _, shard, _, new)| (name, shard, new))
                 .collect(),
             kept: kept
+                .into_iter()
+                .map(|(name, _, shard, _, new)| (name, shard, new))
+                .collect(),
+            set_aside: set_aside
                 .into_iter()
                 .map(|(name, _, shard, _, new)| (name, shard, new))
                 .collect(),
@@ -1060,6 +1210,39 @@ async fn reconcile(node: std::sync::Weak<ClusterNode>) {
         let Some(node) = node.upgrade() else {
             return;
         };
+        if node.check_store_history().is_err() {
+            // Fenced: nothing is judged, lifted or started until the node restarts.
+            drop(node);
+            if state.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        // What this directory holds at which epoch, recorded before anything is acted on.
+        let held: Vec<(String, u64)> = node
+            .registry
+            .shard_names()
+            .into_iter()
+            .filter_map(|local| {
+                let (shard, _) = ShardName::parse(&local)?;
+                let a = current.assignment(&shard)?;
+                let mine = a.role_of(&node.node_id).is_some()
+                    || a.moving_to.as_deref() == Some(&node.node_id);
+                mine.then_some((local, a.epoch))
+            })
+            .collect();
+        let revision = current.revision;
+        if let Err(error) = node
+            .note_ledger(move |ledger| ledger.note_held(revision, held))
+            .await
+        {
+            tracing::error!(%error, "cannot write the cluster ledger; local copies are judged again later");
+            drop(node);
+            if let Ok(Err(_)) = tokio::time::timeout(RECONCILE_RETRY, state.changed()).await {
+                return;
+            }
+            continue;
+        }
         let mut undecided = false;
         for local in node.registry.shard_names() {
             let Some((shard, _)) = ShardName::parse(&local) else {

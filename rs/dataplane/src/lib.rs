@@ -11,6 +11,7 @@
 
 mod cluster;
 pub mod convert;
+mod ledger;
 mod local;
 mod moves;
 mod registry;

@@ -1474,8 +1474,12 @@ async fn drop_replaced_copies(node: &ClusterNode, state: &tarn_cluster::ClusterS
 /// holds the fewest copies, in one swap that lands only if the shard's record is unchanged and
 /// the dead node is still unregistered in etcd. The new copy is seeded from the primary's
 /// snapshot and log by the primary's follower, and joins the in-sync set once it has
-/// everything. Only shards whose primary is alive are touched (a dead primary is first
-/// replaced by failover); a shard with no spare live node keeps its dead copy listed.
+/// everything. A shard with fewer copies than its replication factor (a copy given up by
+/// `forget`) gets a new replica the same way. Only shards whose primary holds its copy, alive
+/// on its recorded data directory, are touched (a dead primary is first replaced by failover;
+/// a primary back on a wiped disk holds nothing, and its in-sync replicas are never replaced
+/// while they may hold the last copy); a shard with no spare live node keeps its dead copy
+/// listed.
 ///
 /// A replica on a draining node (alive) moves the other way round, so the shard never has
 /// fewer copies in sync than before: first a new replica is added on a taker (the shard has
@@ -1519,7 +1523,10 @@ async fn rereplicate(
     }
     for (name, map) in &state.collections {
         for (idx, a) in map.shards.iter().enumerate() {
-            if !a.takes_writes() || !state.is_alive(&a.owner) {
+            // Only while the primary holds its copy on its recorded disk: a primary back on a
+            // wiped disk holds nothing, and its in-sync replicas, dead or not, may hold the
+            // last copy of every acknowledged write (they wait for it, never replaced).
+            if !a.takes_writes() || !state.holds_in_sync_copy(a, &a.owner) {
                 continue;
             }
             // Both changes keep the epoch and compare the whole record.
@@ -1545,7 +1552,7 @@ async fn rereplicate(
                     .all(|n| a.in_sync().any(|m| m == n));
                 let next = if n_copies <= map.def.replication_factor.max(1) {
                     load.iter()
-                        .filter(|(n, _)| a.role_of(n).is_none())
+                        .filter(|(n, _)| a.role_of(n).is_none() && !a.given_up.contains(*n))
                         .min_by_key(|(n, copies)| (**copies, n.as_str()))
                         .and_then(|(taker, _)| a.with_replica(taker))
                 } else if others_in_sync {
@@ -1575,29 +1582,45 @@ async fn rereplicate(
                     continue;
                 }
             }
-            let Some(dead) = a.replicas.iter().find(|n| replace(n)) else {
+            // A dead replica is replaced; a shard with fewer copies than its factor (a copy
+            // given up by `forget`) gets one more.
+            let dead = a.replicas.iter().find(|n| replace(n));
+            let short = a.copies().count() < map.def.replication_factor.max(1) as usize;
+            if dead.is_none() && !short {
                 continue;
-            };
+            }
+            // Never a node whose copy of the shard was given up: its copy is set aside for an
+            // operator, and a seed or a log cut would destroy it.
             let Some(taker) = load
                 .iter()
-                .filter(|(n, _)| a.role_of(n).is_none())
+                .filter(|(n, _)| a.role_of(n).is_none() && !a.given_up.contains(*n))
                 .min_by_key(|(n, copies)| (**copies, n.as_str()))
                 .map(|(n, _)| n.clone())
             else {
                 continue;
             };
-            let Some(next) = a.without_replica(dead).and_then(|r| r.with_replica(&taker)) else {
+            let next = match dead {
+                Some(dead) => a.without_replica(dead),
+                None => Some(a.clone()),
+            };
+            let Some(next) = next.and_then(|r| r.with_replica(&taker)) else {
                 continue;
             };
             match node
                 .store()
-                .compare_and_set_shard(&swap_to(&next, Some(dead)))
+                .compare_and_set_shard(&swap_to(&next, dead.map(String::as_str)))
                 .await
             {
                 Ok(true) => {
                     *load.entry(taker.clone()).or_default() += 1;
-                    tracing::warn!(collection = %name, shard = idx, %dead, %taker,
-                        "re-replication: a dead node's replica is rebuilt on another node");
+                    match dead {
+                        Some(dead) => {
+                            tracing::warn!(collection = %name, shard = idx, %dead, %taker,
+                            "re-replication: a dead node's replica is rebuilt on another node")
+                        }
+                        None => tracing::warn!(collection = %name, shard = idx, %taker,
+                            "re-replication: a shard below its replication factor gets a copy"),
+                    }
                 }
                 Ok(false) => {}
                 Err(error) => {

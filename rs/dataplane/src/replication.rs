@@ -1175,7 +1175,7 @@ async fn append_entries_here(
         }
     }
     if node.registry.get_shard(&local).is_err()
-        && !assignment.create_replicas_on.contains(&node.incarnation)
+        && !node.replica_starts_empty_here(&local, &assignment)
     {
         return Ok(needs_seed());
     }

@@ -102,6 +102,11 @@ impl Cluster for ClusterAdmin {
                 .into_iter()
                 .map(|(collection, shard, new)| shard_to_wire(collection, shard, &new, applied))
                 .collect(),
+            set_aside: plan
+                .set_aside
+                .into_iter()
+                .map(|(collection, shard, new)| shard_to_wire(collection, shard, &new, applied))
+                .collect(),
             // A given-up shard starts empty: the reply lists no copies for it.
             shards: plan
                 .given_up

@@ -92,6 +92,13 @@ pub struct ServeArgs {
     /// shards its map does not know are set aside (`tarn cluster set-aside`), never deleted.
     #[arg(long)]
     pub force_new_cluster: bool,
+    /// Cluster mode: join an etcd whose history is behind what this data directory saw (etcd
+    /// restored from an older backup, its newer state lost). Without it the node refuses to
+    /// start against such an etcd, and a running node fences itself. Local copies held at a
+    /// later epoch than their record are set aside, never deleted; a shard whose copy was
+    /// deleted here is never started empty here.
+    #[arg(long)]
+    pub accept_etcd_rollback: bool,
     /// Cluster mode: the certificate authority (PEM) that signs the nodes' TLS certificates
     /// (nodes advertising https:// addresses); without it, nodes trust the Mozilla roots.
     #[arg(long, env = "TARN_CLUSTER_CA")]
@@ -210,6 +217,7 @@ impl ServeConfig {
                 ),
                 store: None,
                 force_new_cluster: args.force_new_cluster,
+                accept_etcd_rollback: args.accept_etcd_rollback,
                 peer_ca: args.cluster_ca.clone().or(file.cluster_ca),
             })
         };

@@ -153,6 +153,9 @@ impl Metrics {
                  # HELP tarn_cluster_writable 1 while this node may acknowledge writes (its etcd lease is surely alive)\n\
                  # TYPE tarn_cluster_writable gauge\n\
                  tarn_cluster_writable {}\n\
+                 # HELP tarn_cluster_fenced_by_store 1 once etcd broke the cluster's history under this node (wiped, replaced, restored from an older backup): it acknowledges no write and changes no copy until restarted\n\
+                 # TYPE tarn_cluster_fenced_by_store gauge\n\
+                 tarn_cluster_fenced_by_store {}\n\
                  # HELP tarn_failovers_total replicas this node promoted to primary as the placement coordinator\n\
                  # TYPE tarn_failovers_total counter\n\
                  tarn_failovers_total {}\n\
@@ -170,6 +173,7 @@ impl Metrics {
                 moves.last_write_pause_us.load(Relaxed) as f64 / 1e6,
                 collections.set_aside_list().map_or(0, |l| l.len()),
                 u8::from(cluster.writable().is_ok()),
+                u8::from(cluster.check_store_history().is_err()),
                 moves.failovers.load(Relaxed),
                 moves.seed_bytes.load(Relaxed),
             );

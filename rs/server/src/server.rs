@@ -142,6 +142,7 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
                 },
                 data_dir: config.data_dir.clone(),
                 force_new_cluster: cluster.force_new_cluster,
+                accept_etcd_rollback: cluster.accept_etcd_rollback,
             };
             let node = tarn_dataplane::ClusterNode::join(store, options, Arc::clone(&registry))
                 .await

@@ -515,11 +515,12 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             node_id,
             yes,
         }) => {
-            let (shards, kept) = connect(&client)
+            let report = connect(&client)
                 .await?
                 .forget_node_report(&node_id, yes)
                 .await?;
-            for shard in &kept {
+            let shards = &report.given_up;
+            for shard in &report.kept {
                 println!(
                     "{} shard {} of collection {}: no data lost, its primary is {} (epoch {}), \
                      in sync: {}",
@@ -531,10 +532,22 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                     shard.in_sync.join(", ")
                 );
             }
+            for shard in &report.set_aside {
+                println!(
+                    "{} shard {} of collection {}: no other in-sync copy is alive, so {node_id}'s \
+                     copy leaves the record and is set aside (never deleted) should the node come \
+                     back; the shard waits for its primary {} (epoch {})",
+                    if yes { "set aside" } else { "would set aside" },
+                    shard.shard,
+                    shard.collection,
+                    shard.node_id,
+                    shard.epoch
+                );
+            }
             if shards.is_empty() {
                 println!("node {node_id} holds no shard data that is not also elsewhere: nothing to give up");
             }
-            for shard in &shards {
+            for shard in shards {
                 println!(
                     "{} shard {} of collection {}: its data on {node_id} is {}; it {} empty on {} (epoch {})",
                     if yes { "gave up" } else { "would give up" },

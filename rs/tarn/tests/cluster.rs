@@ -492,6 +492,7 @@ async fn memory_node_with(
         replace_dead_after: Duration::from_secs(600),
         store: Some(store.clone()),
         force_new_cluster: false,
+        accept_etcd_rollback: false,
         peer_ca: None,
     });
     configure(&mut config);
@@ -916,6 +917,234 @@ async fn check_acked(client: &Client, acked: &Acked) {
     );
 }
 
+/// Copies a stopped etcd's data directory (`cp -a`), as a backup of its volume would.
+fn copy_etcd_data(from: &Path, to: &Path) {
+    let _ = std::fs::remove_dir_all(to);
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(
+        copied.success(),
+        "cp -a {} {}",
+        from.display(),
+        to.display()
+    );
+}
+
+/// Polls a write through each of `addrs` until every one is refused UNAVAILABLE because the
+/// node fenced itself (`what` happened to etcd); panics after `limit`.
+async fn wait_until_fenced(addrs: &[String], limit: Duration, what: &str) {
+    let deadline = Instant::now() + limit;
+    for addr in addrs {
+        let client = Client::connect(addr.clone()).await.unwrap();
+        loop {
+            let insert = Insert::new("moving", vec![7 * 999_999], vec![0.5; 8])
+                .users(vec![0])
+                .durability(Durability::Fsync)
+                .timeout(Duration::from_secs(2));
+            match client.insert(insert).await {
+                Err(e) if e.code() == Code::Unavailable && e.to_string().contains("fenced") => {
+                    break
+                }
+                outcome => assert!(
+                    Instant::now() < deadline,
+                    "node at {addr} did not fence itself after {what}: {outcome:?}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// etcd restored from a backup taken before a drain (its volume copied while stopped, then put
+/// back after the drain and more writes): every node fences itself (writes refused
+/// UNAVAILABLE "fenced", no copy deleted, set aside or created), a restart is refused naming
+/// `--accept-etcd-rollback`, and with it the node that took the shard sets its newer copy
+/// aside (its record is older than the epoch it held it at) while the node that gave it away
+/// never starts it empty: no Get answers OK without an acknowledged document, and every
+/// acknowledged document is in a copy on disk. Before, the new owner deleted its copy and the
+/// old one served an empty shard: Gets answered OK with the writes since the backup missing.
+#[test]
+fn processes_an_etcd_restored_from_an_older_backup_fences_the_nodes_and_loses_nothing() {
+    let Some((dir, mut etcd, mut nodes)) = real_cluster(3, 2) else {
+        return;
+    };
+    const DIM: usize = 8;
+    let rt = runtime();
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let client = rt.block_on(Client::connect(addrs[0].clone())).unwrap();
+    rt.block_on(create_moving(&client, DIM, 2, 1, 1));
+    let acked: Acked = Default::default();
+    let write = |from: u128, to: u128| {
+        rt.block_on(async {
+            for batch in (from..to).step_by(20) {
+                let docs = (batch..batch + 20).map(|k| k * 7).collect();
+                insert_recorded(&client, &acked, docs, Duration::from_secs(10))
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    write(0, 300);
+    // The backup: etcd stopped, its volume copied, started again.
+    let backup = dir.path().join("etcd-backup");
+    etcd.stop();
+    copy_etcd_data(&etcd.dir, &backup);
+    etcd.restart();
+    let status = rt.block_on(wait_for_status(
+        &client,
+        Duration::from_secs(20),
+        "the cluster back after the backup",
+        |s| s.nodes.iter().filter(|n| n.alive).count() == 3,
+    ));
+    let owner = status
+        .shards
+        .iter()
+        .find(|s| s.collection == "moving")
+        .unwrap()
+        .node_id
+        .clone();
+    // A drain moves the owner's shards away; more writes land on their new owners.
+    rt.block_on(async {
+        client.drain_node(&owner, false).await.unwrap();
+        wait_for_status(&client, Duration::from_secs(60), "the drain", |s| {
+            s.shards
+                .iter()
+                .all(|s| s.collection != "moving" || s.node_id != owner)
+        })
+        .await;
+    });
+    write(300, 600);
+    // etcd lost and restored from the backup.
+    etcd.stop();
+    let _ = std::fs::remove_dir_all(&etcd.dir);
+    copy_etcd_data(&backup, &etcd.dir);
+    etcd.restart();
+    rt.block_on(wait_until_fenced(
+        &addrs,
+        Duration::from_secs(20),
+        "etcd restored from an older backup",
+    ));
+    // Nothing was deleted: every acknowledged document is in a copy on disk.
+    for node in &mut nodes {
+        node.kill();
+    }
+    let on_disk: std::collections::BTreeSet<u128> = nodes
+        .iter()
+        .flat_map(|n| local_copies(&n.dir, "moving").into_values().flatten())
+        .map(|(_, doc)| doc)
+        .collect();
+    for (doc, state) in acked.lock().unwrap().iter() {
+        if matches!(state, Doc::Live(_)) {
+            assert!(
+                on_disk.contains(doc),
+                "acknowledged document {doc} is on no disk"
+            );
+        }
+    }
+    // A restart is refused against the older history, naming the way out.
+    let log = nodes[0]
+        .try_start(&etcd.endpoint(), &[], &[])
+        .expect_err("a node joined an etcd behind its history");
+    assert!(log.contains("--accept-etcd-rollback"), "{log}");
+    for node in &mut nodes {
+        node.try_start(&etcd.endpoint(), &["--accept-etcd-rollback"], &[])
+            .unwrap();
+    }
+    // No Get answers OK without an acknowledged document (a shard whose copy is set aside or
+    // was never started empty answers UNAVAILABLE).
+    rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let expected = acked.lock().unwrap().clone();
+        let (mut answered, mut refused) = (0, 0);
+        for (doc, state) in &expected {
+            let Doc::Live(v) = state else { continue };
+            match client.get("moving", doc % 7, &[*doc]).await {
+                Ok(got) => {
+                    assert_eq!(got.len(), 1, "acknowledged document {doc} is missing");
+                    assert_eq!(&got[0].vector, v);
+                    answered += 1;
+                }
+                Err(e) => {
+                    assert!(
+                        matches!(e.code(), Code::Unavailable | Code::FailedPrecondition),
+                        "{e}"
+                    );
+                    refused += 1;
+                }
+            }
+        }
+        eprintln!("after the accepted rollback: {answered} documents read, {refused} refused");
+        let started = Instant::now();
+        while n_set_aside(&addrs).await == 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "the copy newer than its record was not set aside"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+}
+
+/// How many copies the nodes at `addrs` set aside.
+async fn n_set_aside(addrs: &[String]) -> usize {
+    let mut n = 0;
+    for addr in addrs {
+        let client = Client::connect(addr.clone()).await.unwrap();
+        n += client.list_set_aside().await.unwrap().len();
+    }
+    n
+}
+
+/// etcd wiped and restarted empty under running nodes: every node fences itself (writes refused
+/// UNAVAILABLE "fenced"), none registers again into the empty etcd, and no copy is set aside
+/// or deleted. Before, every copy of every collection was set aside at once and the nodes
+/// registered again into the empty etcd, which then looked like a healthy, empty cluster.
+#[test]
+fn processes_an_etcd_wiped_under_running_nodes_fences_them() {
+    let Some((_dir, mut etcd, nodes)) = real_cluster(2, 2) else {
+        return;
+    };
+    const DIM: usize = 8;
+    let rt = runtime();
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let client = rt.block_on(Client::connect(addrs[0].clone())).unwrap();
+    rt.block_on(create_moving(&client, DIM, 2, 1, 1));
+    let acked: Acked = Default::default();
+    rt.block_on(async {
+        insert_recorded(
+            &client,
+            &acked,
+            (0..40).map(|k| k * 7).collect(),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    });
+    let before: Vec<usize> = nodes.iter().map(|n| shard_dirs(n, "moving")).collect();
+    etcd.stop();
+    std::fs::remove_dir_all(&etcd.dir).unwrap();
+    etcd.restart();
+    rt.block_on(async {
+        wait_until_fenced(&addrs, Duration::from_secs(20), "etcd wiped").await;
+        // Longer than a lease: nobody registered again, nothing was set aside.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let raw = raw_etcd(&etcd.endpoint());
+        let registered = raw.get(b"/tarn/nodes/", true).await.unwrap();
+        assert!(
+            registered.kvs.is_empty(),
+            "a node registered into the wiped etcd"
+        );
+        assert_eq!(n_set_aside(&addrs).await, 0);
+    });
+    let after: Vec<usize> = nodes.iter().map(|n| shard_dirs(n, "moving")).collect();
+    assert_eq!(after, before);
+}
+
 /// A node's view of the in-memory store in which its first flip of a moved shard lands but the
 /// answer is lost ("etcd did not answer"), and its watch then lags by `lag` (changes held back).
 #[derive(Debug)]
@@ -1025,6 +1254,15 @@ impl tarn_cluster::ClusterStore for LosingFlipStore {
         shard: u32,
     ) -> tarn_cluster::Result<tarn_cluster::ShardRecord> {
         self.inner.read_shard(collection, uid, shard).await
+    }
+
+    async fn read_copy_evidence(
+        &self,
+        collection: &str,
+        uid: u64,
+        shard: u32,
+    ) -> tarn_cluster::Result<tarn_cluster::CopyEvidence> {
+        self.inner.read_copy_evidence(collection, uid, shard).await
     }
 
     async fn identity(&self) -> tarn_cluster::Result<tarn_cluster::StoreIdentity> {
@@ -5075,6 +5313,184 @@ fn processes_a_copy_back_on_a_wiped_disk_is_never_promoted_and_is_seeded_again()
     assert_copies_identical(nodes.iter().map(|n| &n.dir), "moving", 1, 2);
 }
 
+/// A primary back on a wiped disk while its only in-sync replica is down past
+/// `--replace-dead-after` (double fault): the replica, which holds the last copy of every
+/// acknowledged write, is never replaced in the record while it is down; when it returns it
+/// keeps its copy, is promoted over the wiped primary, and every acknowledged write is there.
+/// Without the guard in re-replication, the replica left the record while it was down (the
+/// primary, registered again from another directory, counted as alive), and deleted its copy
+/// when it came back: the shard stayed UNAVAILABLE with its data gone.
+#[test]
+fn processes_a_wiped_primary_never_costs_its_down_replica_s_copy() {
+    const LEASE: u64 = 2;
+    const DIM: usize = 8;
+    const REPLACE: &[&str] = &["--replace-dead-after", "3"];
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let endpoint = etcd.endpoint();
+    let mut nodes = nodes_with(dir.path(), 3, &endpoint, LEASE, REPLACE, &[]);
+    let rt = runtime();
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let status = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        create_moving(&client, DIM, 1, 2, 1).await;
+        wait_in_sync(&addrs[0], 2).await
+    });
+    let the_shard = |status: &tarn_client::ClusterStatus| {
+        status
+            .shards
+            .iter()
+            .find(|s| s.collection == "moving")
+            .unwrap()
+            .clone()
+    };
+    let shard = the_shard(&status);
+    let index = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
+    let (p, r) = (index(&shard.node_id), index(&shard.replicas[0]));
+    let c = 3 - p - r;
+    let r_id = nodes[r].id.clone();
+    let client = rt.block_on(Client::connect(addrs[c].clone())).unwrap();
+    let acked: Acked = Default::default();
+    rt.block_on(async {
+        for batch in 0..30u128 {
+            let docs = (batch * 20..batch * 20 + 20).map(|k| k * 7).collect();
+            insert_recorded(&client, &acked, docs, Duration::from_secs(10))
+                .await
+                .unwrap();
+        }
+    });
+    // The replica goes down; then the primary loses its disk and comes back at once.
+    nodes[r].kill();
+    rt.block_on(revoke_registration(&endpoint, &r_id));
+    nodes[p].kill();
+    rt.block_on(revoke_registration(&endpoint, &nodes[p].id));
+    std::fs::remove_dir_all(&nodes[p].dir).unwrap();
+    std::fs::create_dir_all(&nodes[p].dir).unwrap();
+    nodes[p].try_start(&endpoint, REPLACE, &[]).unwrap();
+    // Well past --replace-dead-after, a coordinator election and its rounds: the replica, the
+    // only copy with data, stays in the record, in sync.
+    let down = Instant::now();
+    rt.block_on(async {
+        while down.elapsed() < Duration::from_secs(12) {
+            if let Ok(status) = client.cluster_status().await {
+                let now = the_shard(&status);
+                assert!(
+                    now.in_sync.contains(&r_id) || now.node_id == r_id,
+                    "the down replica holding the last copy left the record: {now:?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    nodes[r]
+        .try_start(&endpoint, REPLACE, &[("RUST_LOG", "info")])
+        .unwrap();
+    rt.block_on(async {
+        wait_for_status(
+            &client,
+            Duration::from_secs(30),
+            "the returning replica promoted over the wiped primary",
+            |s| the_shard(s).node_id == r_id,
+        )
+        .await;
+        check_acked(&client, &acked).await;
+    });
+    let log = nodes[r].server.as_ref().unwrap().logs();
+    assert!(
+        !log.contains("dropping a local shard") && !log.contains("setting a local shard aside"),
+        "{log}"
+    );
+}
+
+/// ForgetNode of an in-sync replica whose primary is dead never says "no data lost": the
+/// replica leaves the record listed as given up, so its copy is set aside (never deleted) when
+/// it comes back, in either order of the two forgets (the replica's first, or the primary's).
+/// Before, forgetting the replica first listed the shard as kept, and after the primary was
+/// forgotten too the returning replica deleted the only copy of the shard's data.
+#[test]
+fn forget_of_a_replica_whose_primary_is_dead_sets_its_copy_aside_in_either_order() {
+    let rt = runtime();
+    for replica_first in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        rt.block_on(async {
+            let (mut servers, store) = memory_cluster(dir.path(), 3).await;
+            let client = Client::connect(servers[0].grpc_addr()).await.unwrap();
+            const DIM: usize = 4;
+            client
+                .create_collection(
+                    CollectionSpec::new("pair", DIM as u32)
+                        .metric(Metric::L2)
+                        .shards(1, ShardKey::Doc)
+                        .replicas(2, 1),
+                )
+                .await
+                .unwrap();
+            let mut rng = rand::rngs::StdRng::seed_from_u64(43);
+            let ids: Vec<u128> = (0..40).collect();
+            client
+                .insert(Insert::new("pair", ids, vectors(&mut rng, 40, DIM)))
+                .await
+                .unwrap();
+            let status = wait_for_status(&client, Duration::from_secs(20), "two in sync", |s| {
+                s.shards.iter().all(|s| s.in_sync.len() == 2)
+            })
+            .await;
+            let shard = status.shards[0].clone();
+            let (primary, replica) = (shard.node_id.clone(), shard.replicas[0].clone());
+            let number = |id: &str| id[1..].parse::<usize>().unwrap();
+            let mut others: Vec<usize> = vec![number(&primary), number(&replica)];
+            others.sort_unstable();
+            let survivor = (1..=3).find(|i| !others.contains(i)).unwrap();
+            let client = Client::connect(servers[survivor - 1].grpc_addr())
+                .await
+                .unwrap();
+            // Both copies' nodes go down.
+            for i in others.iter().rev() {
+                servers.remove(i - 1).shutdown().await.unwrap();
+            }
+            store.expire(&primary);
+            store.expire(&replica);
+            let order = if replica_first {
+                [replica.clone(), primary.clone()]
+            } else {
+                [primary.clone(), replica.clone()]
+            };
+            for node in &order {
+                let report = client.forget_node_report(node, true).await.unwrap();
+                assert!(
+                    report.kept.is_empty(),
+                    "forget {node} said no data lost: {report:?}"
+                );
+                if *node == replica && replica_first {
+                    assert_eq!(report.set_aside.len(), 1, "{report:?}");
+                }
+            }
+            // The replica comes back: its copy is set aside, not deleted.
+            let back = memory_node(dir.path(), number(&replica), &store).await;
+            let back_client = Client::connect(back.grpc_addr()).await.unwrap();
+            let started = Instant::now();
+            loop {
+                let aside = back_client.list_set_aside().await.unwrap();
+                if aside.len() == 1 {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "the returning replica's copy was not set aside (order: {order:?}): {aside:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            back.shutdown().await.unwrap();
+            for server in servers {
+                server.shutdown().await.unwrap();
+            }
+        });
+    }
+}
+
 /// Re-replication: with `--replace-dead-after 3`, a node killed under writes has the replica
 /// copies it held rebuilt on the other live nodes (seeded from the primaries' snapshots), and
 /// the shards it led fail over first; every shard is back to 2 in-sync copies without it,
@@ -5181,6 +5597,8 @@ fn processes_a_dead_node_s_copies_are_rebuilt_elsewhere_after_replace_dead_after
 /// ForgetNode with replicas: a dead node's copies that another in-sync copy makes redundant
 /// lose no data (listed as kept: the node's copy leaves the record; a shard it led is led by
 /// the promoted copy), and only a shard with no other copy is given up (listed, starts empty).
+/// Every kept shard is then back to its replication factor (a new copy seeded on the other
+/// live node).
 #[test]
 fn forget_keeps_every_shard_another_in_sync_copy_holds() {
     let dir = tempfile::tempdir().unwrap();
@@ -5243,14 +5661,16 @@ fn forget_keeps_every_shard_another_in_sync_copy_holds() {
             assert!(started.elapsed() < Duration::from_secs(20), "{status:?}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let (given_up, kept) = client.forget_node_report("n3", false).await.unwrap();
+        let report = client.forget_node_report("n3", false).await.unwrap();
+        let (given_up, kept) = (report.given_up, report.kept);
         assert_eq!(kept.len(), kept_on_n3, "{kept:?}");
         assert!(kept
             .iter()
             .all(|s| s.collection == "kept" && s.state == "planned"));
         assert_eq!(given_up.len(), lone_on_n3, "{given_up:?}");
         assert!(given_up.iter().all(|s| s.collection == "lone"));
-        let (given_up, kept) = client.forget_node_report("n3", true).await.unwrap();
+        let report = client.forget_node_report("n3", true).await.unwrap();
+        let (given_up, kept) = (report.given_up, report.kept);
         assert_eq!((given_up.len(), kept.len()), (lone_on_n3, kept_on_n3));
         // Nothing of "kept" is lost, and n3 is none of its copies any more.
         let started = Instant::now();
@@ -5271,6 +5691,20 @@ fn forget_keeps_every_shard_another_in_sync_copy_holds() {
             assert!(started.elapsed() < Duration::from_secs(10), "{status:?}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // The replication factor comes back without a person: every shard of "kept" gets a
+        // second copy on the other live node, seeded and in sync.
+        wait_for_status(
+            &client,
+            Duration::from_secs(30),
+            "every shard of kept back to two in-sync copies after forget",
+            |s| {
+                s.shards
+                    .iter()
+                    .filter(|s| s.collection == "kept")
+                    .all(|s| s.in_sync.len() == 2)
+            },
+        )
+        .await;
         for id in &ids {
             let got = client.get("kept", 0, &[*id]).await.unwrap();
             assert_eq!(got.len(), 1, "document {id} of kept is missing");
