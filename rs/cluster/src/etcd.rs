@@ -489,9 +489,13 @@ impl ClusterStore for EtcdStore {
         let node_key = swap
             .unless_registered
             .map(|node_id| inner.key(&format!("nodes/{node_id}")));
+        let candidate_key = swap
+            .registered
+            .map(|(node_id, _)| inner.key(&format!("nodes/{node_id}")));
         // One read of the keys at one revision.
         let mut reads = vec![get_op(&def_key), get_op(&key)];
         reads.extend(node_key.as_deref().map(get_op));
+        reads.extend(candidate_key.as_deref().map(get_op));
         let read = when(Vec::new(), reads);
         let response = inner.call("read shard", inner.client.txn(read)).await?;
         let mut found = range_results(&response.responses);
@@ -526,6 +530,19 @@ impl ClusterStore for EtcdStore {
                     compare.push(modified_at(&node_key, registration.mod_revision));
                 }
             }
+        }
+        if let Some(candidate_key) = candidate_key {
+            // The candidate's registration just read must be the one from its recorded
+            // directory, and still be that one when the write lands.
+            let Some(registration) = found.remove(&candidate_key) else {
+                return Ok(false);
+            };
+            let holds = serde_json::from_slice::<NodeInfo>(&registration.value)
+                .is_ok_and(|info| swap.candidate_holds(&info));
+            if !holds {
+                return Ok(false);
+            }
+            compare.push(modified_at(&candidate_key, registration.mod_revision));
         }
         let txn = when(compare, vec![put_op(&key, encode(&key, swap.new)?, 0)]);
         let response = inner.call("set shard", inner.client.txn(txn)).await?;
@@ -1196,9 +1213,11 @@ async fn keep_alive_forever(
                     tracing::warn!(node_id = %node.node_id, "membership lease expired; registering again");
                     match register_again(&inner, node, ttl).await {
                         Ok(Some((new, revision))) => {
+                            // The registration's revision first: a view older than it must
+                            // never pair with the new lease's liveness (writable()).
+                            lease.registered_at.store(revision, Ordering::Relaxed);
                             lease.id.store(new.id, Ordering::Relaxed);
                             *lease.alive_until.lock() = new.asked_at + new.ttl;
-                            lease.registered_at.store(revision, Ordering::Relaxed);
                             tracing::info!(node_id = %node.node_id, lease = new.id, "registered again");
                             backoff.reset();
                         }

@@ -76,12 +76,26 @@ pub struct ShardSwap<'a> {
     /// back on a wiped or replaced disk, so it holds no copy) then counts as none: failover
     /// over such a primary. `None`: any registration stops the swap.
     pub unless_registered_from: Option<&'a str>,
+    /// Only if this node is registered, from this data directory when the token is not empty
+    /// (node id, token): failover's candidate, so that a promotion planned from a stale view
+    /// never lands on a node that died or came back on another disk meanwhile.
+    pub registered: Option<(&'a str, &'a str)>,
     /// Only if the record is still exactly this one (not only at the same epoch): changes of a
     /// shard's copies keep its epoch, so they compare the whole record.
     pub expected: Option<&'a ShardAssignment>,
 }
 
 impl ShardSwap<'_> {
+    /// Whether `registration`, of the node named by `registered`, comes from the data
+    /// directory recorded for it (any, when no token was recorded).
+    pub fn candidate_holds(&self, registration: &NodeInfo) -> bool {
+        self.registered.is_some_and(|(node, recorded)| {
+            registration.node_id == node
+                && (recorded.is_empty()
+                    || !crate::is_another_directory(recorded, &registration.incarnation))
+        })
+    }
+
     /// Whether `registration`, of the node named by `unless_registered`, comes from another
     /// data directory than `unless_registered_from` (so it does not stop the swap).
     pub fn registered_elsewhere(&self, registration: &NodeInfo) -> bool {
@@ -375,6 +389,15 @@ impl ClusterStore for MemoryStore {
             let registered = swap.unless_registered.and_then(|n| s.nodes.get(n));
             if registered.is_some_and(|info| !swap.registered_elsewhere(info)) {
                 return false;
+            }
+            if let Some((node, _)) = swap.registered {
+                if !s
+                    .nodes
+                    .get(node)
+                    .is_some_and(|info| swap.candidate_holds(info))
+                {
+                    return false;
+                }
             }
             let Some(slot) = s
                 .collections

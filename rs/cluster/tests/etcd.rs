@@ -318,6 +318,7 @@ fn swap<'a>(
         new,
         unless_registered: None,
         unless_registered_from: None,
+        registered: None,
         expected: None,
     }
 }
@@ -639,6 +640,7 @@ async fn store_semantics(store: &impl ClusterStore) {
         expected: Some(&rejoined),
         unless_registered: Some("n2"),
         unless_registered_from: Some("dir-n2"),
+        registered: None,
         ..swap("docs2", 4, 0, rejoined.epoch, &over)
     };
     let n2 = store
@@ -661,6 +663,7 @@ async fn store_semantics(store: &impl ClusterStore) {
     .await;
     let any_registration = ShardSwap {
         unless_registered_from: None,
+        registered: None,
         ..promotion
     };
     assert!(
@@ -670,8 +673,43 @@ async fn store_semantics(store: &impl ClusterStore) {
             .unwrap(),
         "without the recorded directory, any registration must stop the promotion"
     );
+    // The candidate must be registered, in the store itself, from its recorded directory.
+    let guarded_candidate = ShardSwap {
+        registered: Some(("n1", "dir-n1")),
+        ..promotion
+    };
     assert!(
-        store.compare_and_set_shard(&promotion).await.unwrap(),
+        !store
+            .compare_and_set_shard(&guarded_candidate)
+            .await
+            .unwrap(),
+        "a promotion landed on a candidate with no registration"
+    );
+    let n1_wiped = store
+        .register(&node_on("n1", "dir-n1-wiped"), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        !store
+            .compare_and_set_shard(&guarded_candidate)
+            .await
+            .unwrap(),
+        "a promotion landed on a candidate back on another directory"
+    );
+    drop(n1_wiped);
+    wait_until(&mut rx, WAIT, "n1 gone again", |s| {
+        !s.nodes.contains_key("n1")
+    })
+    .await;
+    let _n1 = store
+        .register(&node_on("n1", "dir-n1"), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        store
+            .compare_and_set_shard(&guarded_candidate)
+            .await
+            .unwrap(),
         "the promotion over a primary back on another directory did not land"
     );
     assert_eq!(

@@ -789,7 +789,7 @@ impl ClusterNode {
         map: &CollectionMap,
         shard: u32,
         (spread, attempt): (usize, usize),
-    ) -> (Result<Target, ApiError>, usize) {
+    ) -> (Result<Target, ApiError>, usize, String) {
         let assignment = &map.shards[shard as usize];
         let state = self.state();
         let copies: Vec<&str> = assignment
@@ -803,7 +803,7 @@ impl ClusterNode {
             })
             .collect();
         if copies.len() <= 1 || !assignment.takes_writes() {
-            return (self.target(map, shard).await, 1);
+            return (self.target(map, shard).await, 1, assignment.owner.clone());
         }
         let first = copies
             .iter()
@@ -815,7 +815,11 @@ impl ClusterNode {
         } else {
             pb::ShardRole::Replica
         };
-        (self.target_on(map, shard, pick, role).await, copies.len())
+        (
+            self.target_on(map, shard, pick, role).await,
+            copies.len(),
+            pick.to_owned(),
+        )
     }
 
     /// Where a call for `shard` of `map` goes: here, or to its live owner (over the `Node`
@@ -1071,7 +1075,7 @@ impl ClusterNode {
                     name.clone(),
                     map.def.uid,
                     shard as u32,
-                    assignment.epoch,
+                    assignment.clone(),
                     assignment.given_up_to(target, incarnation),
                 ));
             }
@@ -1097,6 +1101,7 @@ impl ClusterNode {
                         new,
                         unless_registered: Some(node_id),
                         unless_registered_from: None,
+                        registered: None,
                         expected,
                     })
                     .await
@@ -1118,8 +1123,8 @@ impl ClusterNode {
                 swap_unless_registered(name, *uid, *shard, from.epoch, new, Some(from)).await?;
                 tracing::warn!(collection = %name, shard, forgotten = %node_id, owner = %new.owner, "a forgotten node's in-sync copy leaves the record and is set aside should it come back: no other in-sync copy is alive");
             }
-            for (name, uid, shard, epoch, new) in &plan {
-                swap_unless_registered(name, *uid, *shard, *epoch, new, None).await?;
+            for (name, uid, shard, from, new) in &plan {
+                swap_unless_registered(name, *uid, *shard, from.epoch, new, Some(from)).await?;
                 tracing::warn!(collection = %name, shard, forgotten = %node_id, owner = %new.owner, "shard given up: its data is lost, it starts empty");
             }
             let last = plan.last().map(|p| (p.0.clone(), p.2, p.4.epoch));
@@ -1404,10 +1409,10 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 /// answer in time.
 pub fn forwarded(map: &CollectionMap, shard: u32, error: tarn_client::Error) -> ApiError {
     if error.code() == Code::DeadlineExceeded {
+        // The router names the copy it asked (`routing.rs`, `on_shard`).
         return ApiError::DeadlineExceeded(format!(
-            "shard {shard} of collection '{}' on node {} did not answer within the deadline ({})",
+            "shard {shard} of collection '{}' did not answer within the deadline ({})",
             map.def.name,
-            map.shards[shard as usize].owner,
             error.message()
         ));
     }

@@ -183,6 +183,7 @@ pub async fn shard_stream(
     }
     let (tx, rx) = mpsc::channel::<StreamItem>(4);
     let name = shard.local_name();
+    let slot_holder = Arc::clone(&node);
     std::thread::Builder::new()
         .name(format!("tarn-move-out-{}", shard.shard))
         .spawn(move || {
@@ -207,7 +208,11 @@ pub async fn shard_stream(
                 }
             }
         })
-        .map_err(|e| ApiError::Internal(format!("cannot start a shard stream thread: {e}")))?;
+        .map_err(|e| {
+            // The thread never ran: its slot is given back here.
+            slot_holder.moves.streams_out.fetch_sub(1, Ordering::Relaxed);
+            ApiError::Internal(format!("cannot start a shard stream thread: {e}"))
+        })?;
     Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
@@ -927,6 +932,7 @@ fn swap<'a>(
         new,
         unless_registered: None,
         unless_registered_from: None,
+        registered: None,
         expected: None,
     }
 }
@@ -1391,6 +1397,7 @@ fn whole_record_swap<'a>(
         new: to,
         unless_registered: None,
         unless_registered_from: None,
+        registered: None,
         expected: Some(from),
     }
 }
@@ -1400,7 +1407,8 @@ fn whole_record_swap<'a>(
 /// ([`tarn_cluster::plan_promotions`]), promotes that replica at the next epoch, in one etcd
 /// transaction that lands only if the shard's record is unchanged since it was read and the
 /// old primary's registration is gone from etcd itself (not only from this node's view), or
-/// is still the one from another data directory than the one recorded for its copy. Without
+/// is still the one from another data directory than the one recorded for its copy, and the
+/// candidate is registered in etcd itself from the directory recorded for its copy. Without
 /// etcd nothing is promoted. Logged and counted (`tarn_failovers_total`); a swap that does not
 /// land is decided again from the next view.
 async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::ClusterState) {
@@ -1417,6 +1425,12 @@ async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::ClusterState
         let mut swap = whole_record_swap(&name, &planned.from, &planned.to);
         swap.unless_registered = Some(&planned.dead_primary);
         swap.unless_registered_from = planned.dead_primary_incarnation.as_deref();
+        // And only onto a candidate registered, in etcd itself, from its recorded directory.
+        let candidate = planned.to.owner.as_str();
+        swap.registered = Some((
+            candidate,
+            planned.from.incarnation_of(candidate).unwrap_or(""),
+        ));
         match node.store().compare_and_set_shard(&swap).await {
             Ok(true) => {
                 node.moves.failovers.fetch_add(1, Ordering::Relaxed);
@@ -1538,6 +1552,7 @@ async fn rereplicate(
                 new,
                 unless_registered,
                 unless_registered_from: None,
+                registered: None,
                 expected: Some(a),
             };
             let draining = a

@@ -35,6 +35,12 @@
 //! (bounded by [`IN_SYNC_BOUND`]) and never for a write; the replica's handler waits for its own
 //! WAL. Nothing waits on a write while holding a shard's gate except a join, which waits at
 //! most [`JOIN_DRAIN_LIMIT`] for the replica to take the last entries.
+//!
+//! Lock order, one way only: a shard's write gate, then its `changing` mutex. A write holds the
+//! gate (shared) and may take `changing` to swap a late replica out; a hand-over holds the gate
+//! exclusively and may do the same; a join takes the gate exclusively first (giving up after
+//! [`JOIN_DRAIN_LIMIT`] if writes in flight keep it) and `changing` only then. Nothing takes the
+//! gate while holding `changing`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,8 +67,11 @@ const JOIN_DRAIN_LIMIT: Duration = Duration::from_millis(500);
 /// A catching-up replica this close behind tries to join (the join then waits, writes held
 /// back, for the rest: at most [`JOIN_DRAIN_LIMIT`]).
 const JOIN_LAG_ENTRIES: u64 = 1_024;
-/// How often a busy follower tries a join.
+/// How often a busy follower tries a join; after a failed one the wait doubles, up to
+/// [`JOIN_BACKOFF_MAX`] (a replica that cannot take the last entries in time is not let hold
+/// the writes back every second).
 const JOIN_TRY_EVERY: Duration = Duration::from_secs(1);
+const JOIN_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Most payload bytes shipped in one call.
 const MAX_BATCH_BYTES: usize = 4 << 20;
 /// How many entries a follower reads before letting checkpoints truncate what it has shipped.
@@ -126,6 +135,9 @@ pub(crate) struct ShardReplication {
     changing: tokio::sync::Mutex<()>,
     /// A join is under way (one at a time).
     joining: std::sync::atomic::AtomicBool,
+    /// Per replica whose last join failed: when the next may be tried, and the wait after
+    /// another failure.
+    join_backoff: DashMap<String, (Instant, Duration)>,
 }
 
 impl Drop for ShardReplication {
@@ -234,7 +246,9 @@ impl ClusterNode {
                 .filter(|r| r.epoch == assignment.epoch);
             if let Some(replication) = existing {
                 // Replicas added or dropped since (re-replication): followers to match.
-                replication.refresh(self, assignment);
+                if let Err(error) = replication.refresh(self, assignment).await {
+                    tracing::warn!(shard = %local, %error, "cannot refresh a shard's replication");
+                }
                 continue;
             }
             let Ok(collection) = self.registry.get_shard(&local) else {
@@ -269,6 +283,22 @@ impl ClusterNode {
             Some(r) => r,
             None if assignment.replicas.is_empty() && min_in_sync <= 1 => return Ok(None),
             None => {
+                // The in-sync set this primary waits for starts from etcd itself, never from a
+                // view that may lag a join (the cache must hold every copy etcd lists in sync).
+                let record = match node_read_shard(self, shard).await? {
+                    ShardRecord::Assigned(fresh)
+                        if fresh.epoch == assignment.epoch && fresh.owner == self.node_id =>
+                    {
+                        fresh
+                    }
+                    _ => {
+                        return Err(ApiError::StaleShardMap(format!(
+                            "shard {} of collection '{}' is no longer led by node {} at epoch {}: \
+                             refresh the shard map and retry",
+                            shard.shard, shard.collection, self.node_id, assignment.epoch
+                        )))
+                    }
+                };
                 let history = begin_epoch(collection, assignment.epoch).await?;
                 let epoch_first_seq = history
                     .iter()
@@ -286,11 +316,12 @@ impl ClusterNode {
                     collection: collection.clone(),
                     history,
                     epoch_first_seq,
-                    record: StdMutex::new(assignment.clone()),
+                    record: StdMutex::new(record),
                     wanted,
                     acked: DashMap::new(),
                     followers: StdMutex::new(Vec::new()),
                     changing: tokio::sync::Mutex::new(()),
+                    join_backoff: DashMap::new(),
                     joining: std::sync::atomic::AtomicBool::new(false),
                 });
                 // Another write may have started it meanwhile: one replication per epoch.
@@ -307,17 +338,19 @@ impl ClusterNode {
                 }
             }
         };
-        replication.refresh(self, assignment);
+        replication.refresh(self, assignment).await?;
         drop(start_hold);
         Ok(Some(replication))
     }
 
-    /// Stops the replication of shards this node is no longer primary of (at that epoch).
+    /// Stops the replication of shards this node is no longer primary of (at that epoch). A
+    /// view older than the replication (a lower epoch: the replication was started from a
+    /// newer one) stops nothing.
     pub(crate) fn forget_replications(&self, state: &tarn_cluster::ClusterState) {
         self.replication.retain(|_, r| {
-            state
-                .assignment(&r.shard)
-                .is_some_and(|a| a.owner == self.node_id && a.epoch == r.epoch)
+            state.assignment(&r.shard).is_some_and(|a| {
+                a.epoch < r.epoch || (a.owner == self.node_id && a.epoch == r.epoch)
+            })
         });
     }
 }
@@ -330,11 +363,37 @@ impl ShardReplication {
     }
 
     /// Takes changes others made to the record (the view's, at this epoch: replicas added or
-    /// dropped by the coordinator) and starts a follower for each replica that has none.
-    fn refresh(&self, node: &Arc<ClusterNode>, view: &ShardAssignment) {
+    /// dropped by the coordinator) and starts a follower for each replica that has none. A view
+    /// that would take a copy out of the in-sync set this primary waits for is not trusted (it
+    /// may be older than a join this primary made): the record is read again from etcd and
+    /// that is taken instead. So the in-sync set waited for always holds every copy etcd lists
+    /// in sync.
+    async fn refresh(
+        &self,
+        node: &Arc<ClusterNode>,
+        view: &ShardAssignment,
+    ) -> Result<(), ApiError> {
         if view.epoch != self.epoch {
-            return;
+            return Ok(());
         }
+        let drops_in_sync = self
+            .record()
+            .in_sync_replicas
+            .iter()
+            .any(|n| !view.replicas.contains(n));
+        let fresh;
+        let view = if drops_in_sync {
+            match node_read_shard(node, &self.shard).await? {
+                ShardRecord::Assigned(record) if record.epoch == self.epoch => {
+                    fresh = record;
+                    &fresh
+                }
+                // Another epoch or no record: this replication is over; nothing to take.
+                _ => return Ok(()),
+            }
+        } else {
+            view
+        };
         {
             let mut record = self.record();
             if *record != *view {
@@ -370,6 +429,7 @@ impl ShardReplication {
             }
             keep
         });
+        self.acked.retain(|n, _| replicas.contains(n));
         for replica in replicas {
             if followers.iter().any(|(n, _)| *n == replica) {
                 continue;
@@ -393,6 +453,7 @@ impl ShardReplication {
             let task = tokio::spawn(follow(follower, self.wanted.subscribe(), acked_tx, held));
             followers.push((replica, task));
         }
+        Ok(())
     }
 
     /// Makes sure the write at `seq` is durable on every in-sync replica (acknowledged by the
@@ -516,6 +577,7 @@ impl ShardReplication {
                 new: &next,
                 unless_registered: None,
                 unless_registered_from: None,
+                registered: None,
                 expected: Some(&base),
             };
             let landed = node
@@ -562,12 +624,20 @@ impl ShardReplication {
         replica: &str,
         acked: &watch::Receiver<Acked>,
     ) -> Result<bool, ApiError> {
+        if self.record().role_of(replica) != Some(tarn_cluster::CopyRole::CatchingUp) {
+            return Ok(false);
+        }
+        // The gate before `changing` (the module's lock order): a write holding the gate may
+        // need `changing` to swap a late replica out. Writes in flight that keep the gate past
+        // the drain limit (waiting for a late replica) make the join give up for now.
+        let gate = node.gate(&self.shard.local_name());
+        let Ok(_writes_held) = tokio::time::timeout(JOIN_DRAIN_LIMIT, gate.write()).await else {
+            return Ok(false);
+        };
         let _changing = self.changing.lock().await;
         if self.record().role_of(replica) != Some(tarn_cluster::CopyRole::CatchingUp) {
             return Ok(false);
         }
-        let gate = node.gate(&self.shard.local_name());
-        let _writes_held = gate.write().await;
         let last = self.collection.last_seq_no();
         self.wanted.send_if_modified(|w| {
             let more = last > *w;
@@ -599,6 +669,14 @@ impl ShardReplication {
         }
         Ok(joined)
     }
+}
+
+/// The shard's record, read linearizably from etcd.
+async fn node_read_shard(node: &ClusterNode, shard: &ShardName) -> Result<ShardRecord, ApiError> {
+    node.store()
+        .read_shard(&shard.collection, shard.uid, shard.shard)
+        .await
+        .map_err(|e| ApiError::ClusterStore(e.to_string()))
 }
 
 /// Records, durably, that this copy's entries from its next one on are `epoch`'s (before the
@@ -966,6 +1044,13 @@ async fn try_join(
         return;
     }
     if replication
+        .join_backoff
+        .get(replica)
+        .is_some_and(|b| Instant::now() < b.0)
+    {
+        return;
+    }
+    if replication
         .joining
         .swap(true, std::sync::atomic::Ordering::AcqRel)
     {
@@ -974,8 +1059,24 @@ async fn try_join(
     let receiver = acked.subscribe();
     let (node, replica, local) = (Arc::clone(node), replica.to_owned(), shard.local_name());
     tokio::spawn(async move {
-        if let Err(error) = replication.join_in_sync(&node, &replica, &receiver).await {
-            tracing::warn!(shard = %local, %replica, %error, "a replica could not join the in-sync set");
+        let joined = match replication.join_in_sync(&node, &replica, &receiver).await {
+            Ok(joined) => joined,
+            Err(error) => {
+                tracing::warn!(shard = %local, %replica, %error, "a replica could not join the in-sync set");
+                false
+            }
+        };
+        if joined {
+            replication.join_backoff.remove(&replica);
+        } else {
+            let wait = replication
+                .join_backoff
+                .get(&replica)
+                .map_or(JOIN_TRY_EVERY, |b| (b.1 * 2).min(JOIN_BACKOFF_MAX));
+            tracing::debug!(shard = %local, %replica, ?wait, "a join did not happen; the next waits");
+            replication
+                .join_backoff
+                .insert(replica, (Instant::now() + wait, wait));
         }
         replication
             .joining
@@ -1233,6 +1334,9 @@ async fn append_entries_here(
     // write group makes one sync of both when they meet.
     drop(copy);
     let durable = collection.sync_wal().await?;
+    // Test builds: a replica slow to answer (a slow disk), which keeps it close behind but
+    // never quick enough to join.
+    crate::moves::pause_point("replication::answer_delay").await;
     Ok(pb::AppendEntriesResponse {
         last_seq,
         durable_seq: durable,

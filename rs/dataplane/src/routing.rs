@@ -101,6 +101,7 @@ impl Router {
             let map_now = current.as_deref().unwrap_or(map);
             let assignment = map_now.shards[shard as usize].clone();
             let mut copies = 1;
+            let mut asked = assignment.owner.clone();
             let result = if access == Access::Write && !assignment.takes_writes() {
                 Err(ApiError::StaleShardMap(format!(
                     "shard {shard} of collection '{}' is being moved to node {}: retry",
@@ -109,8 +110,10 @@ impl Router {
                 )))
             } else {
                 let target = if access == Access::Spread {
-                    let (target, n) = cluster.read_target(map_now, shard, (spread, attempt)).await;
+                    let (target, n, node) =
+                        cluster.read_target(map_now, shard, (spread, attempt)).await;
                     copies = n;
+                    asked = node;
                     target
                 } else {
                     cluster.target(map_now, shard).await
@@ -128,23 +131,34 @@ impl Router {
                     None => Arc::new(map.clone()),
                 };
                 // Every shard call ends by the caller's deadline, whatever the owner does (a
-                // stopped process keeps its connections open and never answers).
+                // stopped process keeps its connections open and never answers). A spread read
+                // gives each copy left to try an equal share of the time left, so that a copy
+                // that is stopped or hung (alive to etcd) costs a share, not the whole call.
                 let left = until.saturating_duration_since(Instant::now());
-                match tokio::time::timeout(left, call(target, shared)).await {
-                    Ok(result) => result,
+                let share = if copies > attempt + 1 {
+                    left / (copies - attempt) as u32
+                } else {
+                    left
+                };
+                match tokio::time::timeout(share, call(target, shared)).await {
+                    Ok(result) => result.map_err(|e| e.naming_copy(&asked)),
                     Err(_) => Err(ApiError::DeadlineExceeded(format!(
-                        "shard {shard} of collection '{}' on node {} did not answer within \
-                         the deadline ({:.1} s)",
+                        "shard {shard} of collection '{}' on node {asked} did not answer within \
+                         {:.1} s of the deadline ({:.1} s)",
                         map.def.name,
-                        assignment.owner,
+                        share.as_secs_f64(),
                         deadline.as_secs_f64()
                     ))),
                 }
             };
             match result {
-                // Another in-sync copy may answer a spread read.
+                // Another in-sync copy may answer a spread read: one that is unreachable, or one
+                // that used up its share of the time.
                 Err(error)
-                    if attempt + 1 < copies && is_unreachable(&error) && Instant::now() < until =>
+                    if attempt + 1 < copies
+                        && (is_unreachable(&error)
+                            || matches!(error, ApiError::DeadlineExceeded(_)))
+                        && Instant::now() < until =>
                 {
                     attempt += 1;
                 }

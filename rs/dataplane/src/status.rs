@@ -66,6 +66,28 @@ impl ApiError {
             reason: reason.into(),
         }
     }
+
+    /// This error of a shard call, naming the node whose copy was asked (a spread read may ask
+    /// a replica, not the owner): operators are sent to the copy that failed.
+    pub(crate) fn naming_copy(self, node: &str) -> ApiError {
+        match self {
+            ApiError::ShardUnavailable {
+                collection,
+                shard,
+                why,
+                ..
+            } => ApiError::ShardUnavailable {
+                collection,
+                shard,
+                node: node.to_owned(),
+                why,
+            },
+            ApiError::DeadlineExceeded(message) if !message.contains(" on node ") => {
+                ApiError::DeadlineExceeded(format!("{message} (its copy on node {node})"))
+            }
+            other => other,
+        }
+    }
 }
 
 impl From<ApiError> for Status {

@@ -194,10 +194,33 @@ impl Node {
         Ok(())
     }
 
+    /// Sends `signal`; for SIGSTOP, returns once every thread of the process has stopped (a
+    /// thread running on another core stops a moment after the signal is sent, and may answer
+    /// a call meanwhile).
     fn signal(&self, signal: rustix::process::Signal) {
         let pid = self.server.as_ref().unwrap().child.id();
         rustix::process::kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap(), signal)
             .unwrap();
+        if signal != rustix::process::Signal::STOP {
+            return;
+        }
+        let all_stopped = || {
+            std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|tasks| {
+                    tasks.flatten().all(|task| {
+                        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+                            // The state follows the command's closing parenthesis.
+                            stat.rsplit_once(") ")
+                                .is_some_and(|(_, rest)| rest.starts_with('T'))
+                        })
+                    })
+                })
+                .unwrap_or(true)
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !all_stopped() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     fn addr(&self) -> String {
@@ -4612,6 +4635,170 @@ fn start_writers_on(
 ) {
     let _entered = rt.enter();
     start_writers(clients, dim)
+}
+
+/// A replica goes late while another tries to join (3 copies): replica Y comes back with every
+/// answer delayed 600 ms (close behind, never quick enough to join), replica X is SIGSTOPped
+/// for 6 s under a steady writer. Writes go on: none fails DEADLINE_EXCEEDED and the longest
+/// gap between two acknowledgements stays under IN_SYNC_BOUND plus a swap and a margin (5 s).
+/// Before, a join held the in-sync lock while it waited for the write gate, and the write
+/// holding the gate waited for that lock to swap X out: the shard took no write until the
+/// write's deadline (10 s here), and a failed join was tried again every second.
+#[test]
+fn processes_a_late_replica_while_another_tries_to_join_does_not_stall_writes() {
+    use rustix::process::Signal;
+    const LEASE: u64 = 20;
+    const DIM: usize = 8;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let endpoint = etcd.endpoint();
+    let mut nodes = nodes_with(dir.path(), 3, &endpoint, LEASE, &[], &[]);
+    let rt = runtime();
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let status = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        create_moving(&client, DIM, 1, 3, 1).await;
+        wait_in_sync(&addrs[0], 3).await
+    });
+    let shard = status
+        .shards
+        .iter()
+        .find(|s| s.collection == "moving")
+        .unwrap()
+        .clone();
+    let index = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
+    let (p, x, y) = (
+        index(&shard.node_id),
+        index(&shard.replicas[0]),
+        index(&shard.replicas[1]),
+    );
+    let client = rt.block_on(Client::connect(addrs[p].clone())).unwrap();
+    // Y back, slow to answer: it catches up but never joins.
+    nodes[y].kill();
+    rt.block_on(revoke_registration(&endpoint, &nodes[y].id));
+    let acked: Acked = Default::default();
+    rt.block_on(async {
+        for batch in 0..10u128 {
+            let docs = (batch * 20..batch * 20 + 20).map(|k| k * 7).collect();
+            insert_recorded(&client, &acked, docs, Duration::from_secs(10))
+                .await
+                .unwrap();
+        }
+    });
+    nodes[y].start_with_env(
+        &endpoint,
+        &[("FAILPOINTS", "replication::answer_delay=return(600)")],
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (client, acked, stop) = (client.clone(), acked.clone(), stop.clone());
+        rt.spawn(async move {
+            let (mut longest, mut last, mut failures) =
+                (Duration::ZERO, Instant::now(), Vec::new());
+            let mut doc = 100_000u128;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                doc += 1;
+                let outcome =
+                    insert_recorded(&client, &acked, vec![doc * 7], Duration::from_secs(10)).await;
+                match outcome {
+                    Ok(()) => {
+                        longest = longest.max(last.elapsed());
+                        last = Instant::now();
+                    }
+                    Err(error) => failures.push(format!("{:?}: {}", error.code(), error)),
+                }
+            }
+            (longest.max(last.elapsed()), failures)
+        })
+    };
+    std::thread::sleep(Duration::from_secs(4));
+    nodes[x].signal(Signal::STOP);
+    std::thread::sleep(Duration::from_secs(6));
+    nodes[x].signal(Signal::CONT);
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (longest, failures) = rt.block_on(writer).unwrap();
+    eprintln!("longest gap between acknowledged writes: {longest:?}; failures: {failures:?}");
+    assert!(failures.is_empty(), "{failures:?}");
+    assert!(
+        longest < Duration::from_secs(5),
+        "writes stalled {longest:?}"
+    );
+    rt.block_on(check_acked(&client, &acked));
+    let log = nodes[p].server.as_ref().unwrap().logs();
+    assert!(log.contains("a replica left the in-sync set"), "{log}");
+}
+
+/// Spread reads with one in-sync copy stopped (SIGSTOP: alive to etcd, its connections open,
+/// never answering): every Get through a node that holds no copy answers, each within the
+/// client's deadline, the stopped copy costing a share of it. Before, a read sent to the
+/// stopped copy waited out the whole deadline and failed DEADLINE_EXCEEDED (about half of
+/// them); the message named the owner even when the replica was asked.
+#[test]
+fn processes_spread_reads_move_to_another_copy_when_one_is_stopped() {
+    use rustix::process::Signal;
+    // A lease that outlasts the stop: the stopped copy stays alive and in sync.
+    const LEASE: u64 = 30;
+    const DIM: usize = 8;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let nodes = nodes_with(dir.path(), 3, &etcd.endpoint(), LEASE, &[], &[]);
+    let rt = runtime();
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let status = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        create_moving(&client, DIM, 1, 2, 1).await;
+        wait_in_sync(&addrs[0], 2).await
+    });
+    let shard = status
+        .shards
+        .iter()
+        .find(|s| s.collection == "moving")
+        .unwrap()
+        .clone();
+    let index = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
+    let (p, r) = (index(&shard.node_id), index(&shard.replicas[0]));
+    let c = 3 - p - r;
+    let acked: Acked = Default::default();
+    let client = rt.block_on(Client::connect(addrs[c].clone())).unwrap();
+    rt.block_on(async {
+        let docs = (0..20u128).map(|k| k * 7).collect();
+        insert_recorded(&client, &acked, docs, Duration::from_secs(10))
+            .await
+            .unwrap();
+        // Both copies have applied them before the stop.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    });
+    nodes[r].signal(Signal::STOP);
+    let hurried = rt
+        .block_on(
+            Client::builder(addrs[c].clone())
+                .timeout(Duration::from_secs(4))
+                .connect(),
+        )
+        .unwrap();
+    let outcomes: Vec<Result<usize, String>> = rt.block_on(async {
+        let mut outcomes = Vec::new();
+        for k in 0..8u128 {
+            let doc = k * 7;
+            let started = Instant::now();
+            let outcome = hurried.get("moving", doc % 7, &[doc]).await;
+            assert!(started.elapsed() < Duration::from_secs(5));
+            outcomes.push(outcome.map(|d| d.len()).map_err(|e| e.to_string()));
+        }
+        outcomes
+    });
+    nodes[r].signal(Signal::CONT);
+    assert!(
+        outcomes.iter().all(|o| o == &Ok(1)),
+        "reads failed with a copy stopped: {outcomes:?}"
+    );
 }
 
 /// The last in-sync copy standing (issue test 7): a shard with 3 copies and min_in_sync 2
