@@ -76,15 +76,18 @@ pub fn fate_of_copy(
         }
         ShardRecord::Assigned(a) => a,
     };
-    if a.role_of(node_id).is_some() || a.moving_to.as_deref() == Some(node_id) {
-        return CopyFate::Keep;
-    }
+    // A record older than the epoch this directory held the shard at (etcd restored from an
+    // older backup) decides nothing about this copy, even where it lists it: serving it as
+    // that record says could cut entries acknowledged since.
     if a.epoch < held_epoch {
         return CopyFate::SetAside(format!(
             "{what}: its record (epoch {}) is older than epoch {held_epoch}, at which this node \
              held the shard (etcd restored from an older backup?)",
             a.epoch
         ));
+    }
+    if a.role_of(node_id).is_some() || a.moving_to.as_deref() == Some(node_id) {
+        return CopyFate::Keep;
     }
     if a.given_up.iter().any(|n| n == node_id) {
         return CopyFate::SetAside(format!(
@@ -240,11 +243,16 @@ mod tests {
             CopyFate::Undecided(_)
         ));
         // A record older than the epoch this node held the copy at (etcd rolled back): set
-        // aside even though its owner is alive on its disk.
-        let evidence = alive(ShardRecord::Assigned(replaced));
+        // aside even though its owner is alive on its disk, and even where it lists the copy.
+        let evidence = alive(ShardRecord::Assigned(replaced.clone()));
         assert!(matches!(
             fate_of_copy("n2", &shard, 3, &evidence),
             CopyFate::SetAside(_)
         ));
+        assert!(matches!(
+            fate_of_copy("n3", &shard, 3, &evidence),
+            CopyFate::SetAside(_)
+        ));
+        assert_eq!(fate_of_copy("n3", &shard, 1, &evidence), CopyFate::Keep);
     }
 }

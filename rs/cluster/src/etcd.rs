@@ -900,7 +900,7 @@ impl Inner {
             ..View::default()
         };
         for kv in &response.kvs {
-            view.put(&self.prefix, &kv.key, &kv.value);
+            view.put(&self.prefix, &kv.key, &kv.value, kv.mod_revision);
         }
         Ok(view)
     }
@@ -1384,6 +1384,8 @@ struct View {
     unreadable: BTreeMap<String, (String, String)>,
     /// The cluster id under the prefix (`None`: none, or it did not decode).
     cluster_id: Option<String>,
+    /// The revision each live node's registration was written at.
+    registered_at: BTreeMap<String, i64>,
 }
 
 /// What a key under the prefix is.
@@ -1441,7 +1443,8 @@ impl View {
     /// Applies a key's new value. A node or draining value that does not decode is logged and
     /// counts as absent; a collection's definition or shard record that does not decode makes
     /// the collection unreadable (never absent: absent would let nodes act on its shards).
-    fn put(&mut self, prefix: &str, key: &[u8], value: &[u8]) {
+    /// Takes `key`'s new `value`, written at `revision`.
+    fn put(&mut self, prefix: &str, key: &[u8], value: &[u8], revision: i64) {
         let key_text = String::from_utf8_lossy(key);
         self.unreadable.remove(key_text.as_ref());
         let kind = key_kind(prefix, key);
@@ -1452,6 +1455,7 @@ impl View {
         let outcome = match kind {
             KeyKind::Node(id) => decode::<NodeInfo>(&key_text, value).map(|node| {
                 self.nodes.insert(id.to_owned(), node);
+                self.registered_at.insert(id.to_owned(), revision);
             }),
             KeyKind::Collection(name) => decode::<CollectionDef>(&key_text, value).map(|def| {
                 self.defs.insert(name.to_owned(), def);
@@ -1499,6 +1503,7 @@ impl View {
         match key_kind(prefix, key) {
             KeyKind::Node(id) => {
                 self.nodes.remove(id);
+                self.registered_at.remove(id);
             }
             KeyKind::Collection(name) => {
                 self.defs.remove(name);
@@ -1552,6 +1557,7 @@ impl View {
         ClusterState {
             revision: self.revision,
             nodes: self.nodes.clone(),
+            registered_at: self.registered_at.clone(),
             collections,
             draining: self.draining.clone(),
             unreadable,
@@ -1647,7 +1653,7 @@ async fn follow(
         for event in &response.events {
             let Some(kv) = &event.kv else { continue };
             match event.r#type() {
-                EventType::Put => view.put(&inner.prefix, &kv.key, &kv.value),
+                EventType::Put => view.put(&inner.prefix, &kv.key, &kv.value, kv.mod_revision),
                 EventType::Delete => view.delete(&inner.prefix, &kv.key),
             }
             // A deletion's key carries the revision of the deletion.
@@ -1711,23 +1717,26 @@ mod tests {
             p,
             b"/t/collections/docs",
             &serde_json::to_vec(&def).unwrap(),
+            1,
         );
         view.put(
             p,
             b"/t/shards/docs/00000",
             &serde_json::to_vec(&shard).unwrap(),
+            1,
         );
         assert!(view.state().collections.is_empty());
         view.put(
             p,
             b"/t/shards/docs/00001",
             &serde_json::to_vec(&shard).unwrap(),
+            1,
         );
         assert_eq!(view.state().collections["docs"].shards.len(), 2);
         // A value that does not decode counts as absent.
-        view.put(p, b"/t/shards/docs/00001", b"{garbage");
+        view.put(p, b"/t/shards/docs/00001", b"{garbage", 1);
         assert!(view.state().collections.is_empty());
-        view.put(p, b"/t/nodes/n1", br#"{"node_id":"n1","address":"a:1"}"#);
+        view.put(p, b"/t/nodes/n1", br#"{"node_id":"n1","address":"a:1"}"#, 1);
         view.delete(p, b"/t/collections/docs");
         let state = view.state();
         assert!(state.collections.is_empty());

@@ -19,15 +19,15 @@ pub use epochs::{last_common_seq, EpochHistory};
 pub use error::{ClusterError, Result};
 pub use etcd::{EtcdStore, Leadership, DEFAULT_PREFIX, ELECTION_TTL, REQUEST_TIMEOUT};
 pub use map::{
-    initial_placement, plan_move, shard_for, ClusterState, CollectionDef, CollectionMap,
-    MoveFailure, NodeInfo, PlannedMove, ReadPositions, ShardAssignment, ShardKey, ShardName,
-    ShardState, TokenPosition, DEFAULT_SHARDS, MAX_SHARDS,
+    initial_placement, plan_move, plan_move_skipping, shard_for, ClusterState, CollectionDef,
+    CollectionMap, MoveFailure, NodeInfo, PlannedMove, ReadPositions, ShardAssignment, ShardKey,
+    ShardName, ShardState, TokenPosition, DEFAULT_SHARDS, MAX_SHARDS,
 };
 pub use merge::{merge_top_k, ShardHit};
 pub use replicas::{
-    is_another_directory, plan_handover, plan_promotions, plan_replaced_copies,
-    replication_settings, CopyRole, HandoverStep, PlannedHandover, PlannedLeave, PlannedPromotion,
-    TooFewInSync,
+    is_another_directory, plan_handover, plan_handover_skipping, plan_promotions,
+    plan_replaced_copies, replication_settings, CopyRole, HandoverStep, PlannedHandover,
+    PlannedLeave, PlannedPromotion, TooFewInSync,
 };
 pub use store::{
     ClusterIdentity, ClusterStore, Leader, Liveness, MemoryStore, Registration, ShardSwap,

@@ -286,6 +286,9 @@ pub struct ClusterState {
     pub revision: i64,
     /// Live nodes (their lease has not lapsed), by node id.
     pub nodes: BTreeMap<String, NodeInfo>,
+    /// The store revision each live node's registration was written at: a node that
+    /// registered again (a restart) shows a new one.
+    pub registered_at: BTreeMap<String, i64>,
     pub collections: BTreeMap<String, CollectionMap>,
     /// Nodes marked for draining (`tarn cluster drain`): placement moves their shards off and
     /// puts no new ones on them. The mark stays until cancelled, alive or not.
@@ -502,6 +505,16 @@ pub struct PlannedMove {
 /// each to the least loaded node (ties by node id), then balancing moves, from the most loaded
 /// node to the least loaded.
 pub fn plan_move(state: &ClusterState) -> Option<PlannedMove> {
+    plan_move_skipping(state, &|_, _| false)
+}
+
+/// [`plan_move`], never planning a shard `skip` names (collection, shard): the coordinator
+/// passes the shards whose moves failed and are backing off, so that one shard that cannot
+/// move holds up no other.
+pub fn plan_move_skipping(
+    state: &ClusterState,
+    skip: &dyn Fn(&str, u32) -> bool,
+) -> Option<PlannedMove> {
     let takers: Vec<&String> = state
         .nodes
         .keys()
@@ -539,6 +552,9 @@ pub fn plan_move(state: &ClusterState) -> Option<PlannedMove> {
             to,
         };
         for (shard, assignment) in map.shards.iter().enumerate() {
+            if skip(name, shard as u32) {
+                continue;
+            }
             if state.draining.contains(&assignment.owner) && state.is_alive(&assignment.owner) {
                 if let Some(to) = least(&load, assignment) {
                     return Some(planned(shard, to));
@@ -572,7 +588,7 @@ pub fn plan_move(state: &ClusterState) -> Option<PlannedMove> {
                 .iter()
                 .enumerate()
                 .rev()
-                .filter(|(_, a)| a.owner == most)
+                .filter(|(shard, a)| a.owner == most && !skip(name, *shard as u32))
                 .find_map(|(shard, a)| {
                     least_loaded
                         .iter()
@@ -1024,6 +1040,30 @@ mod token_tests {
             };
         }
         assert_eq!(counts(&state).get("a"), None);
+    }
+
+    /// A shard whose moves keep failing (backing off) holds up no other: the planner skips
+    /// it and plans the next one (a drain of a node with one hot shard still moves the rest).
+    #[test]
+    fn a_shard_backing_off_holds_up_no_other_move() {
+        let owners = ["a", "b", "c", "a", "b", "c", "a", "b"];
+        let mut state = state_with(&["a", "b", "c"], &owners);
+        state.draining.insert("a".into());
+        let first = plan_move(&state).unwrap();
+        let skip_first = |c: &str, s: u32| c == first.collection && s == first.shard;
+        let next = plan_move_skipping(&state, &skip_first).unwrap();
+        assert_eq!(next.from, "a");
+        assert_ne!(next.shard, first.shard);
+        // Every shard backing off: nothing to plan.
+        assert_eq!(plan_move_skipping(&state, &|_, _| true), None);
+        // Balancing skips it too.
+        state.draining.clear();
+        let owners = ["a", "a", "a", "a", "b", "c"];
+        state = state_with(&["a", "b", "c"], &owners);
+        let first = plan_move(&state).unwrap();
+        let skip_first = |c: &str, s: u32| c == first.collection && s == first.shard;
+        let next = plan_move_skipping(&state, &skip_first).unwrap();
+        assert_ne!(next.shard, first.shard);
     }
 
     #[test]

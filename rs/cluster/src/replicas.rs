@@ -453,6 +453,15 @@ pub struct PlannedHandover {
 /// most copies. Shards whose primary is dead (failover settles them) are left alone, and so is a
 /// collection with a fenced shard.
 pub fn plan_handover(state: &ClusterState) -> Option<PlannedHandover> {
+    plan_handover_skipping(state, &|_, _| false)
+}
+
+/// [`plan_handover`], never planning a step for a shard `skip` names (collection, shard): the
+/// shards whose hand-overs failed and are backing off.
+pub fn plan_handover_skipping(
+    state: &ClusterState,
+    skip: &dyn Fn(&str, u32) -> bool,
+) -> Option<PlannedHandover> {
     let takers: Vec<&str> = state
         .nodes
         .keys()
@@ -505,7 +514,10 @@ pub fn plan_handover(state: &ClusterState) -> Option<PlannedHandover> {
                 draining,
             };
         for (idx, a) in map.shards.iter().enumerate() {
-            if !state.draining.contains(&a.owner) || !state.holds_in_sync_copy(a, &a.owner) {
+            if skip(name, idx as u32)
+                || !state.draining.contains(&a.owner)
+                || !state.holds_in_sync_copy(a, &a.owner)
+            {
                 continue;
             }
             if let Some((_, to)) = in_sync_takers(a).into_iter().next() {
@@ -538,11 +550,9 @@ pub fn plan_handover(state: &ClusterState) -> Option<PlannedHandover> {
             continue;
         };
         let led_by_most = || {
-            map.shards
-                .iter()
-                .enumerate()
-                .rev()
-                .filter(|(_, a)| a.owner == most && state.holds_in_sync_copy(a, &a.owner))
+            map.shards.iter().enumerate().rev().filter(|(idx, a)| {
+                a.owner == most && state.holds_in_sync_copy(a, &a.owner) && !skip(name, *idx as u32)
+            })
         };
         balancing = led_by_most().find_map(|(idx, a)| {
             let (_, to) = in_sync_takers(a)
@@ -559,7 +569,8 @@ pub fn plan_handover(state: &ClusterState) -> Option<PlannedHandover> {
         // holding the most copies leaves.
         let factor = map.def.replication_factor;
         balancing = map.shards.iter().enumerate().find_map(|(idx, a)| {
-            let surplus = a.copies().count() as u32 > factor
+            let surplus = !skip(name, idx as u32)
+                && a.copies().count() as u32 > factor
                 && a.copies()
                     .all(|n| copies.contains_key(n) && state.holds_in_sync_copy(a, n));
             if !surplus {

@@ -302,7 +302,10 @@ impl MemoryStore {
     /// Ends `node_id`'s lease at once (what a lapsed keep-alive does).
     pub fn expire(&self, node_id: &str) {
         self.holders.lock().remove(node_id);
-        self.change(|s| s.nodes.remove(node_id).is_some());
+        self.change(|s| {
+            s.registered_at.remove(node_id);
+            s.nodes.remove(node_id).is_some()
+        });
     }
 }
 
@@ -318,8 +321,10 @@ impl Drop for MemoryLease {
         if holders.get(&self.node_id) == Some(&self.holder) {
             holders.remove(&self.node_id);
             drop(holders);
-            self.store
-                .change(|s| s.nodes.remove(&self.node_id).is_some());
+            self.store.change(|s| {
+                s.registered_at.remove(&self.node_id);
+                s.nodes.remove(&self.node_id).is_some()
+            });
         }
     }
 }
@@ -343,6 +348,7 @@ impl ClusterStore for MemoryStore {
                 }
             }
             s.nodes.insert(node.node_id.clone(), node.clone());
+            s.registered_at.insert(node.node_id.clone(), s.revision + 1);
             true
         });
         if let Some(address) = held_by {

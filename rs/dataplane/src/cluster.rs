@@ -113,6 +113,8 @@ const DEFAULT_FORWARD_DEADLINE: Duration = Duration::from_secs(30);
 const NOT_FOUND_GRACE: Duration = Duration::from_millis(300);
 /// How long connecting to another node may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a connection to another node is pinged, and how long an answer may take.
+const PEER_KEEPALIVE: Duration = Duration::from_secs(10);
 
 /// This node's membership and view of the cluster.
 pub struct ClusterNode {
@@ -297,9 +299,15 @@ impl ClusterNode {
         } else {
             format!("http://{}", node.address)
         };
+        // HTTP/2 keep-alive: a peer that stops answering (SIGSTOP, a cut link) fails its
+        // open calls within PEER_KEEPALIVE twice over, not at their deadlines (a pull's is an
+        // hour).
         let mut endpoint = tonic::transport::Endpoint::from_shared(uri.clone())
             .map_err(|e| ApiError::Internal(format!("node {node_id}'s address {uri:?}: {e}")))?
             .connect_timeout(CONNECT_TIMEOUT)
+            .http2_keep_alive_interval(PEER_KEEPALIVE)
+            .keep_alive_timeout(PEER_KEEPALIVE)
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         if uri.starts_with("https://") {
             let tls = match &self.peer_ca {
@@ -702,6 +710,18 @@ impl ClusterNode {
             .shards
             .get(shard.shard as usize)
             .ok_or_else(|| ApiError::invalid("collection", format!("no shard {}", shard.shard)))?;
+        if assignment.epoch < self.ledger.held_epoch(&shard.local_name()) {
+            return Err(ApiError::ShardUnavailable {
+                collection: shard.collection.clone(),
+                shard: shard.shard,
+                node: self.node_id.clone(),
+                why: format!(
+                    "its record (epoch {}) is older than the epoch this node held it at (etcd \
+                     restored from an older backup?): this copy is set aside, not served",
+                    assignment.epoch
+                ),
+            });
+        }
         if assignment.owner != self.node_id || assignment.epoch != epoch {
             // A shard moved off this node: its router may still think it is here.
             return Err(ApiError::StaleShardMap(format!(
@@ -758,6 +778,23 @@ impl ClusterNode {
         shard: &ShardName,
         epoch: u64,
     ) -> Result<Collection, ApiError> {
+        // A copy of a replicated shard answers reads only while this node is surely in the
+        // cluster (its lease alive, its view current): cut off from etcd it cannot know that
+        // it was deposed or dropped from the in-sync set, and newer copies serve elsewhere. A
+        // shard's only copy goes on serving from the last map (nothing newer exists).
+        let replicated = self
+            .state()
+            .assignment(shard)
+            .is_some_and(|a| !a.replicas.is_empty());
+        if replicated {
+            self.writable().map_err(|why| {
+                ApiError::Unavailable(format!(
+                    "shard {} of collection '{}': this copy may be behind ({why}); read from \
+                     another copy",
+                    shard.shard, shard.collection
+                ))
+            })?;
+        }
         match self.local_shard(registry, shard, epoch).await {
             Err(ApiError::StaleShardMap(why)) => {
                 let in_sync_here = self.state().assignment(shard).is_some_and(|a| {
@@ -1256,8 +1293,12 @@ async fn reconcile(node: std::sync::Weak<ClusterNode>) {
             if current.revision == 0 || current.unreadable.contains_key(&shard.collection) {
                 continue;
             }
+            // A copy the record lists is judged too when the record is older than the epoch
+            // this directory held it at (etcd restored from an older backup).
             let mine = current.assignment(&shard).is_some_and(|a| {
-                a.role_of(&node.node_id).is_some() || a.moving_to.as_deref() == Some(&node.node_id)
+                (a.role_of(&node.node_id).is_some()
+                    || a.moving_to.as_deref() == Some(&node.node_id))
+                    && a.epoch >= node.ledger.held_epoch(&local)
             });
             if mine || node.incoming.contains_key(&local) {
                 continue;

@@ -58,7 +58,22 @@ impl Router {
         let durability = convert::durability(durability)?;
         let _permit = self.write_permit()?;
         let append_started = Instant::now();
-        let (seq_no, answer) = write(collection, durability).await?;
+        let (seq_no, answer) = match write(collection, durability).await {
+            Ok(written) => written,
+            Err(error) => {
+                // A primary whose copy refuses writes for good (its WAL poisoned by an fsync
+                // error) hands its replicated shard to an in-sync replica instead of keeping a
+                // lease that holds every write of the shard back.
+                if let (Some(cluster), Some(shard_write)) = (&self.cluster, &gate) {
+                    if let Some(replication) = &shard_write.replication {
+                        if let Some(why) = shard_write.collection.write_error() {
+                            replication.step_down(cluster, why);
+                        }
+                    }
+                }
+                return Err(error);
+            }
+        };
         if let (Some(cluster), Some(shard_write)) = (&self.cluster, &gate) {
             // A shard with replicas acknowledges a write once every in-sync replica has it
             // durable (a replica that does not answer in time leaves the in-sync set first).

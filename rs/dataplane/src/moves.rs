@@ -30,7 +30,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use tarn_cluster::{
-    plan_move, HandoverStep, PlannedHandover, PlannedMove, ShardAssignment, ShardName, ShardState,
+    HandoverStep, PlannedHandover, PlannedMove, ShardAssignment, ShardName, ShardState,
 };
 use tarn_collection::{Collection, Durability};
 use tarn_proto::v1 as pb;
@@ -1034,9 +1034,18 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
             }
             step_task = None;
             // A replicated collection's primaries move by hand-over, the others by copying.
-            let step = match tarn_cluster::plan_handover(&state) {
+            // A shard whose moves failed waits out its backoff while the others go on (it is
+            // not planned meanwhile: one shard that cannot move holds up no drain).
+            let now = unix_ms();
+            let backing_off = |collection: &str, shard: u32| {
+                state
+                    .move_failures
+                    .get(&(collection.to_owned(), shard))
+                    .is_some_and(|f| !f.may_retry_at(now))
+            };
+            let step = match tarn_cluster::plan_handover_skipping(&state, &backing_off) {
                 Some(handover) => Some(Step::HandOver(Box::new(handover))),
-                None => plan_move(&state).map(Step::Move),
+                None => tarn_cluster::plan_move_skipping(&state, &backing_off).map(Step::Move),
             };
             let Some(step) = step else {
                 drop(node);
@@ -1048,15 +1057,6 @@ pub(crate) async fn coordinate(node: Weak<ClusterNode>) {
                 .move_failures
                 .get(&(collection.to_owned(), shard))
                 .cloned();
-            // Backing off a shard whose moves failed: wait for the time, or a change.
-            if failed_before
-                .as_ref()
-                .is_some_and(|f| !f.may_retry_at(unix_ms()))
-            {
-                drop(node);
-                let _ = tokio::time::timeout(Duration::from_secs(1), watch.changed()).await;
-                continue;
-            }
             step_task = Some(tokio::spawn(run_step(node, step, failed_before)));
         }
         // A step still running finishes on its own (every change it makes is a guarded swap,
@@ -1669,9 +1669,20 @@ async fn request_move(node: &Arc<ClusterNode>, planned: &PlannedMove) -> Result<
     }
     let channel = node.peer(&planned.to).await?;
     let mut client = pb::node_client::NodeClient::new(channel);
-    client
-        .pull_shard(node.internal_request(request, MOVE_LIMIT))
-        .await
-        .map_err(|s| peer_error(&format!("node {} pulling the shard", planned.to), s))?;
+    let pull = client.pull_shard(node.internal_request(request, MOVE_LIMIT));
+    // The step ends when the taker leaves the cluster (its lease lapsed: stopped, or cut off
+    // from etcd), not at the pull's hour-long deadline: the coordinator plans the next one.
+    let taker_gone = node.wait_for_view(MOVE_LIMIT, |s| !s.is_alive(&planned.to));
+    tokio::select! {
+        answer = pull => {
+            answer.map_err(|s| peer_error(&format!("node {} pulling the shard", planned.to), s))?;
+        }
+        _ = taker_gone => {
+            return Err(ApiError::Unavailable(format!(
+                "node {} left the cluster while pulling the shard",
+                planned.to
+            )));
+        }
+    }
     Ok(())
 }

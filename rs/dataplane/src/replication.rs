@@ -135,6 +135,8 @@ pub(crate) struct ShardReplication {
     changing: tokio::sync::Mutex<()>,
     /// A join is under way (one at a time).
     joining: std::sync::atomic::AtomicBool,
+    /// This primary is handing the shard to a replica because its copy failed (once).
+    stepping_down: std::sync::atomic::AtomicBool,
     /// Per replica whose last join failed: when the next may be tried, and the wait after
     /// another failure.
     join_backoff: DashMap<String, (Instant, Duration)>,
@@ -323,6 +325,7 @@ impl ClusterNode {
                     changing: tokio::sync::Mutex::new(()),
                     join_backoff: DashMap::new(),
                     joining: std::sync::atomic::AtomicBool::new(false),
+                    stepping_down: std::sync::atomic::AtomicBool::new(false),
                 });
                 // Another write may have started it meanwhile: one replication per epoch.
                 let entry = self
@@ -454,6 +457,90 @@ impl ShardReplication {
             followers.push((replica, task));
         }
         Ok(())
+    }
+
+    /// Hands the shard to an in-sync replica (alive on its recorded disk) because this
+    /// primary's copy refuses writes for good (`why`: its WAL is poisoned): the failover the
+    /// coordinator makes for a dead primary, made by the primary itself, in one swap of the
+    /// whole record that also requires the candidate's registration from its directory. Every
+    /// acknowledged write is on every in-sync copy, so nothing acknowledged is lost; this copy
+    /// becomes a catching-up replica (its unacknowledged tail is cut when it comes back). In a
+    /// task of its own, once per replication.
+    pub(crate) fn step_down(self: &Arc<Self>, node: &Arc<ClusterNode>, why: String) {
+        if self
+            .stepping_down
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            return;
+        }
+        let (replication, node) = (Arc::clone(self), Arc::clone(node));
+        tokio::spawn(async move {
+            let shard = replication.shard.local_name();
+            tracing::error!(%shard, %why, "this primary's copy refuses writes: handing the shard to an in-sync replica");
+            let record = match node_read_shard(&node, &replication.shard).await {
+                Ok(ShardRecord::Assigned(a))
+                    if a.epoch == replication.epoch && a.owner == node.node_id =>
+                {
+                    a
+                }
+                Ok(_) => return,
+                Err(error) => {
+                    tracing::warn!(%shard, %error, "cannot step down: etcd unavailable");
+                    replication
+                        .stepping_down
+                        .store(false, std::sync::atomic::Ordering::Release);
+                    return;
+                }
+            };
+            let state = node.state();
+            let candidate = record
+                .in_sync_replicas
+                .iter()
+                .find(|n| state.holds_in_sync_copy(&record, n))
+                .cloned();
+            let Some(candidate) = candidate else {
+                tracing::error!(%shard, "no in-sync replica alive to take the shard: it takes no write until this node is restarted");
+                return;
+            };
+            let Some(promoted) = record.promoted(&candidate) else {
+                return;
+            };
+            let swap = ShardSwap {
+                collection: &replication.shard.collection,
+                uid: replication.shard.uid,
+                shard: replication.shard.shard,
+                expected_epoch: record.epoch,
+                new: &promoted,
+                unless_registered: None,
+                unless_registered_from: None,
+                registered: Some((
+                    candidate.as_str(),
+                    record.incarnation_of(&candidate).unwrap_or(""),
+                )),
+                expected: Some(&record),
+            };
+            match node.store().compare_and_set_shard(&swap).await {
+                Ok(true) => {
+                    node.moves
+                        .failovers
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(%shard, primary = %candidate, epoch = promoted.epoch,
+                        "failover: this primary's copy failed; an in-sync replica is the shard's primary");
+                }
+                Ok(false) => {
+                    tracing::warn!(%shard, "stepping down did not land (the record changed); trying at the next failed write");
+                    replication
+                        .stepping_down
+                        .store(false, std::sync::atomic::Ordering::Release);
+                }
+                Err(error) => {
+                    tracing::warn!(%shard, %error, "cannot step down: etcd unavailable");
+                    replication
+                        .stepping_down
+                        .store(false, std::sync::atomic::Ordering::Release);
+                }
+            }
+        });
     }
 
     /// Makes sure the write at `seq` is durable on every in-sync replica (acknowledged by the
@@ -868,10 +955,31 @@ async fn ship(
         probe = link.append(0, Vec::new(), Some(keep)).await?;
         link.seed_if_needed(&probe).await?;
     }
+    let durable = probe.durable_seq.min(probe.last_seq);
+    // The same directory now ends below what it acknowledged (restored from an older backup or
+    // VM snapshot, or a disk that lost synced data): its copy lacks acknowledged writes, so it
+    // leaves the in-sync set before anything else, and is never promoted meanwhile.
+    let before = acked.borrow().clone();
+    if before.incarnation == probe.incarnation && durable < before.seq {
+        tracing::error!(shard = %shard.local_name(), %replica, acknowledged = before.seq, durable,
+            "a replica's copy went back behind what it acknowledged (restored from an older copy?)");
+        if let Some(replication) = replication_at(node, shard, epoch) {
+            replication
+                .leave_in_sync(
+                    node,
+                    replica,
+                    "its copy went back behind what it acknowledged",
+                )
+                .await?;
+        }
+    }
     acked.send_replace(Acked {
-        seq: probe.durable_seq.min(probe.last_seq),
+        seq: durable,
         incarnation: probe.incarnation.clone(),
     });
+    // A replica that registers again (its process restarted, perhaps on a copy put back from
+    // an older backup) is probed again even while no write comes.
+    let registered = node.state().registered_at.get(replica).copied();
     let tail = collection.wal_tail_from(probe.last_seq + 1);
     // Following by log again (or never able to): the hold kept for the replica while it was
     // away has done its work.
@@ -937,6 +1045,11 @@ async fn ship(
                         && tail.durable_seq() < tail.next_seq()
                     {
                         collection.sync_wal().await?;
+                    }
+                    if node.state().registered_at.get(replica).copied() != registered {
+                        return Err(ApiError::Unavailable(format!(
+                            "replica {replica} registered again: probing it"
+                        )));
                     }
                     // A copy out of the in-sync set on an idle shard is probed now and then:
                     // one back on a wiped disk is seeded without waiting for a write (no call
@@ -1241,6 +1354,15 @@ async fn append_entries_here(
     }
     let primary_history = from_wire(&request.epochs)?;
     let local = shard.local_name();
+    if assignment.epoch < node.ledger.held_epoch(&local) {
+        // A record older than this copy's (etcd restored from an older backup): nothing is
+        // cut or appended on its word; reconciliation sets the copy aside.
+        return Err(ApiError::StaleShardMap(format!(
+            "shard {} of collection '{}': the record's epoch {} is older than the epoch this \
+             replica held it at",
+            shard.shard, shard.collection, assignment.epoch
+        )));
+    }
     if node.incoming.contains_key(&local) {
         return Ok(pb::AppendEntriesResponse {
             seeding: true,

@@ -3048,6 +3048,265 @@ impl CuttableProxy {
     }
 }
 
+/// A live primary whose WAL is poisoned (an fsync error, by the `wal::fdatasync` fail point
+/// after its first 20 syncs) hands its replicated shard to its in-sync replica: writes through
+/// a third node are acknowledged again within seconds, by the new primary, and every write
+/// acknowledged before or after is there. Before, the poisoned primary kept its lease and the
+/// shard took no write until a person restarted the node.
+#[test]
+fn processes_a_primary_whose_wal_is_poisoned_hands_its_shard_over() {
+    const LEASE: u64 = 20;
+    const DIM: usize = 8;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let endpoint = etcd.endpoint();
+    // The node the placement makes the primary of `moving`'s one shard (initial_placement: the
+    // name's hash over the sorted node ids) has its WAL syncs fail after its first 100.
+    let p = "moving"
+        .bytes()
+        .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize))
+        % 3;
+    let mut nodes: Vec<Node> = (1..=3)
+        .map(|i| Node::new(dir.path(), &format!("n{i}"), LEASE))
+        .collect();
+    for (i, node) in nodes.iter_mut().enumerate() {
+        if i == p {
+            node.start_with_env(
+                &endpoint,
+                &[("FAILPOINTS", "wal::fdatasync=100*off->return")],
+            );
+        } else {
+            node.start(&endpoint);
+        }
+    }
+    let rt = runtime();
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let status = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        wait_for_status(&client, Duration::from_secs(10), "three live nodes", |s| {
+            s.nodes.iter().filter(|n| n.alive).count() == 3
+        })
+        .await;
+        create_moving(&client, DIM, 1, 2, 1).await;
+        wait_in_sync(&addrs[0], 2).await
+    });
+    let the_shard = |status: &tarn_client::ClusterStatus| {
+        status
+            .shards
+            .iter()
+            .find(|s| s.collection == "moving")
+            .unwrap()
+            .clone()
+    };
+    let shard = the_shard(&status);
+    assert_eq!(shard.node_id, nodes[p].id, "{shard:?}");
+    let r = nodes
+        .iter()
+        .position(|n| n.id == shard.replicas[0])
+        .unwrap();
+    let c = 3 - p - r;
+    let r_id = nodes[r].id.clone();
+    let client = rt.block_on(Client::connect(addrs[c].clone())).unwrap();
+    let acked: Acked = Default::default();
+    let (mut failed, mut last_failure) = (0, None);
+    let started = Instant::now();
+    // Writes until 200 are acknowledged by the replica promoted over the failed primary.
+    rt.block_on(async {
+        let (mut doc, mut after) = (0u128, 0);
+        while after < 200 {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "writes not acknowledged by a new primary: {failed} failed"
+            );
+            doc += 1;
+            match insert_recorded(&client, &acked, vec![doc * 7], Duration::from_secs(3)).await {
+                Ok(()) => {
+                    let status = client.cluster_status().await.unwrap();
+                    if the_shard(&status).node_id == r_id {
+                        after += 1;
+                    }
+                }
+                Err(_) => {
+                    failed += 1;
+                    last_failure = Some(started.elapsed());
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    });
+    eprintln!("{failed} writes failed, the last {last_failure:?} after the start");
+    let log = nodes[p].server.as_ref().unwrap().logs();
+    assert!(
+        log.contains("this primary's copy refuses writes: handing the shard"),
+        "{log}"
+    );
+    rt.block_on(check_acked(&client, &acked));
+}
+
+/// An in-sync replica whose data directory is put back to an older copy of itself (the same
+/// INCARNATION: a restored backup or VM snapshot) leaves the in-sync set as soon as its
+/// primary's probe finds it behind what it acknowledged, so the primary killed right after is
+/// not failed over to it: the shard waits for its primary, which comes back with every
+/// acknowledged write. Before, the replica stayed in sync and was promoted without the writes
+/// acknowledged since the copy was taken.
+#[test]
+fn processes_a_replica_restored_behind_its_acknowledged_position_leaves_the_in_sync_set() {
+    const LEASE: u64 = 2;
+    const DIM: usize = 8;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let endpoint = etcd.endpoint();
+    let mut nodes = nodes_with(dir.path(), 3, &endpoint, LEASE, &[], &[]);
+    let rt = runtime();
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let status = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        create_moving(&client, DIM, 1, 2, 1).await;
+        wait_in_sync(&addrs[0], 2).await
+    });
+    let shard = status
+        .shards
+        .iter()
+        .find(|s| s.collection == "moving")
+        .unwrap()
+        .clone();
+    let index = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
+    let (p, r) = (index(&shard.node_id), index(&shard.replicas[0]));
+    let c = 3 - p - r;
+    let r_id = nodes[r].id.clone();
+    let client = rt.block_on(Client::connect(addrs[c].clone())).unwrap();
+    let acked: Acked = Default::default();
+    let write = |from: u128| {
+        rt.block_on(async {
+            for batch in (from..from + 100).step_by(20) {
+                let docs = (batch..batch + 20).map(|k| k * 7).collect();
+                insert_recorded(&client, &acked, docs, Duration::from_secs(10))
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    write(0);
+    // The replica's directory copied while it is down, then more writes on both copies.
+    nodes[r].kill();
+    rt.block_on(revoke_registration(&endpoint, &r_id));
+    let backup = dir.path().join("replica-backup");
+    copy_etcd_data(&nodes[r].dir, &backup);
+    nodes[r].start(&endpoint);
+    rt.block_on(wait_in_sync(&addrs[c], 2));
+    write(1_000);
+    // The older copy put back; the primary probes it, then dies.
+    nodes[r].kill();
+    rt.block_on(revoke_registration(&endpoint, &r_id));
+    std::fs::remove_dir_all(&nodes[r].dir).unwrap();
+    copy_etcd_data(&backup, &nodes[r].dir);
+    nodes[r].start(&endpoint);
+    rt.block_on(wait_for_status(
+        &client,
+        Duration::from_secs(15),
+        "the restored replica out of the in-sync set",
+        |s| {
+            s.shards
+                .iter()
+                .find(|s| s.collection == "moving")
+                .is_some_and(|s| !s.in_sync.contains(&r_id))
+        },
+    ));
+    let p_id = nodes[p].id.clone();
+    nodes[p].kill();
+    rt.block_on(revoke_registration(&endpoint, &p_id));
+    // No failover to the copy that lacks acknowledged writes.
+    std::thread::sleep(Duration::from_secs(8));
+    let now = rt.block_on(client.cluster_status()).unwrap();
+    let now = now
+        .shards
+        .iter()
+        .find(|s| s.collection == "moving")
+        .unwrap();
+    assert_eq!(
+        now.node_id, p_id,
+        "promoted a copy behind its acknowledged writes: {now:?}"
+    );
+    nodes[p].start(&endpoint);
+    rt.block_on(async {
+        wait_in_sync(&addrs[c], 2).await;
+        check_acked(&client, &acked).await;
+    });
+}
+
+/// A node holding a copy of a replicated shard cut off from etcd (its link silently cut; its
+/// links to the other nodes and its clients intact) stops answering reads from its own copy,
+/// which may be behind: every Get through it of a write acknowledged after the cut either
+/// finds the write (another copy answered) or fails; none answers OK without it. Before, the
+/// cut-off node answered from its stale copy for as long as the cut lasted.
+#[test]
+fn processes_a_copy_cut_off_from_etcd_serves_no_stale_read() {
+    const LEASE: u64 = 3;
+    const DIM: usize = 8;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let proxy = CuttableProxy::start(etcd.client_port);
+    let mut nodes = nodes_with(dir.path(), 2, &etcd.endpoint(), LEASE, &[], &[]);
+    let mut n3 = Node::new(dir.path(), "n3", LEASE);
+    n3.start(&proxy.endpoint());
+    nodes.push(n3);
+    let rt = runtime();
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    rt.block_on(async {
+        let c1 = Client::connect(addrs[0].clone()).await.unwrap();
+        create_moving(&c1, DIM, 1, 3, 1).await;
+        wait_in_sync(&addrs[0], 3).await;
+        let acked: Acked = Default::default();
+        let docs = (0..20u128).map(|k| k * 7).collect();
+        insert_recorded(&c1, &acked, docs, Duration::from_secs(10))
+            .await
+            .unwrap();
+        proxy.cut();
+        // Past n3's lease: a failover if it led the shard, its copy out of the in-sync set
+        // otherwise; writes through n1 are acknowledged again.
+        tokio::time::sleep(Duration::from_secs(LEASE + 1)).await;
+        let fresh: Vec<u128> = (1_000..1_020u128).map(|k| k * 7).collect();
+        let started = Instant::now();
+        while insert_recorded(&c1, &acked, fresh.clone(), Duration::from_secs(5))
+            .await
+            .is_err()
+        {
+            assert!(started.elapsed() < Duration::from_secs(30), "no write acknowledged");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let c3 = Client::builder(addrs[2].clone())
+            .timeout(Duration::from_secs(3))
+            .connect()
+            .await
+            .unwrap();
+        let (mut found, mut refused) = (0, 0);
+        for doc in &fresh {
+            match c3.get("moving", doc % 7, &[*doc]).await {
+                Ok(got) => {
+                    assert_eq!(
+                        got.len(),
+                        1,
+                        "a read through the cut-off node answered without acknowledged document {doc}"
+                    );
+                    found += 1;
+                }
+                Err(_) => refused += 1,
+            }
+        }
+        eprintln!("through the cut-off node: {found} found, {refused} refused");
+        proxy.restore();
+    });
+}
+
 /// A node cut off from etcd (a silent partition, by a proxy) stops acknowledging writes to its
 /// shards before its lease can lapse (UNAVAILABLE "cut off from etcd"); once its lease has
 /// lapsed, `forget` through another node gives its shards up; when the partition heals the node
