@@ -1490,9 +1490,9 @@ pub fn merge(def: &CollectionDef, results: Vec<Vec<ShardHit>>, top_k: usize) -> 
     merge_top_k(results, top_k, higher_is_better(def))
 }
 
-/// A read token for positions in `map`'s shards.
-/// Each position carries the shard's epoch in `map` (the one the write was acknowledged at).
-pub fn read_token(map: &CollectionMap, positions: Vec<(u32, u64)>) -> Vec<u8> {
+/// A read token for positions in `map`'s shards: (shard, sequence number, the epoch the write
+/// was acknowledged at: that of the map its successful attempt was routed by).
+pub fn read_token(map: &CollectionMap, positions: Vec<(u32, u64, u64)>) -> Vec<u8> {
     let mut token = ReadPositions {
         uid: map.def.uid,
         positions: Vec::new(),
@@ -1501,11 +1501,7 @@ pub fn read_token(map: &CollectionMap, positions: Vec<(u32, u64)>) -> Vec<u8> {
         uid: map.def.uid,
         positions: positions
             .into_iter()
-            .map(|(shard, seq)| tarn_cluster::TokenPosition {
-                shard,
-                epoch: map.shards.get(shard as usize).map_or(0, |a| a.epoch),
-                seq,
-            })
+            .map(|(shard, seq, epoch)| tarn_cluster::TokenPosition { shard, epoch, seq })
             .collect(),
     });
     token.encode()

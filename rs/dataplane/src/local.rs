@@ -232,11 +232,30 @@ impl Router {
         search: SearchRequest,
         deadline: Option<Duration>,
     ) -> Result<Vec<tarn_collection::SearchHit>, ApiError> {
+        self.local_search_at(name, search, deadline, 0).await
+    }
+
+    /// [`Router::local_search`] for a read token whose position (`search.min_seq`) was
+    /// acknowledged at `token_epoch` (0: none): a copy of a cluster shard answers only if its
+    /// map of the shard is at that epoch or later (waiting a moment for it) and the entry it
+    /// holds at that position was not written at an older epoch (a deposed primary's entry at
+    /// the same number); otherwise UNAVAILABLE, and the router reads another copy.
+    pub async fn local_search_at(
+        &self,
+        name: &str,
+        search: SearchRequest,
+        deadline: Option<Duration>,
+        token_epoch: u64,
+    ) -> Result<Vec<tarn_collection::SearchHit>, ApiError> {
         let wait = min_seq_wait(deadline);
         let collection = self.resolve(name).await?;
         collection.validate_search(&search)?;
         if search.min_seq > 0 {
             collection.wait_applied(search.min_seq, wait).await?;
+            if token_epoch > 0 {
+                self.check_token_epoch(name, &collection, search.min_seq, token_epoch)
+                    .await?;
+            }
         }
         // A graph search of a few tenants takes a fraction of a millisecond: it runs on this
         // worker, since handing it to another thread and back costs two thread wake-ups, more
@@ -278,6 +297,53 @@ impl Router {
     }
 
     /// The stored documents among `doc_ids` of one tenant: (doc, vector, attributes).
+    /// See [`Router::local_search_at`].
+    async fn check_token_epoch(
+        &self,
+        name: &str,
+        collection: &tarn_collection::Collection,
+        seq: u64,
+        token_epoch: u64,
+    ) -> Result<(), ApiError> {
+        let (Some(cluster), Some((shard, _))) =
+            (&self.cluster, tarn_cluster::ShardName::parse(name))
+        else {
+            return Ok(());
+        };
+        let at_least = |s: &tarn_cluster::ClusterState| {
+            s.assignment(&shard).is_some_and(|a| a.epoch >= token_epoch)
+        };
+        if !at_least(&cluster.state()) {
+            cluster
+                .wait_for_view(Duration::from_millis(500), at_least)
+                .await;
+        }
+        let view_epoch = cluster.state().assignment(&shard).map_or(0, |a| a.epoch);
+        if view_epoch < token_epoch {
+            return Err(ApiError::Unavailable(format!(
+                "shard {} of collection '{}': this copy's map is at epoch {view_epoch}, behind \
+                 the read token's write (epoch {token_epoch}); read another copy",
+                shard.shard, shard.collection
+            )));
+        }
+        let copy = collection.clone();
+        let starts = tokio::task::spawn_blocking(move || copy.epoch_starts())
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))??;
+        let written_at = tarn_cluster::EpochHistory::from_starts(starts)
+            .ok()
+            .and_then(|history| history.epoch_of(seq));
+        if let Some(written_at) = written_at.filter(|at| *at < token_epoch) {
+            return Err(ApiError::Unavailable(format!(
+                "shard {} of collection '{}': this copy's entry at position {seq} was written at \
+                 epoch {written_at}, before the read token's write (epoch {token_epoch}): it is \
+                 not that write; read another copy",
+                shard.shard, shard.collection
+            )));
+        }
+        Ok(())
+    }
+
     pub async fn local_get(
         &self,
         name: &str,

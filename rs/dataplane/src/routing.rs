@@ -79,6 +79,31 @@ impl Router {
     /// write is refused before anything is written), waits for this node's view of the shard to
     /// change and calls again, until `deadline`; a write never goes to a fenced shard.
     #[allow(clippy::too_many_arguments)]
+    /// [`Router::on_shard`], also answering the shard's epoch in the map the successful attempt
+    /// was routed by (a write's read token carries the epoch it was acknowledged at, which may
+    /// be newer than the map the call started with).
+    async fn on_shard_stamped<T, F, Fut>(
+        &self,
+        cluster: &ClusterNode,
+        map: &CollectionMap,
+        shard: u32,
+        access: Access,
+        deadline: Duration,
+        call: F,
+    ) -> Result<(T, u64), ApiError>
+    where
+        F: Fn(Target, Arc<CollectionMap>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ApiError>>,
+    {
+        let stamped = |target, map: Arc<CollectionMap>| {
+            let epoch = map.shards.get(shard as usize).map_or(0, |a| a.epoch);
+            let answer = call(target, map);
+            async move { answer.await.map(|value| (value, epoch)) }
+        };
+        self.on_shard(cluster, map, shard, access, deadline, stamped)
+            .await
+    }
+
     async fn on_shard<T, F, Fut>(
         &self,
         cluster: &ClusterNode,
@@ -297,10 +322,10 @@ impl Router {
                             }
                         }
                     };
-                    let seq = self
-                        .on_shard(cluster, map, shard, Access::Write, timeout, call)
+                    let (seq, epoch) = self
+                        .on_shard_stamped(cluster, map, shard, Access::Write, timeout, call)
                         .await?;
-                    Ok((seq, n_pairs))
+                    Ok(((seq, epoch), n_pairs))
                 }
             })
             .await;
@@ -363,12 +388,13 @@ impl Router {
                         }
                     }
                 };
-                self.on_shard(cluster, map, shard, Access::Write, timeout, call)
+                self.on_shard_stamped(cluster, map, shard, Access::Write, timeout, call)
             })
             .await;
         let mut positions = Vec::new();
         for (shard, answer) in answers {
-            positions.push((shard, answer?));
+            let (seq, epoch) = answer?;
+            positions.push((shard, seq, epoch));
         }
         Ok(pb::RemoveResponse {
             seq_no: single_position(&map, &positions),
@@ -434,7 +460,11 @@ impl Router {
                         }
                     }
                 };
-                self.on_shard(cluster, map, shard, Access::Write, timeout, call)
+                async move {
+                    self.on_shard_stamped(cluster, map, shard, Access::Write, timeout, call)
+                        .await
+                        .map(|((seq, n), epoch)| ((seq, epoch), n))
+                }
             })
             .await;
         let (positions, n_removed) = positions_and_count(answers)?;
@@ -499,6 +529,12 @@ impl Router {
         let answers = self
             .fan_out("Search", parts, |shard, ()| {
                 let min_seq = token.position(shard).max(request.min_seq_no);
+                // The epoch the token's write was acknowledged at, when the token sets the
+                // position: the copy checks it (`local_search_at`).
+                let min_seq_epoch = token
+                    .get(shard)
+                    .filter(|p| p.seq == min_seq)
+                    .map_or(0, |p| p.epoch);
                 let (vector, users, map) = (request.vector.clone(), user_ids.clone(), &map);
                 let (filter, request) = (&filter, &request);
                 let call = move |target, map: Arc<CollectionMap>| {
@@ -515,7 +551,9 @@ impl Router {
                                     min_seq,
                                     filter: filter.clone(),
                                 };
-                                let hits = self.local_search(&name, search, Some(timeout)).await?;
+                                let hits = self
+                                    .local_search_at(&name, search, Some(timeout), min_seq_epoch)
+                                    .await?;
                                 Ok(cluster::shard_hits(
                                     hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
                                 ))
@@ -534,6 +572,7 @@ impl Router {
                                         filter: request.filter.clone(),
                                         ..Default::default()
                                     }),
+                                    min_seq_epoch,
                                 };
                                 let hits = client
                                     .search(cluster.node_request(search, api_key, timeout))
@@ -898,26 +937,29 @@ fn is_stale_map(error: &ApiError) -> bool {
 /// `seq_no` of a write: its shard's sequence number when the collection has one shard (so
 /// `min_seq_no` keeps working there), 0 otherwise (use the read token).
 /// One shard's answer to a counted write: its log position and how many pairs it wrote.
-type CountedAnswer = Result<(u64, u64), ApiError>;
+type CountedAnswer = Result<((u64, u64), u64), ApiError>;
 
 /// The shards' answers to a counted write (insert, remove by filter): each shard's log
 /// position, for the read token, and the total the shards counted; the first error fails it.
+/// A write's position on one shard: (shard, sequence number, the epoch it was acknowledged at).
+type Position = (u32, u64, u64);
+
 fn positions_and_count(
     answers: Vec<(u32, CountedAnswer)>,
-) -> Result<(Vec<(u32, u64)>, u64), ApiError> {
+) -> Result<(Vec<Position>, u64), ApiError> {
     let mut positions = Vec::with_capacity(answers.len());
     let mut total = 0;
     for (shard, answer) in answers {
-        let (seq, n) = answer?;
-        positions.push((shard, seq));
+        let ((seq, epoch), n) = answer?;
+        positions.push((shard, seq, epoch));
         total += n;
     }
     Ok((positions, total))
 }
 
-fn single_position(map: &CollectionMap, positions: &[(u32, u64)]) -> u64 {
+fn single_position(map: &CollectionMap, positions: &[Position]) -> u64 {
     match positions {
-        [(_, seq)] if map.def.n_shards == 1 => *seq,
+        [(_, seq, _)] if map.def.n_shards == 1 => *seq,
         _ => 0,
     }
 }

@@ -22,6 +22,11 @@ use tarn_dataplane::ClusterNode;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FromNodeService;
 
+/// The epoch a forwarded search's read-token position was acknowledged at
+/// (`ShardSearchRequest::min_seq_epoch`), handed to the `Tarn` handler beside the request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TokenEpoch(pub u64);
+
 #[derive(Debug)]
 pub struct NodeService {
     pub cluster: Option<Arc<ClusterNode>>,
@@ -98,7 +103,8 @@ impl Node for NodeService {
         &self,
         request: Request<pb::ShardSearchRequest>,
     ) -> Result<Response<pb::SearchResponse>, Status> {
-        let request = self.inner(request, |m| {
+        let min_seq_epoch = request.get_ref().min_seq_epoch;
+        let mut request = self.inner(request, |m| {
             let mut inner = m
                 .request
                 .ok_or_else(|| ApiError::invalid("request", "missing"))?;
@@ -106,6 +112,7 @@ impl Node for NodeService {
             inner.read_token.clear();
             Ok(inner)
         })?;
+        request.extensions_mut().insert(TokenEpoch(min_seq_epoch));
         self.tarn.search(request).await
     }
 

@@ -357,6 +357,10 @@ impl Tarn for TarnService {
             self.check_shard_address(&request, &request.get_ref().collection)?;
             let deadline = client_deadline(&request);
             let api_key = crate::auth::api_key(&request);
+            let token_epoch = request
+                .extensions()
+                .get::<crate::node_service::TokenEpoch>()
+                .map_or(0, |e| e.0);
             let request = request.into_inner();
             if let Some(cluster) = self.router.cluster_for(&request.collection) {
                 return self
@@ -387,7 +391,7 @@ impl Tarn for TarnService {
             };
             let hits = self
                 .router
-                .local_search(&request.collection, search, deadline)
+                .local_search_at(&request.collection, search, deadline, token_epoch)
                 .await?;
             Ok(pb::SearchResponse {
                 hits: convert::hits(hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score))),
