@@ -3240,6 +3240,65 @@ fn processes_a_replica_restored_behind_its_acknowledged_position_leaves_the_in_s
     });
 }
 
+/// etcd stopped for twice the lease: every write is refused UNAVAILABLE ("cut off from etcd")
+/// from at most 3/4 of a lease after the stop (the last renewal was up to a third of a lease
+/// earlier, so from 5/12 of a lease on), none is acknowledged after that while etcd is down,
+/// and writes are acknowledged again once etcd is back. Prints when the first refusal came.
+#[test]
+fn processes_writes_stop_within_three_quarters_of_a_lease_after_etcd_stops() {
+    const LEASE: u64 = 4;
+    const DIM: usize = 8;
+    let Some((_dir, mut etcd, nodes)) = real_cluster(2, LEASE) else {
+        return;
+    };
+    let rt = runtime();
+    let client = rt.block_on(Client::connect(nodes[0].addr())).unwrap();
+    rt.block_on(create_moving(&client, DIM, 2, 1, 1));
+    let acked: Acked = Default::default();
+    let mut doc = 0u128;
+    let mut write = |timeout: Duration| {
+        doc += 1;
+        rt.block_on(insert_recorded(&client, &acked, vec![doc * 7], timeout))
+    };
+    write(Duration::from_secs(5)).unwrap();
+    etcd.stop();
+    let stopped = Instant::now();
+    let mut first_refusal = None;
+    while stopped.elapsed() < Duration::from_secs(2 * LEASE) {
+        match write(Duration::from_millis(500)) {
+            Ok(()) => assert!(
+                first_refusal.is_none(),
+                "a write acknowledged {:?} after etcd stopped, after a refusal at {first_refusal:?}",
+                stopped.elapsed()
+            ),
+            Err(error) => {
+                assert_eq!(error.code(), Code::Unavailable, "{error}");
+                first_refusal.get_or_insert(stopped.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let first_refusal = first_refusal.expect("writes went on with etcd down for two leases");
+    eprintln!("lease {LEASE} s: writes refused from {first_refusal:?} after etcd stopped");
+    assert!(
+        first_refusal <= Duration::from_millis(LEASE * 750 + 1_000),
+        "{first_refusal:?}"
+    );
+    etcd.restart();
+    let back = Instant::now();
+    while write(Duration::from_secs(2)).is_err() {
+        assert!(
+            back.elapsed() < Duration::from_secs(30),
+            "writes never came back"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "writes acknowledged again {:?} after etcd restarted",
+        back.elapsed()
+    );
+}
+
 /// A node holding a copy of a replicated shard cut off from etcd (its link silently cut; its
 /// links to the other nodes and its clients intact) stops answering reads from its own copy,
 /// which may be behind: every Get through it of a write acknowledged after the cut either
