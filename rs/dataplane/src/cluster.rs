@@ -1051,6 +1051,10 @@ impl ClusterNode {
         let mut set_aside = Vec::new();
         for (name, map) in &state.collections {
             for (shard, assignment) in map.shards.iter().enumerate() {
+                let change = |new| {
+                    let shard = shard as u32;
+                    (name.clone(), map.def.uid, shard, assignment.clone(), new)
+                };
                 // An in-sync replica whose data no other in-sync copy holds alive on its disk
                 // (the primary is down, or back on a wiped disk): never "no data lost".
                 let another_holds = assignment
@@ -1062,13 +1066,7 @@ impl ClusterNode {
                 {
                     if let Some(mut new) = assignment.without_replica(node_id) {
                         new.given_up.push(node_id.to_owned());
-                        set_aside.push((
-                            name.clone(),
-                            map.def.uid,
-                            shard as u32,
-                            assignment.clone(),
-                            new,
-                        ));
+                        set_aside.push(change(new));
                     }
                     continue;
                 }
@@ -1087,13 +1085,7 @@ impl ClusterNode {
                     assignment.without_replica(node_id)
                 };
                 if let Some(new) = without {
-                    kept.push((
-                        name.clone(),
-                        map.def.uid,
-                        shard as u32,
-                        assignment.clone(),
-                        new,
-                    ));
+                    kept.push(change(new));
                     continue;
                 }
                 if assignment.owner != node_id {
@@ -1108,13 +1100,7 @@ impl ClusterNode {
                     .nodes
                     .get(target)
                     .map_or("", |n| n.incarnation.as_str());
-                plan.push((
-                    name.clone(),
-                    map.def.uid,
-                    shard as u32,
-                    assignment.clone(),
-                    assignment.given_up_to(target, incarnation),
-                ));
+                plan.push(change(assignment.given_up_to(target, incarnation)));
             }
         }
         if confirm {

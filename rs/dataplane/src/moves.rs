@@ -1384,7 +1384,7 @@ async fn lift_handover(node: &ClusterNode, shard: &ShardName, epoch: u64) {
 
 /// A swap of `shard`'s record from `from` to `to` that lands only if the whole record is still
 /// `from` (no registration guard: callers that need one set it).
-fn whole_record_swap<'a>(
+pub(crate) fn whole_record_swap<'a>(
     shard: &'a ShardName,
     from: &'a ShardAssignment,
     to: &'a ShardAssignment,

@@ -505,20 +505,11 @@ impl ShardReplication {
             let Some(promoted) = record.promoted(&candidate) else {
                 return;
             };
-            let swap = ShardSwap {
-                collection: &replication.shard.collection,
-                uid: replication.shard.uid,
-                shard: replication.shard.shard,
-                expected_epoch: record.epoch,
-                new: &promoted,
-                unless_registered: None,
-                unless_registered_from: None,
-                registered: Some((
-                    candidate.as_str(),
-                    record.incarnation_of(&candidate).unwrap_or(""),
-                )),
-                expected: Some(&record),
-            };
+            let mut swap = crate::moves::whole_record_swap(&replication.shard, &record, &promoted);
+            swap.registered = Some((
+                candidate.as_str(),
+                record.incarnation_of(&candidate).unwrap_or(""),
+            ));
             match node.store().compare_and_set_shard(&swap).await {
                 Ok(true) => {
                     node.moves
@@ -1397,6 +1388,19 @@ async fn append_entries_here(
             copy = lock.lock().await;
         }
     }
+    // The view again, under the copy's lock and after any wait: a new primary's probe may have
+    // been served meanwhile (its promotion seen), and nothing of an older epoch's primary is
+    // taken after that.
+    if node
+        .state()
+        .assignment(&shard)
+        .is_none_or(|now| now.epoch != epoch || now.owner != request.from_node)
+    {
+        return Err(ApiError::StaleShardMap(format!(
+            "shard {} of collection '{}' changed primary while this call waited",
+            shard.shard, shard.collection
+        )));
+    }
     if node.registry.get_shard(&local).is_err()
         && !node.replica_starts_empty_here(&local, &assignment)
     {
@@ -1435,9 +1439,34 @@ async fn append_entries_here(
             request.first_seq
         )));
     }
-    // Entries this copy already has (sent again after a lost answer) are the same ones: one
-    // primary per epoch, and this copy follows it.
+    // Entries this copy already has (sent again after a lost answer) are skipped, but only if
+    // they are the same ones: written at the epoch the primary's history gives each position
+    // (one primary per epoch). Entries of another epoch at those positions (a deposed
+    // primary's) refuse the batch: the primary probes again, and the copy is cut back.
     let skip = (last + 1 - request.first_seq) as usize;
+    if skip > 0 {
+        let starts = {
+            let collection = collection.clone();
+            tokio::task::spawn_blocking(move || collection.epoch_starts())
+                .await
+                .map_err(|e| ApiError::Internal(e.to_string()))??
+        };
+        let own = EpochHistory::from_starts(starts).map_err(ApiError::Internal)?;
+        let differs = (request.first_seq..=last).find(|seq| {
+            matches!(
+                (own.epoch_of(*seq), primary_history.epoch_of(*seq)),
+                (Some(mine), Some(primary)) if mine != primary
+            )
+        });
+        if let Some(seq) = differs {
+            return Err(ApiError::Unsupported(format!(
+                "this replica's entry {seq} is of epoch {:?}, the primary's of epoch {:?}: the \
+                 copies differ there; probe again",
+                own.epoch_of(seq),
+                primary_history.epoch_of(seq)
+            )));
+        }
+    }
     let entries: Vec<(u64, Arc<[u8]>)> = request
         .entries
         .into_iter()

@@ -940,6 +940,63 @@ async fn check_acked(client: &Client, acked: &Acked) {
     );
 }
 
+/// A real etcd and three nodes (leases of `lease` seconds, each started with `extra`) holding
+/// the one-shard collection `moving` (dimension 8, `copies` copies, min_in_sync 1), every copy
+/// in sync. Fields drop in order: the nodes, etcd, then the directory.
+struct OneShardCluster {
+    nodes: Vec<Node>,
+    etcd: Etcd,
+    rt: tokio::runtime::Runtime,
+    addrs: Vec<String>,
+    /// Indexes into `nodes`: the shard's primary, its replicas, and the nodes with no copy.
+    primary: usize,
+    replicas: Vec<usize>,
+    others: Vec<usize>,
+    dir: tempfile::TempDir,
+}
+
+/// [`OneShardCluster`]; `None` (SKIPPED printed) where etcd cannot be had.
+fn one_shard_cluster(lease: u64, copies: u32, extra: &[&str]) -> Option<OneShardCluster> {
+    let binary = etcd_binary()?;
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let nodes = nodes_with(dir.path(), 3, &etcd.endpoint(), lease, extra, &[]);
+    let rt = runtime();
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let status = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        create_moving(&client, 8, 1, copies, 1).await;
+        wait_in_sync(&addrs[0], copies as usize).await
+    });
+    let shard = moving_shard(&status);
+    let index = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
+    let primary = index(&shard.node_id);
+    let replicas: Vec<usize> = shard.replicas.iter().map(|id| index(id)).collect();
+    let others = (0..3)
+        .filter(|i| *i != primary && !replicas.contains(i))
+        .collect();
+    Some(OneShardCluster {
+        nodes,
+        etcd,
+        rt,
+        addrs,
+        primary,
+        replicas,
+        others,
+        dir,
+    })
+}
+
+/// The status of `moving`'s shard 0.
+fn moving_shard(status: &tarn_client::ClusterStatus) -> tarn_client::ShardStatus {
+    status
+        .shards
+        .iter()
+        .find(|s| s.collection == "moving" && s.shard == 0)
+        .unwrap()
+        .clone()
+}
+
 /// Copies a stopped etcd's data directory (`cp -a`), as a backup of its volume would.
 fn copy_etcd_data(from: &Path, to: &Path) {
     let _ = std::fs::remove_dir_all(to);
@@ -3155,30 +3212,21 @@ fn processes_a_primary_whose_wal_is_poisoned_hands_its_shard_over() {
 #[test]
 fn processes_a_replica_restored_behind_its_acknowledged_position_leaves_the_in_sync_set() {
     const LEASE: u64 = 2;
-    const DIM: usize = 8;
-    let Some(binary) = etcd_binary() else {
+    let Some(cluster) = one_shard_cluster(LEASE, 2, &[]) else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let OneShardCluster {
+        mut nodes,
+        etcd,
+        rt,
+        addrs,
+        primary: p,
+        replicas,
+        others,
+        dir,
+    } = cluster;
+    let (r, c) = (replicas[0], others[0]);
     let endpoint = etcd.endpoint();
-    let mut nodes = nodes_with(dir.path(), 3, &endpoint, LEASE, &[], &[]);
-    let rt = runtime();
-    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
-    let status = rt.block_on(async {
-        let client = Client::connect(addrs[0].clone()).await.unwrap();
-        create_moving(&client, DIM, 1, 2, 1).await;
-        wait_in_sync(&addrs[0], 2).await
-    });
-    let shard = status
-        .shards
-        .iter()
-        .find(|s| s.collection == "moving")
-        .unwrap()
-        .clone();
-    let index = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
-    let (p, r) = (index(&shard.node_id), index(&shard.replicas[0]));
-    let c = 3 - p - r;
     let r_id = nodes[r].id.clone();
     let client = rt.block_on(Client::connect(addrs[c].clone())).unwrap();
     let acked: Acked = Default::default();
@@ -3211,24 +3259,14 @@ fn processes_a_replica_restored_behind_its_acknowledged_position_leaves_the_in_s
         &client,
         Duration::from_secs(15),
         "the restored replica out of the in-sync set",
-        |s| {
-            s.shards
-                .iter()
-                .find(|s| s.collection == "moving")
-                .is_some_and(|s| !s.in_sync.contains(&r_id))
-        },
+        |s| !moving_shard(s).in_sync.contains(&r_id),
     ));
     let p_id = nodes[p].id.clone();
     nodes[p].kill();
     rt.block_on(revoke_registration(&endpoint, &p_id));
     // No failover to the copy that lacks acknowledged writes.
     std::thread::sleep(Duration::from_secs(8));
-    let now = rt.block_on(client.cluster_status()).unwrap();
-    let now = now
-        .shards
-        .iter()
-        .find(|s| s.collection == "moving")
-        .unwrap();
+    let now = moving_shard(&rt.block_on(client.cluster_status()).unwrap());
     assert_eq!(
         now.node_id, p_id,
         "promoted a copy behind its acknowledged writes: {now:?}"
@@ -4966,33 +5004,20 @@ fn start_writers_on(
 fn processes_a_late_replica_while_another_tries_to_join_does_not_stall_writes() {
     use rustix::process::Signal;
     const LEASE: u64 = 20;
-    const DIM: usize = 8;
-    let Some(binary) = etcd_binary() else {
+    let Some(cluster) = one_shard_cluster(LEASE, 3, &[]) else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let OneShardCluster {
+        mut nodes,
+        etcd,
+        rt,
+        primary: p,
+        replicas,
+        addrs,
+        ..
+    } = cluster;
+    let (x, y) = (replicas[0], replicas[1]);
     let endpoint = etcd.endpoint();
-    let mut nodes = nodes_with(dir.path(), 3, &endpoint, LEASE, &[], &[]);
-    let rt = runtime();
-    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
-    let status = rt.block_on(async {
-        let client = Client::connect(addrs[0].clone()).await.unwrap();
-        create_moving(&client, DIM, 1, 3, 1).await;
-        wait_in_sync(&addrs[0], 3).await
-    });
-    let shard = status
-        .shards
-        .iter()
-        .find(|s| s.collection == "moving")
-        .unwrap()
-        .clone();
-    let index = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
-    let (p, x, y) = (
-        index(&shard.node_id),
-        index(&shard.replicas[0]),
-        index(&shard.replicas[1]),
-    );
     let client = rt.block_on(Client::connect(addrs[p].clone())).unwrap();
     // Y back, slow to answer: it catches up but never joins.
     nodes[y].kill();
@@ -5060,29 +5085,18 @@ fn processes_spread_reads_move_to_another_copy_when_one_is_stopped() {
     use rustix::process::Signal;
     // A lease that outlasts the stop: the stopped copy stays alive and in sync.
     const LEASE: u64 = 30;
-    const DIM: usize = 8;
-    let Some(binary) = etcd_binary() else {
+    let Some(cluster) = one_shard_cluster(LEASE, 2, &[]) else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
-    let nodes = nodes_with(dir.path(), 3, &etcd.endpoint(), LEASE, &[], &[]);
-    let rt = runtime();
-    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
-    let status = rt.block_on(async {
-        let client = Client::connect(addrs[0].clone()).await.unwrap();
-        create_moving(&client, DIM, 1, 2, 1).await;
-        wait_in_sync(&addrs[0], 2).await
-    });
-    let shard = status
-        .shards
-        .iter()
-        .find(|s| s.collection == "moving")
-        .unwrap()
-        .clone();
-    let index = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
-    let (p, r) = (index(&shard.node_id), index(&shard.replicas[0]));
-    let c = 3 - p - r;
+    let OneShardCluster {
+        nodes,
+        rt,
+        replicas,
+        others,
+        addrs,
+        ..
+    } = cluster;
+    let (r, c) = (replicas[0], others[0]);
     let acked: Acked = Default::default();
     let client = rt.block_on(Client::connect(addrs[c].clone())).unwrap();
     rt.block_on(async {
@@ -5828,34 +5842,22 @@ fn processes_a_copy_back_on_a_wiped_disk_is_never_promoted_and_is_seeded_again()
 #[test]
 fn processes_a_wiped_primary_never_costs_its_down_replica_s_copy() {
     const LEASE: u64 = 2;
-    const DIM: usize = 8;
     const REPLACE: &[&str] = &["--replace-dead-after", "3"];
-    let Some(binary) = etcd_binary() else {
+    let Some(cluster) = one_shard_cluster(LEASE, 2, REPLACE) else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    let OneShardCluster {
+        mut nodes,
+        etcd,
+        rt,
+        primary: p,
+        replicas,
+        others,
+        addrs,
+        ..
+    } = cluster;
+    let (r, c) = (replicas[0], others[0]);
     let endpoint = etcd.endpoint();
-    let mut nodes = nodes_with(dir.path(), 3, &endpoint, LEASE, REPLACE, &[]);
-    let rt = runtime();
-    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
-    let status = rt.block_on(async {
-        let client = Client::connect(addrs[0].clone()).await.unwrap();
-        create_moving(&client, DIM, 1, 2, 1).await;
-        wait_in_sync(&addrs[0], 2).await
-    });
-    let the_shard = |status: &tarn_client::ClusterStatus| {
-        status
-            .shards
-            .iter()
-            .find(|s| s.collection == "moving")
-            .unwrap()
-            .clone()
-    };
-    let shard = the_shard(&status);
-    let index = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
-    let (p, r) = (index(&shard.node_id), index(&shard.replicas[0]));
-    let c = 3 - p - r;
     let r_id = nodes[r].id.clone();
     let client = rt.block_on(Client::connect(addrs[c].clone())).unwrap();
     let acked: Acked = Default::default();
@@ -5881,7 +5883,7 @@ fn processes_a_wiped_primary_never_costs_its_down_replica_s_copy() {
     rt.block_on(async {
         while down.elapsed() < Duration::from_secs(12) {
             if let Ok(status) = client.cluster_status().await {
-                let now = the_shard(&status);
+                let now = moving_shard(&status);
                 assert!(
                     now.in_sync.contains(&r_id) || now.node_id == r_id,
                     "the down replica holding the last copy left the record: {now:?}"
@@ -5898,7 +5900,7 @@ fn processes_a_wiped_primary_never_costs_its_down_replica_s_copy() {
             &client,
             Duration::from_secs(30),
             "the returning replica promoted over the wiped primary",
-            |s| the_shard(s).node_id == r_id,
+            |s| moving_shard(s).node_id == r_id,
         )
         .await;
         check_acked(&client, &acked).await;
