@@ -25,6 +25,11 @@ struct LedgerState {
     /// Local shard names whose copy was deleted here, with the epoch of the record that let it
     /// (`u64::MAX`: the collection was dropped).
     dropped: BTreeMap<String, u64>,
+    /// Local shard names whose copy a seed from the primary is filling (or left unfinished):
+    /// such a copy holds nothing of its own, and the next seed deletes it instead of setting
+    /// it aside.
+    #[serde(default)]
+    seeding: std::collections::BTreeSet<String>,
 }
 
 /// The ledger of one data directory (see the module's comment).
@@ -99,6 +104,22 @@ impl CopyLedger {
                 }
             }
             grew
+        })
+    }
+
+    /// Whether `local`'s copy is a seed's, unfinished.
+    pub(crate) fn is_seeding(&self, local: &str) -> bool {
+        self.state.lock().seeding.contains(local)
+    }
+
+    /// Records that a seed starts filling `local`'s copy (`true`) or finished it (blocking).
+    pub(crate) fn note_seeding(&self, local: &str, seeding: bool) -> std::io::Result<()> {
+        self.change(|state| {
+            if seeding {
+                state.seeding.insert(local.to_owned())
+            } else {
+                state.seeding.remove(local)
+            }
         })
     }
 
@@ -192,6 +213,11 @@ mod tests {
             (0, 3)
         );
         assert!(!restarted.may_start_empty("c.1.1", 5));
+        // A seed's copy stays marked until the seed finishes.
+        reopened.note_seeding("c.1.2", true).unwrap();
+        assert!(CopyLedger::open(dir.path()).unwrap().is_seeding("c.1.2"));
+        reopened.note_seeding("c.1.2", false).unwrap();
+        assert!(!CopyLedger::open(dir.path()).unwrap().is_seeding("c.1.2"));
         reopened.note_set_aside("c.1.0").unwrap();
         assert_eq!(CopyLedger::open(dir.path()).unwrap().held_epoch("c.1.0"), 0);
         // A damaged ledger refuses to open, naming the file.

@@ -600,6 +600,9 @@ pub(crate) fn start_seed(node: &Arc<ClusterNode>, shard: ShardName, primary: Str
     });
 }
 
+/// A replica's seed from its primary, under the copy's lock; a seed that fails deletes the
+/// unfinished copy it made (nothing of its own is in it: the primary holds all of it), so that
+/// no failed seed leaves a full-size copy behind, and the next probe seeds again.
 async fn seed(
     node: &Arc<ClusterNode>,
     shard: &ShardName,
@@ -609,15 +612,52 @@ async fn seed(
     let local = shard.local_name();
     let lock = node.copy_lock(&local);
     let _copy = lock.lock().await;
-    if node.registry.get_shard(&local).is_ok() {
-        node.registry
-            .set_aside(
-                &local,
-                "replaced by a fresh copy of the primary's data: this replica's copy could not \
-                 follow the primary's log",
-            )
-            .await?;
+    let outcome = seed_locked(node, shard, primary, epoch).await;
+    if outcome.is_err() && node.ledger.is_seeding(&local) {
+        if node.registry.get_shard(&local).is_ok() {
+            if let Err(error) = node.registry.drop_shard(&local).await {
+                tracing::warn!(shard = %local, %error, "could not delete a failed seed's copy");
+                return outcome;
+            }
+        }
+        let name = local.clone();
+        if let Err(error) = node
+            .note_ledger(move |l| l.note_seeding(&name, false))
+            .await
+        {
+            tracing::warn!(shard = %local, %error, "could not update the cluster ledger");
+        }
     }
+    outcome
+}
+
+/// [`seed`]'s work; the caller holds the copy's lock.
+async fn seed_locked(
+    node: &Arc<ClusterNode>,
+    shard: &ShardName,
+    primary: &str,
+    epoch: u64,
+) -> Result<(u64, u64), ApiError> {
+    let local = shard.local_name();
+    if node.registry.get_shard(&local).is_ok() {
+        if node.ledger.is_seeding(&local) {
+            // An earlier seed's unfinished copy: nothing of its own, so it goes (set aside,
+            // every retry would leave one more full-size copy behind).
+            node.registry.drop_shard(&local).await?;
+        } else {
+            node.registry
+                .set_aside(
+                    &local,
+                    "replaced by a fresh copy of the primary's data: this replica's copy could \
+                     not follow the primary's log",
+                )
+                .await?;
+        }
+    }
+    let name = local.clone();
+    node.note_ledger(move |l| l.note_seeding(&name, true))
+        .await
+        .map_err(|e| ApiError::Internal(format!("recording a seed in the cluster ledger: {e}")))?;
     let Restored {
         mut stream,
         copy,
@@ -642,7 +682,20 @@ async fn seed(
             .map_err(|e| ApiError::Internal(e.to_string()))??;
     }
     let mut applied = info.seq_no;
+    // A seed that cannot come close to a busy primary's log gives up, as a move's pull does:
+    // its stream slot and the primary's WAL pin go, and the follower tries again later.
+    let started = std::time::Instant::now();
     loop {
+        if started.elapsed() > CATCH_UP_LIMIT {
+            return Err(ApiError::Unavailable(format!(
+                "the seed of shard {} of collection '{}' did not come within {FENCE_LAG_ENTRIES} \
+                 entries of the primary's log in {} s",
+                shard.shard,
+                shard.collection,
+                CATCH_UP_LIMIT.as_secs()
+            )));
+        }
+        fail_point("moves::seed_tail")?;
         let message = next_message(&mut stream, STREAM_SILENCE_LIMIT).await?;
         if !message.entries.is_empty() {
             let (batch, batch_bytes) = copied_batch(message.entries);
@@ -652,9 +705,17 @@ async fn seed(
                 .fetch_add(batch_bytes, Ordering::Relaxed);
             let (first, last) = (batch[0].0, batch[batch.len() - 1].0);
             crate::replication::record_epochs(&copy, &history, first, last).await?;
-            applied = copy.append_copied(batch, Durability::Fsync).await?;
+            // Written, not synced, batch by batch: one sync at the end makes them durable.
+            applied = copy.append_copied(batch, Durability::Written).await?;
         }
         if message.head_seq_no.saturating_sub(applied) <= FENCE_LAG_ENTRIES {
+            copy.sync_wal().await?;
+            let name = local.clone();
+            node.note_ledger(move |l| l.note_seeding(&name, false))
+                .await
+                .map_err(|e| {
+                    ApiError::Internal(format!("recording a seed in the cluster ledger: {e}"))
+                })?;
             return Ok((n_bytes, applied));
         }
     }

@@ -5473,9 +5473,11 @@ fn processes_a_replica_back_within_the_kept_log_catches_up_by_log_across_checkpo
 /// checkpoint finds their logs no longer hold what it lacks: it is seeded from a snapshot and
 /// the tail, and rejoins the in-sync set. Then its data directory is deleted while it is down
 /// and it restarts with the same id: every copy it held is rebuilt from the primaries; once
-/// more with no write at all (idle followers probe a copy out of the in-sync set and seed it).
-/// Afterwards each shard's copies hold the same documents, every acknowledged write is there,
-/// and the seeds were counted (`tarn_rereplication_bytes_total`).
+/// more with no write at all (idle followers probe a copy out of the in-sync set and seed it),
+/// its first seed failing once its snapshot is restored (a fail point): the retry deletes that
+/// unfinished copy, so nothing is left set aside (before, every failed seed left a full-size
+/// copy set aside). Afterwards each shard's copies hold the same documents, every acknowledged
+/// write is there, and the seeds were counted (`tarn_rereplication_bytes_total`).
 #[test]
 fn processes_replicas_catch_up_by_snapshot_past_the_log_and_after_a_wiped_disk() {
     const LEASE: u64 = 2;
@@ -5555,7 +5557,16 @@ fn processes_replicas_catch_up_by_snapshot_past_the_log_and_after_a_wiped_disk()
     nodes[2].kill();
     std::fs::remove_dir_all(&nodes[2].dir).unwrap();
     std::fs::create_dir_all(&nodes[2].dir).unwrap();
-    nodes[2].start_with_env(&etcd.endpoint(), &[SMALL_WAL]);
+    // Its first seed fails once its snapshot is restored (a fail point): the retry deletes
+    // that unfinished copy instead of setting it aside.
+    nodes[2].start_with_env(
+        &etcd.endpoint(),
+        &[(
+            "FAILPOINTS",
+            "collection::wal_segment_bytes=return(32768);replication::away_wal_bytes=return(0);\
+             moves::seed_tail=1*return",
+        )],
+    );
     let started = std::time::Instant::now();
     loop {
         let log = nodes[2].server.as_ref().unwrap().logs();
@@ -5572,6 +5583,19 @@ fn processes_replicas_catch_up_by_snapshot_past_the_log_and_after_a_wiped_disk()
     eprintln!(
         "idle shards: n3's {copies} copies seeded {:.1} s after its restart on a wiped disk",
         started.elapsed().as_secs_f64()
+    );
+    let aside = rt
+        .block_on(async {
+            Client::connect(addrs[2].clone())
+                .await
+                .unwrap()
+                .list_set_aside()
+                .await
+        })
+        .unwrap();
+    assert!(
+        aside.is_empty(),
+        "a failed seed's unfinished copy was set aside: {aside:?}"
     );
     let acked = acked.unwrap();
     rt.block_on(async {
