@@ -1151,6 +1151,27 @@ async fn run_step(
             })
         }
     };
+    if failure.is_none() {
+        // A move to this taker went through: the failures other shards of the collection had
+        // moving to it describe the cluster no more (the planner skipped them while they backed
+        // off; they are planned afresh if they still need to move).
+        let stale: Vec<u32> = node
+            .state()
+            .move_failures
+            .iter()
+            .filter(|((c, s), f)| c == collection && *s != shard && f.to == to)
+            .map(|((_, s), _)| *s)
+            .collect();
+        for other in stale {
+            if let Err(error) = node
+                .store()
+                .record_move_failure(collection, other, None)
+                .await
+            {
+                tracing::warn!(%error, "could not clear a stale move failure");
+            }
+        }
+    }
     if failure.is_some() || failed_before.is_some() {
         if let Err(error) = node
             .store()

@@ -4167,7 +4167,16 @@ fn processes_a_node_restarted_right_after_kill_9_serves_at_once() {
         for addr in &addrs {
             let client = Client::connect(addr.clone()).await.unwrap();
             let ids: Vec<u128> = acked.keys().copied().collect();
-            let docs = client.get("phoenix", 0, &ids).await.unwrap();
+            // Get reads what each shard has applied, which follows the acknowledgement by a
+            // moment (ingestion): a loaded machine may need a few tries.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let docs = loop {
+                let docs = client.get("phoenix", 0, &ids).await.unwrap();
+                if docs.len() == ids.len() || Instant::now() > deadline {
+                    break docs;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
             assert_eq!(
                 docs.len(),
                 ids.len(),
