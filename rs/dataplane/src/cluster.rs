@@ -1271,6 +1271,9 @@ async fn reconcile(node: std::sync::Weak<ClusterNode>) {
             }
             continue;
         }
+        // Test builds: acting on this view late (`cluster::reconcile=return(ms)`), as a node
+        // under load would, while the map moves on.
+        crate::moves::pause_point("cluster::reconcile").await;
         let mut undecided = false;
         for local in node.registry.shard_names() {
             let Some((shard, _)) = ShardName::parse(&local) else {

@@ -79,8 +79,22 @@ const RELEASE_EVERY_ENTRIES: u64 = 4_096;
 /// How much log (bytes written since it went away) a primary keeps for a replica whose calls
 /// fail: one back within it catches up by log, checkpoints meanwhile notwithstanding; past it,
 /// checkpoints may truncate what it lacks and it is seeded from a snapshot (PostgreSQL's
-/// `max_slot_wal_keep_size`, as a fixed bound).
+/// `max_slot_wal_keep_size`, as a fixed bound). The same bound holds for a replica that
+/// answers but falls behind (out of the in-sync set): past it, it is seeded instead of pinning
+/// the log from its position.
 const AWAY_REPLICA_WAL_BYTES: u64 = 1 << 30;
+
+/// [`MAX_BATCH_BYTES`], or (test builds) the `replication::max_batch_bytes` fail point's value
+/// (a slow follower: one entry per batch at `return(1)`).
+fn max_batch_bytes() -> usize {
+    #[cfg(feature = "failpoints")]
+    if let Some(Some(bytes)) = fail::eval("replication::max_batch_bytes", |arg| {
+        arg.and_then(|a| a.parse::<usize>().ok())
+    }) {
+        return bytes;
+    }
+    MAX_BATCH_BYTES
+}
 
 /// [`AWAY_REPLICA_WAL_BYTES`], or (test builds) the `replication::away_wal_bytes` fail point's
 /// value: the process tests of catch-up by snapshot set it to 0.
@@ -876,6 +890,9 @@ async fn follow(
     let mut backoff = Duration::from_millis(50);
     // `held`: a hold on the log from the replica's position while it is away (from the epoch's
     // start until it first answers), and the log's byte count when it was taken.
+    // `gave_up_log`: the replica fell too far behind while connected and is seeded instead:
+    // no hold is taken for it until it follows by log again.
+    let mut gave_up_log = false;
     loop {
         let Some(node) = node.upgrade() else {
             return;
@@ -887,7 +904,16 @@ async fn follow(
             history: &history,
             replica: &replica,
         };
-        match ship(&link, &collection, &mut wanted, &acked, &mut held).await {
+        match ship(
+            &link,
+            &collection,
+            &mut wanted,
+            &acked,
+            &mut held,
+            &mut gave_up_log,
+        )
+        .await
+        {
             Ok(()) => return,
             Err(error) => {
                 tracing::debug!(shard = %shard.local_name(), %replica, %error, "shipping to a replica failed; retrying");
@@ -895,7 +921,7 @@ async fn follow(
         }
         // The replica is away (or being seeded): keep the log from its acknowledged position
         // for it, so that it comes back by log, up to a bound of log written since.
-        if held.is_none() {
+        if held.is_none() && !gave_up_log {
             let from = acked.borrow().seq + 1;
             held = collection
                 .wal_tail_from(from)
@@ -925,6 +951,7 @@ async fn ship(
     wanted: &mut watch::Receiver<u64>,
     acked: &watch::Sender<Acked>,
     held: &mut Option<(WalTail, u64)>,
+    gave_up_log: &mut bool,
 ) -> Result<(), ApiError> {
     let (node, shard, epoch, replica) = (link.node, link.shard, link.epoch, link.replica);
     let mut probe = link.append(0, Vec::new(), None).await?;
@@ -975,6 +1002,7 @@ async fn ship(
     // Following by log again (or never able to): the hold kept for the replica while it was
     // away has done its work.
     *held = None;
+    *gave_up_log = false;
     let Some(mut tail) = tail else {
         link.seed().await?;
         return Err(ApiError::Unavailable(format!(
@@ -1004,7 +1032,7 @@ async fn ship(
                 collection.sync_wal().await?;
             }
             let (entries, back) = tokio::task::spawn_blocking(move || {
-                let read = tail.read(up_to, MAX_BATCH_BYTES);
+                let read = tail.read(up_to, max_batch_bytes());
                 (read, tail)
             })
             .await
@@ -1097,7 +1125,48 @@ async fn ship(
             tail.release_read();
             since_release = 0;
         }
+        // A replica that answers but falls ever further behind (a slower disk; out of the
+        // in-sync set, so writes do not wait for it) would hold this primary's log from its
+        // position for good: past the bound it is seeded from a snapshot instead, and the
+        // hold goes with the tail.
+        let acked_seq = acked.borrow().seq;
+        if let Some(behind) = too_far_behind(link, collection, acked_seq) {
+            tracing::warn!(shard = %shard.local_name(), %replica, behind_bytes = behind,
+                bound = away_wal_bytes(),
+                "a connected replica fell further behind than the log kept for one: \
+                 seeding it from a snapshot");
+            drop(tail);
+            drop(in_flight);
+            *gave_up_log = true;
+            link.seed().await?;
+            return Err(ApiError::Unavailable(format!(
+                "replica {replica} fell {behind} bytes of log behind: it is seeded from a snapshot"
+            )));
+        }
     }
+}
+
+/// The bytes of log (estimated from the average entry size) that `replica`, out of the
+/// in-sync set, lacks past `acked`, if more than the log kept for one
+/// ([`away_wal_bytes`]). An in-sync replica is never too far behind: writes wait for it.
+fn too_far_behind(link: &Link<'_>, collection: &Collection, acked: u64) -> Option<u64> {
+    let behind_entries = collection.last_seq_no().saturating_sub(acked);
+    if behind_entries == 0 {
+        return None;
+    }
+    let in_sync = replication_at(link.node, link.shard, link.epoch).is_some_and(|r| {
+        r.record()
+            .in_sync_replicas
+            .iter()
+            .any(|n| n == link.replica)
+    });
+    if in_sync {
+        return None;
+    }
+    let stats = collection.wal_stats();
+    let per_entry = stats.n_bytes / stats.n_entries.max(1);
+    let behind = behind_entries.saturating_mul(per_entry);
+    (behind > away_wal_bytes()).then_some(behind)
 }
 
 /// This node's replication of `shard` at `epoch`, if it is still its primary there.

@@ -10,6 +10,8 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
 mod common;
+#[path = "cluster/nemesis.rs"]
+mod nemesis;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -136,6 +138,8 @@ struct Node {
     port: u16,
     /// `--lease-seconds`.
     lease_seconds: u64,
+    /// `--advertise` when other nodes reach it through a proxy (else its listening address).
+    advertise: Option<String>,
     server: Option<Server>,
 }
 
@@ -147,6 +151,7 @@ impl Node {
             dir: dir.join(id),
             port: free_port(),
             lease_seconds,
+            advertise: None,
             server: None,
         }
     }
@@ -171,6 +176,7 @@ impl Node {
     ) -> Result<(), String> {
         let listen = format!("127.0.0.1:{}", self.port);
         let lease = self.lease_seconds.to_string();
+        let advertise = self.advertise.clone().unwrap_or_else(|| listen.clone());
         let mut args = vec![
             "--listen",
             &listen,
@@ -179,7 +185,7 @@ impl Node {
             "--node-id",
             &self.id,
             "--advertise",
-            &listen,
+            &advertise,
             "--lease-seconds",
             &lease,
         ];
@@ -3612,174 +3618,6 @@ fn processes_failed_moves_back_off_and_show_in_status() {
     nodes.push(n2);
 }
 
-/// The seeded nemesis: three nodes, each reaching etcd through its own cuttable proxy, writers
-/// (inserts and removes) and searchers through every node, while faults chosen by a seeded RNG
-/// follow one another: kill -9 and restart at once, SIGSTOP for a few seconds, a node's etcd
-/// connection cut (silently) and restored, a graceful restart, a drain and its cancel. Then
-/// every fault is undone and the cluster settles; every acknowledged write is there exactly
-/// once, no removed document is back, no shard lost its data, and every error any call saw
-/// was UNAVAILABLE, DEADLINE_EXCEEDED or ABORTED. `TARN_NEMESIS_SEED` and
-/// `TARN_NEMESIS_SECONDS` (default 90) choose the run; the seed is printed.
-#[test]
-fn processes_nemesis_seeded_faults_lose_no_acknowledged_write() {
-    use rustix::process::Signal;
-    let Some(binary) = etcd_binary() else {
-        return;
-    };
-    let seed: u64 = std::env::var("TARN_NEMESIS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20261124);
-    let seconds: u64 = std::env::var("TARN_NEMESIS_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(90);
-    // Copies of each shard (TARN_NEMESIS_REPLICAS: 1 by default; scripts/cluster-e2e.sh also
-    // runs it with 2, where kill -9 and SIGSTOP fail shards over).
-    let replicas: u32 = std::env::var("TARN_NEMESIS_REPLICAS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
-    eprintln!(
-        "nemesis: seed {seed}, {seconds} s, {replicas} copies (TARN_NEMESIS_SEED, \
-         TARN_NEMESIS_SECONDS, TARN_NEMESIS_REPLICAS)"
-    );
-    const DIM: usize = 8;
-    const LEASE: u64 = 3;
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
-    let proxies: Vec<CuttableProxy> = (0..3)
-        .map(|_| CuttableProxy::start(etcd.client_port))
-        .collect();
-    let mut nodes: Vec<Node> = (1..=3)
-        .map(|i| Node::new(dir.path(), &format!("n{i}"), LEASE))
-        .collect();
-    for (node, proxy) in nodes.iter_mut().zip(&proxies) {
-        node.start(&proxy.endpoint());
-    }
-    let rt = runtime();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let (acked, stop, writers, searchers) = rt.block_on(async {
-        let mut clients = Vec::new();
-        for node in &nodes {
-            clients.push(Client::connect(node.addr()).await.unwrap());
-        }
-        create_moving(&clients[0], DIM, 6, replicas, 0).await;
-        let (acked, stop, writers) = start_writers(&clients, DIM);
-        let searchers: Vec<_> = clients
-            .iter()
-            .map(|client| start_searcher(client.clone(), DIM, stop.clone()))
-            .collect();
-        (acked, stop, writers, searchers)
-    });
-    let started = Instant::now();
-    let pause = |rng: &mut rand::rngs::StdRng, lo: u64, hi: u64| {
-        std::thread::sleep(Duration::from_millis(rng.random_range(lo..hi)));
-    };
-    let mut faults = Vec::new();
-    while started.elapsed() < Duration::from_secs(seconds) {
-        pause(&mut rng, 1_000, 3_000);
-        let i = rng.random_range(0..3usize);
-        let fault = rng.random_range(0..5u32);
-        let at = started.elapsed().as_secs_f64();
-        match fault {
-            0 => {
-                faults.push(format!("{at:.1}s kill -9 n{}, restart", i + 1));
-                nodes[i].kill();
-                pause(&mut rng, 0, 3_000);
-                nodes[i].start(&proxies[i].endpoint());
-            }
-            1 => {
-                faults.push(format!("{at:.1}s SIGSTOP n{}", i + 1));
-                nodes[i].signal(Signal::STOP);
-                pause(&mut rng, 500, 5_000);
-                nodes[i].signal(Signal::CONT);
-            }
-            2 => {
-                faults.push(format!("{at:.1}s cut n{}'s etcd", i + 1));
-                proxies[i].cut();
-                pause(&mut rng, 1_000, 8_000);
-                proxies[i].restore();
-            }
-            3 => {
-                faults.push(format!("{at:.1}s graceful restart of n{}", i + 1));
-                if let Some(server) = nodes[i].server.take() {
-                    server.terminate();
-                }
-                nodes[i].start(&proxies[i].endpoint());
-            }
-            _ => {
-                faults.push(format!("{at:.1}s drain n{} and cancel", i + 1));
-                let other = nodes[(i + 1) % 3].addr();
-                let id = nodes[i].id.clone();
-                rt.block_on(async {
-                    if let Ok(client) = Client::connect(other).await {
-                        let _ = client.drain_node(&id, false).await;
-                        tokio::time::sleep(Duration::from_millis(rng.random_range(2_000..8_000)))
-                            .await;
-                        let _ = client.drain_node(&id, true).await;
-                    }
-                });
-            }
-        }
-    }
-    eprintln!("nemesis: {} faults: {faults:?}", faults.len());
-    rt.block_on(async {
-        // Undo everything and let the cluster settle: every node alive, no drain, no fence.
-        let client = Client::connect(nodes[0].addr()).await.unwrap();
-        for node in &nodes {
-            let _ = client.drain_node(&node.id, true).await;
-        }
-        wait_for_status(
-            &client,
-            Duration::from_secs(90),
-            "the cluster settled",
-            |s| {
-                s.nodes.iter().filter(|n| n.alive && !n.draining).count() == 3
-                    && s.shards.iter().all(|s| s.state == "serving")
-            },
-        )
-        .await;
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut failures = Vec::new();
-        let mut n_acked = 0;
-        for writer in writers {
-            let (n, f) = writer.await.unwrap();
-            n_acked += n;
-            failures.extend(f);
-        }
-        for searcher in searchers {
-            failures.extend(searcher.await.unwrap().1);
-        }
-        let allowed = ["Unavailable:", "DeadlineExceeded:", "Aborted:"];
-        let odd: Vec<&String> = failures
-            .iter()
-            .filter(|f| !allowed.iter().any(|a| f.starts_with(a)))
-            .collect();
-        assert!(odd.is_empty(), "errors of other codes: {odd:#?}");
-        assert!(n_acked > 100, "only {n_acked} writes acknowledged");
-        eprintln!(
-            "nemesis: {n_acked} writes acknowledged, {} calls failed",
-            failures.len()
-        );
-        // Each acknowledged write once, no removed document back (read through a node the
-        // seed picks: every read is routed to the shards' owners anyway).
-        let reader = &nodes[(seed % 3) as usize];
-        let client = Client::connect(reader.addr()).await.unwrap();
-        check_acked(&client, &acked).await;
-    });
-    if replicas > 1 {
-        // Every shard back to all its copies in sync, and the copies hold the same documents.
-        rt.block_on(wait_in_sync(&nodes[0].addr(), replicas as usize));
-        std::thread::sleep(Duration::from_secs(1));
-        for node in &mut nodes {
-            node.kill();
-        }
-        assert_copies_identical(nodes.iter().map(|n| &n.dir), "moving", 6, replicas as usize);
-    }
-}
-
 /// GetCollection and Flush fan out to every shard: with a shard's owner stopped (SIGSTOP: its
 /// connections stay open and never answer) they end by the client's deadline with
 /// DEADLINE_EXCEEDED naming the shard and node, or by the default deadline when the client sets
@@ -5475,6 +5313,111 @@ fn processes_a_replica_back_within_the_kept_log_catches_up_by_log_across_checkpo
     }
     drop(etcd);
     assert_copies_identical(nodes.iter().map(|n| &n.dir), "moving", 3, 2);
+}
+
+/// The bytes of the WAL files of `collection`'s shard copies in a node's data directory.
+fn wal_bytes(node_dir: &Path, collection: &str) -> u64 {
+    let mut n = 0;
+    let Ok(entries) = std::fs::read_dir(node_dir.join("collections")) else {
+        return 0;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((shard, None)) = tarn_cluster::ShardName::parse(&name) else {
+            continue;
+        };
+        if shard.collection != collection {
+            continue;
+        }
+        if let Ok(files) = std::fs::read_dir(entry.path().join("wal")) {
+            n += files
+                .flatten()
+                .filter_map(|f| f.metadata().ok())
+                .map(|m| m.len())
+                .sum::<u64>();
+        }
+    }
+    n
+}
+
+/// A replica that answers but falls ever further behind (its primary's follower ships one
+/// entry per call, 200 ms apart, by fail points, to 24 writers; out of the in-sync set after
+/// 2 s, so writes stop waiting for it) is seeded from a snapshot once it lacks more log than is kept for one
+/// (64 KiB here, 1 GiB by default), instead of holding the primary's log from its position for
+/// good. With 32 KiB log segments and a checkpoint every 16 KiB, the primary's log on disk stays
+/// under 400 KiB while about 1 MiB is written; every acknowledged write is there, and the
+/// replica is back in sync once the writes stop. Before, the follower's hold kept the log from
+/// the replica's position (about 0.9 MiB on disk at the end of the writes).
+#[test]
+fn processes_a_slow_connected_replica_is_seeded_instead_of_pinning_the_log() {
+    const LEASE: u64 = 2;
+    const DIM: usize = 8;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    const SLOW: (&str, &str) = (
+        "FAILPOINTS",
+        "collection::wal_segment_bytes=return(32768);collection::checkpoint_wal_bytes=return(16384);\
+         replication::away_wal_bytes=return(65536);replication::max_batch_bytes=return(1);\
+         replication::hold_entries=return(200)",
+    );
+    let nodes = nodes_with(dir.path(), 3, &etcd.endpoint(), LEASE, &[], &[SLOW]);
+    let rt = runtime();
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let client = rt.block_on(Client::connect(addrs[0].clone())).unwrap();
+    let status = rt.block_on(async {
+        create_moving(&client, DIM, 1, 2, 1).await;
+        wait_in_sync(&addrs[0], 2).await
+    });
+    let primary = nodes
+        .iter()
+        .find(|n| n.id == moving_shard(&status).node_id)
+        .unwrap();
+    let acked: Acked = Default::default();
+    rt.block_on(async {
+        let mut writers = Vec::new();
+        // More writers than the follower ships in 2 s, so that the replica leaves the in-sync
+        // set and the writes stop waiting for it.
+        for w in 0..24u128 {
+            let (client, acked) = (client.clone(), acked.clone());
+            writers.push(tokio::spawn(async move {
+                for batch in 0..25u128 {
+                    let docs = (0..25)
+                        .map(|i| ((w * 1_000 + batch) * 25 + i + 1) * 7)
+                        .collect();
+                    let _ = insert_recorded(&client, &acked, docs, Duration::from_secs(10)).await;
+                }
+            }));
+        }
+        for writer in writers {
+            writer.await.unwrap();
+        }
+        client.flush("moving").await.unwrap();
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let written = primary.server.as_ref().unwrap().logs();
+    let on_disk = wal_bytes(&primary.dir, "moving");
+    eprintln!("the primary's log on disk after the writes: {on_disk} bytes");
+    assert!(
+        written.contains("fell further behind than the log kept for one"),
+        "the slow replica was never seeded: {}",
+        without_colours(&written)
+            .lines()
+            .filter(|l| !l.contains("pausing at a fail point"))
+            .take(30)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        on_disk < 400 << 10,
+        "the primary keeps {on_disk} bytes of log for its slow replica"
+    );
+    rt.block_on(async {
+        check_acked(&client, &acked).await;
+        wait_in_sync(&addrs[0], 2).await;
+    });
 }
 
 /// Catch-up by snapshot (issue tests 3 and 4): with small WAL segments and no log kept for a
