@@ -220,7 +220,11 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
 
-    let mut builder = Server::builder();
+    // HTTP/2 pings on every connection: one whose client stopped answering (a SIGSTOPped or
+    // partitioned peer) is closed after 20 s instead of being held open for good.
+    let mut builder = Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_INTERVAL));
     if let Some((cert, key)) = &config.tls {
         let cert = std::fs::read(cert)
             .with_context(|| format!("reading TLS certificate {}", cert.display()))?;
@@ -237,11 +241,13 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         stop_tx.subscribe(),
     ));
     let (stop, stop_requested) = tokio::sync::oneshot::channel::<()>();
+    let (begun, shutdown_begun) = tokio::sync::oneshot::channel::<()>();
     let health = health_reporter.clone();
     let shutdown = async move {
         let _ = stop_requested.await;
         tracing::info!("shutting down: no new requests; finishing the ones in flight");
         health.set_not_serving::<TarnServer<TarnService>>().await;
+        let _ = begun.send(());
     };
     let router = builder
         .add_service(health_service)
@@ -255,32 +261,30 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         let _lock = lock;
         let served = match listener {
             GrpcListener::Tcp(listener) => {
-                router
-                    .serve_with_incoming_shutdown(
-                        // TCP_NODELAY on every connection: tonic sets it only on listeners it
-                        // binds itself, and with Nagle a small response waits for the client's
-                        // delayed ACK.
-                        tokio_stream::StreamExt::map(
-                            tokio_stream::wrappers::TcpListenerStream::new(listener),
-                            |accepted| {
-                                accepted.inspect(|stream| {
-                                    if let Err(error) = stream.set_nodelay(true) {
-                                        tracing::debug!(%error, "could not set TCP_NODELAY");
-                                    }
-                                })
-                            },
-                        ),
-                        shutdown,
-                    )
-                    .await
+                let serve = router.serve_with_incoming_shutdown(
+                    // TCP_NODELAY on every connection: tonic sets it only on listeners it
+                    // binds itself, and with Nagle a small response waits for the client's
+                    // delayed ACK.
+                    tokio_stream::StreamExt::map(
+                        tokio_stream::wrappers::TcpListenerStream::new(listener),
+                        |accepted| {
+                            accepted.inspect(|stream| {
+                                if let Err(error) = stream.set_nodelay(true) {
+                                    tracing::debug!(%error, "could not set TCP_NODELAY");
+                                }
+                            })
+                        },
+                    ),
+                    shutdown,
+                );
+                within_grace(serve, shutdown_begun).await
             }
             GrpcListener::Unix(listener, path) => {
-                let served = router
-                    .serve_with_incoming_shutdown(
-                        tokio_stream::wrappers::UnixListenerStream::new(listener),
-                        shutdown,
-                    )
-                    .await;
+                let serve = router.serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    shutdown,
+                );
+                let served = within_grace(serve, shutdown_begun).await;
                 if let Err(error) = std::fs::remove_file(&path) {
                     tracing::warn!(%error, path = %path.display(), "could not remove the socket file");
                 }
@@ -304,6 +308,41 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         stop: Some(stop),
         task,
     })
+}
+
+/// How long a graceful shutdown waits for the requests in flight and for clients to close
+/// their connections, before it closes the collections (every WAL synced) anyway.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
+/// HTTP/2 ping interval and timeout on the server's connections.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Serves until `serve` ends, but for at most [`SHUTDOWN_GRACE`] once the shutdown has begun:
+/// a connection whose client stopped answering (a SIGSTOPped or partitioned peer node) is never
+/// closed by that client, and would otherwise hold the shutdown for good.
+async fn within_grace<F>(
+    serve: F,
+    begun: tokio::sync::oneshot::Receiver<()>,
+) -> Result<(), tonic::transport::Error>
+where
+    F: std::future::Future<Output = Result<(), tonic::transport::Error>>,
+{
+    tokio::pin!(serve);
+    tokio::select! {
+        biased;
+        served = &mut serve => return served,
+        _ = begun => {}
+    }
+    match tokio::time::timeout(SHUTDOWN_GRACE, serve).await {
+        Ok(served) => served,
+        Err(_) => {
+            tracing::warn!(
+                grace_seconds = SHUTDOWN_GRACE.as_secs(),
+                "shutting down with connections still open (a client or peer that stopped \
+                 answering?): closing them"
+            );
+            Ok(())
+        }
+    }
 }
 
 /// `tarn serve`: [`start`], announce the addresses on stdout, and shut down gracefully on

@@ -3618,6 +3618,52 @@ fn processes_failed_moves_back_off_and_show_in_status() {
     nodes.push(n2);
 }
 
+/// A node asked to stop (SIGTERM) while a peer that holds connections to it is stopped
+/// (SIGSTOP: the peer never closes them) stops within its shutdown grace (15 s), its
+/// collections closed: HTTP/2 pings close the dead peer's connections, and the grace bounds
+/// what is left. Before, the graceful shutdown waited for the stopped peer's connections to
+/// close, for good (found by the nemesis: a restart of n3 while n1 was stopped).
+#[test]
+fn processes_a_node_stops_in_bounded_time_while_a_peer_is_stopped() {
+    use rustix::process::Signal;
+    let Some((_dir, _etcd, mut nodes)) = real_cluster(2, 2) else {
+        return;
+    };
+    let rt = runtime();
+    rt.block_on(async {
+        let c2 = Client::connect(nodes[1].addr()).await.unwrap();
+        wait_for_status(&c2, Duration::from_secs(10), "two live nodes", |s| {
+            s.nodes.iter().filter(|n| n.alive).count() == 2
+        })
+        .await;
+        // Two copies of each shard: n2 ships to n1 and forwards to it, over its connections.
+        create_moving(&c2, 8, 2, 2, 1).await;
+        wait_in_sync(&nodes[1].addr(), 2).await;
+        insert_docs(&c2, "moving", 1, 50, 8).await;
+    });
+    nodes[1].signal(Signal::STOP);
+    let server = nodes[0].server.take().unwrap();
+    let pid = server.child.id();
+    let started = Instant::now();
+    let (done, stopped) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(server.terminate());
+    });
+    let outcome = stopped.recv_timeout(Duration::from_secs(40));
+    if outcome.is_err() {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid as i32).unwrap(),
+            Signal::KILL,
+        );
+    }
+    nodes[1].signal(Signal::CONT);
+    let took = started.elapsed();
+    let status = outcome.expect("n1 did not stop within 40 s of SIGTERM while n2 was stopped");
+    eprintln!("n1 stopped {took:?} after SIGTERM");
+    assert!(status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}
+
 /// GetCollection and Flush fan out to every shard: with a shard's owner stopped (SIGSTOP: its
 /// connections stay open and never answer) they end by the client's deadline with
 /// DEADLINE_EXCEEDED naming the shard and node, or by the default deadline when the client sets
