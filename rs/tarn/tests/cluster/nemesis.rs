@@ -24,8 +24,9 @@
 //!
 //! After healing and settling it checks, and prints one line `nemesis seed=... result=ok|FAILED`
 //! with the counts: every acknowledged write present exactly once with its vector (`lost`, a
-//! removed document back: `back`, the document count), no read returned a write that was never
-//! acknowledged and is absent at the end (`dirty_reads`), every read with a token saw its write
+//! removed document back: `back`, the document count), how many reads returned a write that was
+//! never acknowledged and is absent at the end (`dirty_reads`: counted, not failed on, while
+//! [`NO_DIRTY_READS`] is false), every read with a token saw its write
 //! (`token_misses`), every shard's copies identical (documents, and the WAL entries and the
 //! epoch of every sequence number both logs hold: `divergent`), errors only of the retryable
 //! codes (`odd_errors`), and the longest stretch each shard refused writes
@@ -37,6 +38,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use super::*;
+
+/// Whether a dirty read fails the run. Reads are not yet held back to committed entries
+/// (docs/CLUSTER.md, "Dirty reads": a search may return a write that was never acknowledged
+/// and is cut after a failover), so they are counted and printed, not failed on; what is
+/// promised is checked: such a write was never acknowledged (a read of an acknowledged write
+/// that is later absent counts as `lost`), and a read with a token sees its write.
+const NO_DIRTY_READS: bool = false;
 
 const DIM: usize = 8;
 const SHARDS: u32 = 6;
@@ -617,6 +625,25 @@ impl Cluster {
         }
     }
 
+    /// Whether the cluster is [`Cluster::all_in_sync`] within `limit` (asked every 500 ms).
+    fn all_in_sync_within(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        copies: u32,
+        limit: Duration,
+    ) -> bool {
+        let started = Instant::now();
+        loop {
+            if self.all_in_sync(rt, copies) {
+                return true;
+            }
+            if started.elapsed() > limit {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
     /// Whether every node is alive and not draining, and every shard serving with all its
     /// copies in sync (asked of each node in turn until one answers).
     fn all_in_sync(&self, rt: &tokio::runtime::Runtime, copies: u32) -> bool {
@@ -950,6 +977,7 @@ fn compare_copies(nodes: &[Node], copies: u32) -> Vec<String> {
                 held.iter().map(|c| &c.node).collect::<Vec<_>>()
             ));
         }
+        let before = differences.len();
         for pair in held.windows(2) {
             let (a, b) = (&pair[0], &pair[1]);
             let what = format!("shard {shard} on {} and {}", a.node, b.node);
@@ -985,6 +1013,17 @@ fn compare_copies(nodes: &[Node], copies: u32) -> Vec<String> {
                 .find(|(seq, bytes)| b.entries.get(seq).is_some_and(|other| other != *bytes))
             {
                 differences.push(format!("{what}: entry {seq} differs"));
+            }
+        }
+        if differences.len() > before {
+            for copy in &held {
+                differences.push(format!(
+                    "shard {shard} on {}: log ends at {}, epochs {:?}, entries {:?}",
+                    copy.node,
+                    copy.last_seq,
+                    copy.starts,
+                    copy.entries.keys().next().zip(copy.entries.keys().last())
+                ));
             }
         }
     }
@@ -1044,8 +1083,9 @@ fn processes_nemesis_two_faults_at_a_time() {
     while started.elapsed() < Duration::from_secs(plan.seconds) {
         pause(&mut rng, 500, 2_500);
         // A destructive fault only first, with every copy in sync.
-        let destructive =
-            plan.copies > 1 && rng.random_bool(0.3) && cluster.all_in_sync(&rt, plan.copies);
+        let destructive = plan.copies > 1
+            && rng.random_bool(0.3)
+            && cluster.all_in_sync_within(&rt, plan.copies, Duration::from_secs(20));
         cluster.new_backup = rng.random_bool(0.5);
         let first = pick(&mut rng, destructive, true, cluster.backup.is_some());
         let second = loop {
@@ -1140,6 +1180,33 @@ fn processes_nemesis_two_faults_at_a_time() {
         .collect();
     // The copies, entry by entry, once every node is stopped.
     std::thread::sleep(Duration::from_secs(1));
+    let logs: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.server.as_ref().map(|s| s.logs()).unwrap_or_default())
+        .collect();
+    if let Some(status) = rt.block_on(async {
+        quick_client(cluster.nodes[0].addr())
+            .await?
+            .cluster_status()
+            .await
+            .ok()
+    }) {
+        for shard in &status.shards {
+            eprintln!(
+                "nemesis: shard {} primary {} epoch {} in sync {:?} lag {:?}",
+                shard.shard,
+                shard.node_id,
+                shard.epoch,
+                shard.in_sync,
+                shard
+                    .replication_lag
+                    .iter()
+                    .map(|l| format!("{l:?}"))
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
     for i in 0..3 {
         cluster.kill(i);
     }
@@ -1171,7 +1238,7 @@ fn processes_nemesis_two_faults_at_a_time() {
     let ok = lost.is_empty()
         && back.is_empty()
         && count_problem.is_none()
-        && dirty.is_empty()
+        && (dirty.is_empty() || !NO_DIRTY_READS)
         && token_misses.is_empty()
         && divergent.is_empty()
         && odd.is_empty()
@@ -1193,7 +1260,10 @@ fn processes_nemesis_two_faults_at_a_time() {
         eprintln!("  {problem}");
     }
     if !dirty.is_empty() {
-        eprintln!("  dirty reads of {dirty:?}");
+        eprintln!(
+            "  dirty reads (writes never acknowledged, seen, then cut; docs/CLUSTER.md, \
+             \"Dirty reads\"): {dirty:?}"
+        );
     }
     eprintln!("nemesis: longest refusal per shard (s): {longest:?}");
     let kinds: Vec<String> = tally
@@ -1225,6 +1295,20 @@ fn processes_nemesis_two_faults_at_a_time() {
         kinds.join(","),
         if ok { "ok" } else { "FAILED" }
     );
+    if !ok {
+        // What each node logged last (fail point pauses left out).
+        for (node, log) in cluster.nodes.iter().zip(&logs) {
+            let lines: Vec<String> = without_colours(log)
+                .lines()
+                .filter(|l| !l.contains("pausing at a fail point"))
+                .map(|l| l.chars().take(400).collect())
+                .collect();
+            eprintln!("nemesis: the last lines of {}'s log:", node.id);
+            for line in &lines[lines.len().saturating_sub(40)..] {
+                eprintln!("    {line}");
+            }
+        }
+    }
     assert!(ok, "the nemesis found a problem (seed {})", plan.seed);
 }
 
