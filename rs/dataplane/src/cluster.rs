@@ -149,8 +149,8 @@ pub struct ClusterNode {
     /// Per local shard: held by whatever may create, replace or remove the local copy (a pull,
     /// reconciliation), so that one never removes what the other just made.
     copy_locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
-    /// The replication of each shard this node is primary of (`replication.rs`), by local name.
-    pub(crate) replication: DashMap<String, Arc<crate::replication::ShardReplication>>,
+    /// The replication of each shard this node is primary of (`replica_set/`), by local name.
+    pub(crate) replication: DashMap<String, Arc<crate::replica_set::ShardReplication>>,
     registration: Registration,
     /// What this data directory has held: etcd's history as this node saw it (`ledger.rs`).
     pub(crate) ledger: Arc<crate::ledger::CopyLedger>,
@@ -171,7 +171,7 @@ pub(crate) struct ShardWrite {
     pub collection: Collection,
     /// Held until the write is acknowledged (dropped with this value).
     pub _gate: tokio::sync::OwnedRwLockReadGuard<()>,
-    pub(crate) replication: Option<Arc<crate::replication::ShardReplication>>,
+    pub(crate) replication: Option<Arc<crate::replica_set::ShardReplication>>,
 }
 
 /// Where one shard's call goes.

@@ -704,7 +704,7 @@ async fn seed_locked(
                 .seed_bytes
                 .fetch_add(batch_bytes, Ordering::Relaxed);
             let (first, last) = (batch[0].0, batch[batch.len() - 1].0);
-            crate::replication::record_epochs(&copy, &history, first, last).await?;
+            crate::replica_set::record_epochs(&copy, &history, first, last).await?;
             // Written, not synced, batch by batch: one sync at the end makes them durable.
             applied = copy.append_copied(batch, Durability::Written).await?;
         }
