@@ -124,13 +124,13 @@ pub struct ClusterNode {
     state: watch::Receiver<Arc<ClusterState>>,
     pub(crate) registry: Arc<Registry>,
     /// Per local shard: writes hold it shared from their epoch check to their acknowledgement;
-    /// a shard's hand-over takes it exclusively to drain them (`moves.rs`).
+    /// a shard's hand-over takes it exclusively to drain them (`transfer/`).
     gates: DashMap<String, Arc<tokio::sync::RwLock<()>>>,
     /// Local shards being copied in by a move: not this node's yet, and not to be dropped.
     pub(crate) incoming: Arc<DashMap<String, ()>>,
-    /// Local shards whose primary (this node) is handing them over to a replica (`moves.rs`).
+    /// Local shards whose primary (this node) is handing them over to a replica (`transfer/`).
     pub(crate) handing_over: DashMap<String, ()>,
-    pub(crate) moves: crate::moves::MoveCounters,
+    pub(crate) moves: crate::transfer::MoveCounters,
     /// The CA that signs the other nodes' TLS certificates (`--cluster-ca`).
     peer_ca: Option<Vec<u8>>,
     /// Channels to other nodes for the node-to-node `Cluster` calls, by address.
@@ -263,7 +263,7 @@ impl ClusterNode {
             gates: DashMap::new(),
             incoming: Arc::new(DashMap::new()),
             handing_over: DashMap::new(),
-            moves: crate::moves::MoveCounters::default(),
+            moves: crate::transfer::MoveCounters::default(),
             peer_ca,
             peers: DashMap::new(),
             incarnation,
@@ -278,7 +278,7 @@ impl ClusterNode {
             ledger,
         });
         tokio::spawn(reconcile(Arc::downgrade(&node)));
-        tokio::spawn(crate::moves::coordinate(Arc::downgrade(&node)));
+        tokio::spawn(crate::coordinator::coordinate(Arc::downgrade(&node)));
         Ok(node)
     }
 
@@ -375,7 +375,7 @@ impl ClusterNode {
     }
 
     /// This node's move, seed and failover counters (for metrics).
-    pub fn move_counters(&self) -> &crate::moves::MoveCounters {
+    pub fn move_counters(&self) -> &crate::transfer::MoveCounters {
         &self.moves
     }
 
@@ -1273,7 +1273,7 @@ async fn reconcile(node: std::sync::Weak<ClusterNode>) {
         }
         // Test builds: acting on this view late (`cluster::reconcile=return(ms)`), as a node
         // under load would, while the map moves on.
-        crate::moves::pause_point("cluster::reconcile").await;
+        crate::transfer::pause_point("cluster::reconcile").await;
         let mut undecided = false;
         for local in node.registry.shard_names() {
             let Some((shard, _)) = ShardName::parse(&local) else {
@@ -1314,14 +1314,14 @@ async fn reconcile(node: std::sync::Weak<ClusterNode>) {
                     && !assignment.is_replica_handover()
                     && !node.incoming.contains_key(&name.local_name())
                 {
-                    crate::moves::lift_fence(&node, &name, assignment).await;
+                    crate::transfer::lift_fence(&node, &name, assignment).await;
                 }
             }
         }
         node.forget_unused_handles(&current);
         node.forget_replications(&current);
         node.start_replications(&current).await;
-        crate::moves::start_handovers(&node);
+        crate::transfer::start_handovers(&node);
         drop(node);
         let changed = state.changed();
         if undecided {

@@ -93,7 +93,7 @@ async fn append_entries_here(
         });
     }
     if request.seed {
-        crate::moves::start_seed(node, shard, request.from_node, epoch);
+        crate::transfer::start_seed(node, shard, request.from_node, epoch);
         return Ok(pb::AppendEntriesResponse {
             seeding: true,
             ..Default::default()
@@ -219,7 +219,7 @@ async fn append_entries_here(
     let durable = collection.sync_wal().await?;
     // Test builds: a replica slow to answer (a slow disk), which keeps it close behind but
     // never quick enough to join.
-    crate::moves::pause_point("replication::answer_delay").await;
+    crate::transfer::pause_point("replication::answer_delay").await;
     Ok(pb::AppendEntriesResponse {
         last_seq,
         durable_seq: durable,

@@ -488,7 +488,8 @@ impl ShardReplication {
             let Some(promoted) = record.promoted(&candidate) else {
                 return;
             };
-            let mut swap = crate::moves::whole_record_swap(&replication.shard, &record, &promoted);
+            let mut swap =
+                crate::transfer::whole_record_swap(&replication.shard, &record, &promoted);
             swap.registered = Some((
                 candidate.as_str(),
                 record.incarnation_of(&candidate).unwrap_or(""),

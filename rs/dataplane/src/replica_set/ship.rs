@@ -248,7 +248,7 @@ async fn ship(
             let n = entries.len() as u64;
             let payloads = entries.into_iter().map(|(_, p)| p.to_vec()).collect();
             // Test builds: a primary that holds its next batch back (it dies meanwhile in tests).
-            crate::moves::pause_point("replication::hold_entries").await;
+            crate::transfer::pause_point("replication::hold_entries").await;
             in_flight.push_back(async move { (link.append(first, payloads, None).await, n) });
             continue;
         }
