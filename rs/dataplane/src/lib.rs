@@ -1,9 +1,10 @@
 //! `tarn-dataplane`: the cluster's data plane, below the gRPC layer. [`Router`] is what the
 //! server's handlers call: this node's own collections ([`Registry`], `local.rs`) and, in cluster
 //! mode, every call split by shard and sent to the shards' owners (`routing.rs`) through this
-//! node's [`ClusterNode`] (membership, the shard map, reconciliation: `cluster.rs`), with shard
-//! moves, seeds and hand-overs (`transfer/`, asked for by the placement coordinator:
-//! `coordinator/`) and replication to a shard's replicas (`replica_set/`).
+//! node's [`ClusterNode`] (membership, the shard map: `cluster.rs`; reconciliation:
+//! `reconcile.rs`), with shard moves, seeds and hand-overs (`transfer/`, asked for by the
+//! placement coordinator: `coordinator/`) and replication to a shard's replicas
+//! (`replica_set/`).
 //!
 //! It implements no tonic service and knows no CLI: the node-to-node calls it makes and answers
 //! are the `tarn.v1.Node` messages of `tarn-proto`, and the server's `Node` service hands them
@@ -15,6 +16,7 @@ pub mod convert;
 mod coordinator;
 mod ledger;
 mod local;
+mod reconcile;
 mod registry;
 mod replica_set;
 mod router;
