@@ -1,10 +1,9 @@
 //! `tarn-dataplane`: the cluster's data plane, below the gRPC layer. [`Router`] is what the
 //! server's handlers call: this node's own collections ([`Registry`], `local.rs`) and, in cluster
-//! mode, every call split by shard and sent to the shards' owners (`routing.rs`) through this
-//! node's [`ClusterNode`] (membership, the shard map: `cluster.rs`; reconciliation:
-//! `reconcile.rs`), with shard moves, seeds and hand-overs (`transfer/`, asked for by the
-//! placement coordinator: `coordinator/`) and replication to a shard's replicas
-//! (`replica_set/`).
+//! mode, every call split by shard and sent to the shards' owners (`routing.rs`, `fanout.rs`)
+//! through this node's [`ClusterNode`] (membership, the shard map: `cluster/`; reconciliation:
+//! `reconcile.rs`), with shard moves, seeds and hand-overs (`transfer/`, asked for by the placement
+//! coordinator: `coordinator/`) and replication to a shard's replicas (`replica_set/`).
 //!
 //! It implements no tonic service and knows no CLI: the node-to-node calls it makes and answers
 //! are the `tarn.v1.Node` messages of `tarn-proto`, and the server's `Node` service hands them
@@ -14,6 +13,7 @@
 mod cluster;
 pub mod convert;
 mod coordinator;
+mod fanout;
 mod ledger;
 mod local;
 mod reconcile;
