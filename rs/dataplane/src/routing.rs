@@ -12,8 +12,9 @@ use tarn_cluster::{CollectionMap, ReadPositions};
 use tarn_collection::SearchRequest;
 use tarn_proto::v1 as pb;
 
-use crate::cluster::{self, ClusterNode, Target};
+use crate::cluster::{ClusterNode, Target};
 use crate::convert;
+use crate::fanout;
 use crate::router::Router;
 use crate::status::ApiError;
 
@@ -249,8 +250,8 @@ impl Router {
             ));
         }
         let attributes = convert::attributes(&request.attributes)?;
-        let timeout = cluster::forward_deadline(deadline);
-        let parts = cluster::split(&map.def, &doc_ids, &user_ids);
+        let timeout = fanout::forward_deadline(deadline);
+        let parts = fanout::split(&map.def, &doc_ids, &user_ids);
         let answers = self
             .fan_out("Insert", parts, |shard, (docs, users)| {
                 let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
@@ -315,7 +316,7 @@ impl Router {
                                     Ok(client
                                         .insert(cluster.node_request(request, api_key, timeout))
                                         .await
-                                        .map_err(|s| cluster::forwarded_status(&map, shard, s))?
+                                        .map_err(|s| fanout::forwarded_status(&map, shard, s))?
                                         .into_inner()
                                         .seq_no)
                                 }
@@ -333,7 +334,7 @@ impl Router {
         Ok(pb::InsertResponse {
             seq_no: single_position(&map, &positions),
             n_inserted,
-            read_token: cluster::read_token(&map, positions),
+            read_token: fanout::read_token(&map, positions),
         })
     }
 
@@ -353,8 +354,8 @@ impl Router {
                 .routed_remove_matching(cluster, &map, &request, filter, deadline, api_key)
                 .await;
         }
-        let timeout = cluster::forward_deadline(deadline);
-        let parts = cluster::split(&map.def, &doc_ids, &user_ids);
+        let timeout = fanout::forward_deadline(deadline);
+        let parts = fanout::split(&map.def, &doc_ids, &user_ids);
         let answers = self
             .fan_out("Remove", parts, |shard, (docs, users)| {
                 let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
@@ -381,7 +382,7 @@ impl Router {
                                 Ok(client
                                     .remove(cluster.node_request(request, api_key, timeout))
                                     .await
-                                    .map_err(|s| cluster::forwarded_status(&map, shard, s))?
+                                    .map_err(|s| fanout::forwarded_status(&map, shard, s))?
                                     .into_inner()
                                     .seq_no)
                             }
@@ -398,7 +399,7 @@ impl Router {
         }
         Ok(pb::RemoveResponse {
             seq_no: single_position(&map, &positions),
-            read_token: cluster::read_token(&map, positions),
+            read_token: fanout::read_token(&map, positions),
             n_removed: 0,
         })
     }
@@ -417,8 +418,8 @@ impl Router {
     ) -> Result<pb::RemoveResponse, ApiError> {
         let user_ids = convert::ids(&request.user_ids);
         let domain_filter = crate::local::removal_filter(filter, &convert::ids(&request.doc_ids))?;
-        let timeout = cluster::forward_deadline(deadline);
-        let parts = cluster::search_shards(&map.def, &user_ids)
+        let timeout = fanout::forward_deadline(deadline);
+        let parts = fanout::search_shards(&map.def, &user_ids)
             .into_iter()
             .map(|shard| (shard, ()))
             .collect();
@@ -453,7 +454,7 @@ impl Router {
                                 let answer = client
                                     .remove(cluster.node_request(request, api_key, timeout))
                                     .await
-                                    .map_err(|s| cluster::forwarded_status(&map, shard, s))?
+                                    .map_err(|s| fanout::forwarded_status(&map, shard, s))?
                                     .into_inner();
                                 Ok((answer.seq_no, answer.n_removed))
                             }
@@ -470,7 +471,7 @@ impl Router {
         let (positions, n_removed) = positions_and_count(answers)?;
         Ok(pb::RemoveResponse {
             seq_no: single_position(map, &positions),
-            read_token: cluster::read_token(map, positions),
+            read_token: fanout::read_token(map, positions),
             n_removed,
         })
     }
@@ -505,9 +506,9 @@ impl Router {
         let user_ids = convert::ids(&request.user_ids);
         // Checked for its structure here; every shard checks it against the fields and filters.
         let filter = request.filter.as_ref().map(convert::filter).transpose()?;
-        let timeout = cluster::forward_deadline(deadline);
+        let timeout = fanout::forward_deadline(deadline);
         let top_k = request.top_k;
-        let shards = cluster::search_shards(&map.def, &user_ids);
+        let shards = fanout::search_shards(&map.def, &user_ids);
         // A position from before the shard's data began (it was given up since) names a log
         // that is gone: no later write may be taken to satisfy it.
         for &shard in &shards {
@@ -554,7 +555,7 @@ impl Router {
                                 let hits = self
                                     .local_search_at(&name, search, Some(timeout), min_seq_epoch)
                                     .await?;
-                                Ok(cluster::shard_hits(
+                                Ok(fanout::shard_hits(
                                     hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
                                 ))
                             }
@@ -577,10 +578,10 @@ impl Router {
                                 let hits = client
                                     .search(cluster.node_request(search, api_key, timeout))
                                     .await
-                                    .map_err(|s| cluster::forwarded_status(&map, shard, s))?
+                                    .map_err(|s| fanout::forwarded_status(&map, shard, s))?
                                     .into_inner()
                                     .hits;
-                                Ok(cluster::shard_hits(hits.iter().map(|h| {
+                                Ok(fanout::shard_hits(hits.iter().map(|h| {
                                     (
                                         h.doc_id.as_ref().map_or(0, convert::id_to_u128),
                                         h.user_id.as_ref().map_or(0, convert::id_to_u128),
@@ -605,7 +606,7 @@ impl Router {
                 Err(error) => return Err(error),
             }
         }
-        let hits = cluster::merge(&map.def, results, top_k as usize);
+        let hits = fanout::merge(&map.def, results, top_k as usize);
         Ok(pb::SearchResponse {
             hits: convert::hits(hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score))),
             missing_shards,
@@ -622,8 +623,8 @@ impl Router {
         api_key: Option<&str>,
     ) -> Result<Vec<crate::local::StoredDocument>, ApiError> {
         let map = cluster.map(collection).await?;
-        let timeout = cluster::forward_deadline(deadline);
-        let parts = cluster::split(&map.def, doc_ids, &[user_id]);
+        let timeout = fanout::forward_deadline(deadline);
+        let parts = fanout::split(&map.def, doc_ids, &[user_id]);
         let answers = self
             .fan_out("Get", parts, |shard, (docs, _)| {
                 let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
@@ -646,7 +647,7 @@ impl Router {
                                 let docs = client
                                     .get(cluster.node_request(get, api_key, timeout))
                                     .await
-                                    .map_err(|s| cluster::forwarded_status(&map, shard, s))?
+                                    .map_err(|s| fanout::forwarded_status(&map, shard, s))?
                                     .into_inner()
                                     .docs;
                                 Ok(docs
@@ -756,7 +757,7 @@ impl Router {
                             client
                                 .get_shard(cluster.node_request(request, api_key, deadline))
                                 .await
-                                .map_err(|s| cluster::forwarded_status(&map, shard, s))?
+                                .map_err(|s| fanout::forwarded_status(&map, shard, s))?
                                 .into_inner()
                                 .collection
                                 .ok_or_else(|| {
@@ -843,7 +844,7 @@ impl Router {
                             client
                                 .add_fields(cluster.node_request(request, api_key, deadline))
                                 .await
-                                .map_err(|s| cluster::forwarded_status(&map, shard, s))?;
+                                .map_err(|s| fanout::forwarded_status(&map, shard, s))?;
                             Ok(())
                         }
                     }
@@ -884,7 +885,7 @@ impl Router {
                             Ok(client
                                 .flush(cluster.node_request(request, api_key, deadline))
                                 .await
-                                .map_err(|s| cluster::forwarded_status(&map, shard, s))?
+                                .map_err(|s| fanout::forwarded_status(&map, shard, s))?
                                 .into_inner()
                                 .flushed_seq_no)
                         }

@@ -1,0 +1,742 @@
+//! Replication of a shard's log from its primary to its replicas (docs/CLUSTER.md, "Replicas").
+//!
+//! The primary's side: one [`ShardReplication`] per shard this node is primary of at one epoch,
+//! with one follower task per replica. A follower reads the shard's log (a `WalTail` that keeps
+//! the WAL from the replica's position on) and ships it, in order, with `Node/AppendEntries`;
+//! the replica appends the entries at the same sequence numbers, syncs, and answers where its
+//! log ends. A write is acknowledged once every in-sync replica has it durable
+//! ([`ShardReplication::replicate`]); an in-sync replica that does not have it within
+//! [`IN_SYNC_BOUND`] is first removed from the in-sync set in etcd (a compare-and-swap of the
+//! whole shard record), and only then is the write acknowledged without it. A catching-up
+//! replica that holds everything joins the in-sync set by the same swap, taken while the
+//! shard's write gate is held exclusively so that no write is acknowledged in between
+//! (Patroni's rule: it joins only with everything).
+//!
+//! The replica's side: [`append_entries`], which serves only the shard's primary at the epoch
+//! its own view of the map gives (a primary that lost its place is refused).
+//!
+//! In sync means in sync on one disk: a replica answers every call with its data directory's
+//! token, each acknowledgement counts only for the directory that sent it, and a join records
+//! that directory for the copy (`tarn_cluster::ShardAssignment::incarnations`). A write first
+//! takes out of the in-sync set any replica whose node the view shows registered from another
+//! directory (back on a wiped disk: it holds nothing), so such a copy is never counted for
+//! `min_in_sync` nor waited for; the placement coordinator does the same without a write.
+//!
+//! Epochs: each copy keeps where each epoch's entries begin in its log (`EPOCHS`,
+//! `tarn_collection::Collection::update_epoch_starts`). A primary records its epoch before its
+//! first entry of it ([`begin_epoch`]) and sends its history with every batch; the replica
+//! records the starts among the entries it appends. A follower's first call probes the
+//! replica's last entry and history; if the replica holds entries past the last position both
+//! logs hold from the same epoch (`tarn_cluster::last_common_seq`: a deposed primary's
+//! unacknowledged tail), it is told to cut them off before anything is shipped.
+//!
+//! Who waits on whom: a write waits for the followers' acknowledgements (bounded by
+//! [`IN_SYNC_BOUND`] and then by one etcd swap); a follower waits for the replica's answer
+//! (bounded by [`IN_SYNC_BOUND`]) and never for a write; the replica's handler waits for its own
+//! WAL. Nothing waits on a write while holding a shard's gate except a join, which waits at
+//! most [`JOIN_DRAIN_LIMIT`] for the replica to take the last entries.
+//!
+//! Lock order, one way only: a shard's write gate, then its `changing` mutex. A write holds the
+//! gate (shared) and may take `changing` to swap a late replica out; a hand-over holds the gate
+//! exclusively and may do the same; a join takes the gate exclusively first (giving up after
+//! [`JOIN_DRAIN_LIMIT`] if writes in flight keep it) and `changing` only then. Nothing takes the
+//! gate while holding `changing`.
+//!
+//! Files: this one holds a shard's [`ShardReplication`] (its state, the in-sync set and its
+//! transitions: a write's wait, leaving, joining, stepping down); `ship.rs` the primary's
+//! followers (one per replica: probe, cut, ship, seed, try a join); `append.rs` the replica's
+//! side of `AppendEntries`; `epochs.rs` the copies' epoch histories (beginning an epoch,
+//! recording a batch's epochs, the wire form).
+
+mod append;
+mod epochs;
+mod ship;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use std::sync::Mutex as StdMutex;
+use tarn_cluster::{ShardAssignment, ShardName, ShardRecord, ShardSwap};
+use tarn_collection::Collection;
+use tarn_proto::v1 as pb;
+use tokio::sync::watch;
+
+use crate::cluster::ClusterNode;
+use crate::status::ApiError;
+
+pub use append::append_entries;
+use epochs::begin_epoch;
+pub(crate) use epochs::record_epochs;
+use ship::{follow, Follower};
+
+/// How long a write waits for an in-sync replica before removing it from the in-sync set (and
+/// how long a follower waits for one answer).
+pub(crate) const IN_SYNC_BOUND: Duration = Duration::from_secs(2);
+/// How long a join holds the shard's writes back at most while the replica takes the last
+/// entries; past it, the join is tried again later.
+const JOIN_DRAIN_LIMIT: Duration = Duration::from_millis(500);
+/// A catching-up replica this close behind tries to join (the join then waits, writes held
+/// back, for the rest: at most [`JOIN_DRAIN_LIMIT`]).
+const JOIN_LAG_ENTRIES: u64 = 1_024;
+/// How often a busy follower tries a join; after a failed one the wait doubles, up to
+/// [`JOIN_BACKOFF_MAX`] (a replica that cannot take the last entries in time is not let hold
+/// the writes back every second).
+const JOIN_TRY_EVERY: Duration = Duration::from_secs(1);
+const JOIN_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// What a replica has acknowledged: its last durable entry, and the data directory (its
+/// token, empty when unknown) that answered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Acked {
+    pub seq: u64,
+    pub incarnation: String,
+}
+
+/// One shard's replication, on its primary, at one epoch.
+pub(crate) struct ShardReplication {
+    shard: ShardName,
+    epoch: u64,
+    min_in_sync: u32,
+    collection: Collection,
+    /// This copy's epoch history, this epoch's start included (recorded before the first
+    /// entry of the epoch was appended): shipped with every entry batch.
+    history: Vec<pb::EpochStart>,
+    /// This epoch's first sequence number. A new follower holds the log from it while its
+    /// replica is away: a deposed primary that comes back needs everything from there (it
+    /// holds the rest), and this primary never learnt its position.
+    epoch_first_seq: u64,
+    /// The shard's record as this primary last knew it: its own swaps land here at once (the
+    /// view follows later); changes by others are taken from the view.
+    record: StdMutex<ShardAssignment>,
+    /// The highest sequence number writers want on the replicas.
+    wanted: watch::Sender<u64>,
+    /// Per replica node: the last sequence number it has durable, and from which directory.
+    acked: DashMap<String, watch::Receiver<Acked>>,
+    followers: StdMutex<Vec<(String, tokio::task::JoinHandle<()>)>>,
+    /// Serialises this shard's in-sync changes.
+    changing: tokio::sync::Mutex<()>,
+    /// A join is under way (one at a time).
+    joining: std::sync::atomic::AtomicBool,
+    /// This primary is handing the shard to a replica because its copy failed (once).
+    stepping_down: std::sync::atomic::AtomicBool,
+    /// Per replica whose last join failed: when the next may be tried, and the wait after
+    /// another failure.
+    join_backoff: DashMap<String, (Instant, Duration)>,
+}
+
+impl Drop for ShardReplication {
+    fn drop(&mut self) {
+        for (_, task) in self
+            .followers
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            task.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for ShardReplication {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardReplication")
+            .field("shard", &self.shard.local_name())
+            .field("epoch", &self.epoch)
+            .finish()
+    }
+}
+
+/// One replica's figures, for metrics.
+#[derive(Debug, Clone)]
+pub struct ReplicaFigures {
+    pub collection: String,
+    pub shard: u32,
+    pub node: String,
+    /// Entries the primary holds that the replica has not acknowledged durable.
+    pub lag: u64,
+    pub in_sync: bool,
+}
+
+impl ClusterNode {
+    /// Every replica of the shards this node replicates as primary: its lag and whether it is
+    /// in sync.
+    pub fn replication_figures(&self) -> Vec<ReplicaFigures> {
+        let mut figures = Vec::new();
+        for entry in self.replication.iter() {
+            let replication = entry.value();
+            let last = replication.collection.last_seq_no();
+            let record = replication.record().clone();
+            for replica in &record.replicas {
+                let acked = replication
+                    .acked
+                    .get(replica)
+                    .map_or(0, |a| a.value().borrow().seq);
+                figures.push(ReplicaFigures {
+                    collection: replication.shard.collection.clone(),
+                    shard: replication.shard.shard,
+                    node: replica.clone(),
+                    lag: last.saturating_sub(acked),
+                    in_sync: record.in_sync_replicas.contains(replica),
+                });
+            }
+        }
+        figures.sort_by(|a, b| {
+            (&a.collection, a.shard, &a.node).cmp(&(&b.collection, b.shard, &b.node))
+        });
+        figures
+    }
+
+    /// The replication of `shard` (this node its primary at `epoch`, per `assignment`), started
+    /// on first use: `None` when the shard has no replicas. Takes out of the in-sync set any
+    /// replica back on another data directory, then refuses a write up front when fewer copies
+    /// than the collection's `min_in_sync` are in sync.
+    pub(crate) async fn replication_for_write(
+        self: &Arc<Self>,
+        shard: &ShardName,
+        assignment: &ShardAssignment,
+        min_in_sync: u32,
+        collection: &Collection,
+    ) -> Result<Option<Arc<ShardReplication>>, ApiError> {
+        let Some(replication) = self
+            .replication_of(shard, assignment, min_in_sync, collection)
+            .await?
+        else {
+            return Ok(None);
+        };
+        replication.drop_replaced(self).await?;
+        let record = replication.record().clone();
+        record.check_in_sync(min_in_sync).map_err(|why| {
+            ApiError::Unavailable(format!(
+                "shard {} of collection '{}' refuses writes (primary {}): {why}",
+                shard.shard, shard.collection, self.node_id
+            ))
+        })?;
+        Ok(Some(replication))
+    }
+
+    /// Starts the replication of every shard this node is primary of that has replicas, so a
+    /// returning or promoted-over copy is probed, cut back if it must be, and caught up without
+    /// waiting for the next write (a new primary records its epoch here too).
+    pub(crate) async fn start_replications(self: &Arc<Self>, state: &tarn_cluster::ClusterState) {
+        for (shard, assignment, map) in state.shards_led_by(&self.node_id) {
+            if assignment.replicas.is_empty() || !assignment.takes_writes() {
+                continue;
+            }
+            let local = shard.local_name();
+            let existing = self
+                .replication
+                .get(&local)
+                .map(|r| Arc::clone(r.value()))
+                .filter(|r| r.epoch == assignment.epoch);
+            if let Some(replication) = existing {
+                // Replicas added or dropped since (re-replication): followers to match.
+                if let Err(error) = replication.refresh(self, assignment).await {
+                    tracing::warn!(shard = %local, %error, "cannot refresh a shard's replication");
+                }
+                continue;
+            }
+            let Ok(collection) = self.registry.get_shard(&local) else {
+                continue;
+            };
+            if let Err(error) = self
+                .replication_of(&shard, assignment, map.def.min_in_sync, &collection)
+                .await
+            {
+                tracing::warn!(shard = %local, %error, "cannot start replicating a shard");
+            }
+        }
+    }
+
+    /// The replication of `shard` at `assignment`'s epoch, started (its epoch recorded in the
+    /// copy's history, its followers started) if it was not; `None` without replicas.
+    async fn replication_of(
+        self: &Arc<Self>,
+        shard: &ShardName,
+        assignment: &ShardAssignment,
+        min_in_sync: u32,
+        collection: &Collection,
+    ) -> Result<Option<Arc<ShardReplication>>, ApiError> {
+        let local = shard.local_name();
+        let existing = self
+            .replication
+            .get(&local)
+            .map(|r| Arc::clone(r.value()))
+            .filter(|r| r.epoch == assignment.epoch);
+        let mut start_hold = None;
+        let replication = match existing {
+            Some(r) => r,
+            None if assignment.replicas.is_empty() && min_in_sync <= 1 => return Ok(None),
+            None => {
+                // The in-sync set this primary waits for starts from etcd itself, never from a
+                // view that may lag a join (the cache must hold every copy etcd lists in sync).
+                let record = match node_read_shard(self, shard).await? {
+                    ShardRecord::Assigned(fresh)
+                        if fresh.epoch == assignment.epoch && fresh.owner == self.node_id =>
+                    {
+                        fresh
+                    }
+                    _ => {
+                        return Err(ApiError::StaleShardMap(format!(
+                            "shard {} of collection '{}' is no longer led by node {} at epoch {}: \
+                             refresh the shard map and retry",
+                            shard.shard, shard.collection, self.node_id, assignment.epoch
+                        )))
+                    }
+                };
+                let history = begin_epoch(collection, assignment.epoch).await?;
+                let epoch_first_seq = history
+                    .iter()
+                    .rev()
+                    .find(|start| start.epoch == assignment.epoch)
+                    .map_or(collection.last_seq_no() + 1, |start| start.first_seq);
+                // Held until the first followers have taken their own holds (below), so that
+                // no checkpoint truncates the epoch's log meanwhile.
+                start_hold = collection.wal_tail_from(epoch_first_seq);
+                let (wanted, _) = watch::channel(collection.last_seq_no());
+                let r = Arc::new(ShardReplication {
+                    shard: shard.clone(),
+                    epoch: assignment.epoch,
+                    min_in_sync,
+                    collection: collection.clone(),
+                    history,
+                    epoch_first_seq,
+                    record: StdMutex::new(record),
+                    wanted,
+                    acked: DashMap::new(),
+                    followers: StdMutex::new(Vec::new()),
+                    changing: tokio::sync::Mutex::new(()),
+                    join_backoff: DashMap::new(),
+                    joining: std::sync::atomic::AtomicBool::new(false),
+                    stepping_down: std::sync::atomic::AtomicBool::new(false),
+                });
+                // Another write may have started it meanwhile: one replication per epoch.
+                let entry = self
+                    .replication
+                    .entry(local)
+                    .or_insert_with(|| Arc::clone(&r));
+                if entry.epoch == assignment.epoch {
+                    Arc::clone(entry.value())
+                } else {
+                    drop(entry);
+                    self.replication.insert(shard.local_name(), Arc::clone(&r));
+                    r
+                }
+            }
+        };
+        replication.refresh(self, assignment).await?;
+        drop(start_hold);
+        Ok(Some(replication))
+    }
+
+    /// Stops the replication of shards this node is no longer primary of (at that epoch). A
+    /// view older than the replication (a lower epoch: the replication was started from a
+    /// newer one) stops nothing.
+    pub(crate) fn forget_replications(&self, state: &tarn_cluster::ClusterState) {
+        self.replication.retain(|_, r| {
+            state.assignment(&r.shard).is_some_and(|a| {
+                a.epoch < r.epoch || (a.owner == self.node_id && a.epoch == r.epoch)
+            })
+        });
+    }
+}
+
+impl ShardReplication {
+    /// The shard's record as this primary knows it (a poisoned lock still holds a whole value:
+    /// every write to it is one assignment).
+    fn record(&self) -> std::sync::MutexGuard<'_, ShardAssignment> {
+        self.record.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes changes others made to the record (the view's, at this epoch: replicas added or
+    /// dropped by the coordinator) and starts a follower for each replica that has none. A view
+    /// that would take a copy out of the in-sync set this primary waits for is not trusted (it
+    /// may be older than a join this primary made): the record is read again from etcd and
+    /// that is taken instead. So the in-sync set waited for always holds every copy etcd lists
+    /// in sync.
+    async fn refresh(
+        &self,
+        node: &Arc<ClusterNode>,
+        view: &ShardAssignment,
+    ) -> Result<(), ApiError> {
+        if view.epoch != self.epoch {
+            return Ok(());
+        }
+        let drops_in_sync = self
+            .record()
+            .in_sync_replicas
+            .iter()
+            .any(|n| !view.replicas.contains(n));
+        let fresh;
+        let view = if drops_in_sync {
+            match node_read_shard(node, &self.shard).await? {
+                ShardRecord::Assigned(record) if record.epoch == self.epoch => {
+                    fresh = record;
+                    &fresh
+                }
+                // Another epoch or no record: this replication is over; nothing to take.
+                _ => return Ok(()),
+            }
+        } else {
+            view
+        };
+        {
+            let mut record = self.record();
+            if *record != *view {
+                // Replicas come from the view; the in-sync set (and the directories recorded
+                // for it) is this primary's own, except that a replica the view dropped is gone
+                // from it too.
+                let in_sync: Vec<String> = record
+                    .in_sync_replicas
+                    .iter()
+                    .filter(|n| view.replicas.contains(n))
+                    .cloned()
+                    .collect();
+                let incarnations = record
+                    .incarnations
+                    .iter()
+                    .filter(|(n, _)| in_sync.contains(n))
+                    .chain(view.incarnations.get_key_value(&view.owner))
+                    .map(|(n, t)| (n.clone(), t.clone()))
+                    .collect();
+                *record = ShardAssignment {
+                    in_sync_replicas: in_sync,
+                    incarnations,
+                    ..view.clone()
+                };
+            }
+        }
+        let replicas = self.record().replicas.clone();
+        let mut followers = self.followers.lock().unwrap_or_else(|p| p.into_inner());
+        followers.retain(|(n, task)| {
+            let keep = replicas.contains(n);
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        self.acked.retain(|n, _| replicas.contains(n));
+        for replica in replicas {
+            if followers.iter().any(|(n, _)| *n == replica) {
+                continue;
+            }
+            let (acked_tx, acked_rx) = watch::channel(Acked::default());
+            self.acked.insert(replica.clone(), acked_rx);
+            let follower = Follower {
+                node: Arc::downgrade(node),
+                shard: self.shard.clone(),
+                epoch: self.epoch,
+                history: self.history.clone(),
+                replica: replica.clone(),
+                collection: self.collection.clone(),
+            };
+            // Until its first probe answers, the follower holds the log from the epoch's start
+            // (while the log still has it): its replica may be the deposed primary.
+            let held = self
+                .collection
+                .wal_tail_from(self.epoch_first_seq)
+                .map(|tail| (tail, self.collection.wal_stats().n_bytes));
+            let task = tokio::spawn(follow(follower, self.wanted.subscribe(), acked_tx, held));
+            followers.push((replica, task));
+        }
+        Ok(())
+    }
+
+    /// Hands the shard to an in-sync replica (alive on its recorded disk) because this
+    /// primary's copy refuses writes for good (`why`: its WAL is poisoned): the failover the
+    /// coordinator makes for a dead primary, made by the primary itself, in one swap of the
+    /// whole record that also requires the candidate's registration from its directory. Every
+    /// acknowledged write is on every in-sync copy, so nothing acknowledged is lost; this copy
+    /// becomes a catching-up replica (its unacknowledged tail is cut when it comes back). In a
+    /// task of its own, once per replication.
+    pub(crate) fn step_down(self: &Arc<Self>, node: &Arc<ClusterNode>, why: String) {
+        if self
+            .stepping_down
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            return;
+        }
+        let (replication, node) = (Arc::clone(self), Arc::clone(node));
+        tokio::spawn(async move {
+            let shard = replication.shard.local_name();
+            tracing::error!(%shard, %why, "this primary's copy refuses writes: handing the shard to an in-sync replica");
+            let record = match node_read_shard(&node, &replication.shard).await {
+                Ok(ShardRecord::Assigned(a))
+                    if a.epoch == replication.epoch && a.owner == node.node_id =>
+                {
+                    a
+                }
+                Ok(_) => return,
+                Err(error) => {
+                    tracing::warn!(%shard, %error, "cannot step down: etcd unavailable");
+                    replication
+                        .stepping_down
+                        .store(false, std::sync::atomic::Ordering::Release);
+                    return;
+                }
+            };
+            let state = node.state();
+            let candidate = record
+                .in_sync_replicas
+                .iter()
+                .find(|n| state.holds_in_sync_copy(&record, n))
+                .cloned();
+            let Some(candidate) = candidate else {
+                tracing::error!(%shard, "no in-sync replica alive to take the shard: it takes no write until this node is restarted");
+                return;
+            };
+            let Some(promoted) = record.promoted(&candidate) else {
+                return;
+            };
+            let mut swap =
+                crate::transfer::whole_record_swap(&replication.shard, &record, &promoted);
+            swap.registered = Some((
+                candidate.as_str(),
+                record.incarnation_of(&candidate).unwrap_or(""),
+            ));
+            match node.store().compare_and_set_shard(&swap).await {
+                Ok(true) => {
+                    node.moves
+                        .failovers
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(%shard, primary = %candidate, epoch = promoted.epoch,
+                        "failover: this primary's copy failed; an in-sync replica is the shard's primary");
+                }
+                Ok(false) => {
+                    tracing::warn!(%shard, "stepping down did not land (the record changed); trying at the next failed write");
+                    replication
+                        .stepping_down
+                        .store(false, std::sync::atomic::Ordering::Release);
+                }
+                Err(error) => {
+                    tracing::warn!(%shard, %error, "cannot step down: etcd unavailable");
+                    replication
+                        .stepping_down
+                        .store(false, std::sync::atomic::Ordering::Release);
+                }
+            }
+        });
+    }
+
+    /// Makes sure the write at `seq` is durable on every in-sync replica (acknowledged by the
+    /// data directory recorded for its copy), removing from the in-sync set (in etcd, before
+    /// answering) any that does not have it within [`IN_SYNC_BOUND`]; fails if fewer copies
+    /// than `min_in_sync` are then left in sync (the write is in the primary's log but not
+    /// acknowledged).
+    pub(crate) async fn replicate(&self, node: &ClusterNode, seq: u64) -> Result<(), ApiError> {
+        self.wanted.send_if_modified(|w| {
+            let more = seq > *w;
+            *w = (*w).max(seq);
+            more
+        });
+        let until = tokio::time::Instant::now() + IN_SYNC_BOUND;
+        loop {
+            let record = self.record().clone();
+            let mut late: Vec<String> = Vec::new();
+            for replica in &record.in_sync_replicas {
+                let Some(mut acked) = self.acked.get(replica).map(|a| a.value().clone()) else {
+                    late.push(replica.clone());
+                    continue;
+                };
+                let has_it =
+                    |v: &Acked| v.seq >= seq && !record.copy_replaced(replica, &v.incarnation);
+                let reached = tokio::time::timeout_at(until, acked.wait_for(has_it)).await;
+                if !matches!(reached, Ok(Ok(_))) {
+                    late.push(replica.clone());
+                }
+            }
+            if late.is_empty() {
+                break;
+            }
+            for replica in late {
+                self.leave_in_sync(node, &replica, "late").await?;
+            }
+        }
+        let record = self.record().clone();
+        record.check_in_sync(self.min_in_sync).map_err(|why| {
+            ApiError::Unavailable(format!(
+                "shard {} of collection '{}' did not acknowledge the write (primary {}): \
+                     {why}",
+                self.shard.shard, self.shard.collection, node.node_id
+            ))
+        })
+    }
+
+    /// Takes out of the in-sync set every replica this node's view shows registered from another
+    /// data directory than the one recorded for its copy (it came back on a wiped or replaced
+    /// disk and holds nothing): before a write counts or waits for it.
+    async fn drop_replaced(&self, node: &ClusterNode) -> Result<(), ApiError> {
+        let state = node.state();
+        let replaced: Vec<String> = {
+            let record = self.record();
+            record
+                .in_sync_replicas
+                .iter()
+                .filter(|n| state.copy_replaced(&record, n))
+                .cloned()
+                .collect()
+        };
+        for replica in replaced {
+            self.leave_in_sync(node, &replica, "back on another data directory")
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Removes `replica` from the in-sync set by a compare-and-swap (nothing to do if it is no
+    /// longer in it); `why` goes to the log.
+    async fn leave_in_sync(
+        &self,
+        node: &ClusterNode,
+        replica: &str,
+        why: &str,
+    ) -> Result<(), ApiError> {
+        let _changing = self.changing.lock().await;
+        if !self.record().in_sync_replicas.iter().any(|n| n == replica) {
+            return Ok(());
+        }
+        self.change_record(node, |r| {
+            if r.in_sync_replicas.iter().any(|n| n == replica) {
+                r.without_in_sync(replica).map(Some)
+            } else {
+                Some(None)
+            }
+        })
+        .await?;
+        tracing::warn!(
+            shard = %self.shard.local_name(),
+            %replica,
+            why,
+            "a replica left the in-sync set (late by {:?}, back on another data directory, or its \
+             copy is being replaced)",
+            IN_SYNC_BOUND
+        );
+        Ok(())
+    }
+
+    /// Applies `change` to the shard's record by a compare-and-swap of the whole record, reading
+    /// the record again (linearizably) after a lost swap. `change` answers `Some(None)` when
+    /// nothing needs changing, `None` when the change no longer applies. Fails once the shard
+    /// has another epoch (this node is no longer its primary).
+    async fn change_record(
+        &self,
+        node: &ClusterNode,
+        change: impl Fn(&ShardAssignment) -> Option<Option<ShardAssignment>>,
+    ) -> Result<bool, ApiError> {
+        let mut base = self.record().clone();
+        for _ in 0..8 {
+            let Some(next) = change(&base) else {
+                return Ok(false);
+            };
+            let Some(next) = next else {
+                return Ok(true);
+            };
+            let swap = ShardSwap {
+                collection: &self.shard.collection,
+                uid: self.shard.uid,
+                shard: self.shard.shard,
+                expected_epoch: self.epoch,
+                new: &next,
+                unless_registered: None,
+                unless_registered_from: None,
+                registered: None,
+                expected: Some(&base),
+            };
+            let landed = node
+                .store()
+                .compare_and_set_shard(&swap)
+                .await
+                .map_err(|e| ApiError::ClusterStore(e.to_string()))?;
+            if landed {
+                *self.record() = next;
+                return Ok(true);
+            }
+            let record = node
+                .store()
+                .read_shard(&self.shard.collection, self.shard.uid, self.shard.shard)
+                .await
+                .map_err(|e| ApiError::ClusterStore(e.to_string()))?;
+            match record {
+                ShardRecord::Assigned(fresh) if fresh.epoch == self.epoch => {
+                    *self.record() = fresh.clone();
+                    base = fresh;
+                }
+                _ => {
+                    return Err(ApiError::StaleShardMap(format!(
+                        "shard {} of collection '{}' has a new primary (this node's epoch {} is \
+                         over): refresh the shard map and retry",
+                        self.shard.shard, self.shard.collection, self.epoch
+                    )))
+                }
+            }
+        }
+        Err(ApiError::Unavailable(format!(
+            "shard {} of collection '{}': its record kept changing under this node's swaps",
+            self.shard.shard, self.shard.collection
+        )))
+    }
+
+    /// Adds `replica` to the in-sync set once it holds everything: holds the shard's writes
+    /// back (its gate, exclusively), waits until the replica has the last entry (at most
+    /// [`JOIN_DRAIN_LIMIT`]), swaps the record (recording the data directory that acknowledged
+    /// it), lets the writes go.
+    async fn join_in_sync(
+        &self,
+        node: &ClusterNode,
+        replica: &str,
+        acked: &watch::Receiver<Acked>,
+    ) -> Result<bool, ApiError> {
+        if self.record().role_of(replica) != Some(tarn_cluster::CopyRole::CatchingUp) {
+            return Ok(false);
+        }
+        // The gate before `changing` (the module's lock order): a write holding the gate may
+        // need `changing` to swap a late replica out. Writes in flight that keep the gate past
+        // the drain limit (waiting for a late replica) make the join give up for now.
+        let gate = node.gate(&self.shard.local_name());
+        let Ok(_writes_held) = tokio::time::timeout(JOIN_DRAIN_LIMIT, gate.write()).await else {
+            return Ok(false);
+        };
+        let _changing = self.changing.lock().await;
+        if self.record().role_of(replica) != Some(tarn_cluster::CopyRole::CatchingUp) {
+            return Ok(false);
+        }
+        let last = self.collection.last_seq_no();
+        self.wanted.send_if_modified(|w| {
+            let more = last > *w;
+            *w = (*w).max(last);
+            more
+        });
+        let mut acked = acked.clone();
+        // The directory whose acknowledgement reached the last entry is the one recorded.
+        let holder = tokio::time::timeout(JOIN_DRAIN_LIMIT, acked.wait_for(|v| v.seq >= last))
+            .await
+            .ok()
+            .and_then(|r| r.ok())
+            .map(|v| v.incarnation.clone());
+        let Some(holder) = holder else {
+            return Ok(false);
+        };
+        let joined = self
+            .change_record(node, |r| match r.role_of(replica) {
+                Some(tarn_cluster::CopyRole::CatchingUp) => {
+                    r.with_in_sync(replica, &holder).map(Some)
+                }
+                Some(tarn_cluster::CopyRole::InSyncReplica) => Some(None),
+                _ => None,
+            })
+            .await?;
+        if joined {
+            tracing::info!(shard = %self.shard.local_name(), %replica, last, incarnation = %holder,
+                "a replica joined the in-sync set");
+        }
+        Ok(joined)
+    }
+}
+
+/// The shard's record, read linearizably from etcd.
+async fn node_read_shard(node: &ClusterNode, shard: &ShardName) -> Result<ShardRecord, ApiError> {
+    node.store()
+        .read_shard(&shard.collection, shard.uid, shard.shard)
+        .await
+        .map_err(|e| ApiError::ClusterStore(e.to_string()))
+}
