@@ -914,6 +914,7 @@ fn a_dead_ingestion_thread_fails_its_collection_only_until_restart() {
     rt.block_on(document_1_of_f_is_back_and_f_takes_writes(&server));
 }
 
+#[cfg(feature = "failpoints")]
 /// After a restart: document 1 of collection `f` (acknowledged before a failure) is there, and
 /// `f` takes writes again.
 async fn document_1_of_f_is_back_and_f_takes_writes(server: &Server) {
