@@ -152,6 +152,9 @@ struct History {
     cluster_id: Option<String>,
     /// The highest revision seen.
     floor: i64,
+    /// The revision the ledger says this data directory saw (`guard_history`): every read,
+    /// whenever sent, must be at or past it.
+    guarded_floor: i64,
     /// Set when the store broke that history: the reason. Never cleared in this process.
     fault: Option<String>,
 }
@@ -351,9 +354,10 @@ impl ClusterStore for EtcdStore {
         let watcher = self
             .watcher
             .get_or_try_init(|| async {
+                let floor = self.inner.floor();
                 let view = self.inner.load().await?;
                 self.inner
-                    .check_history(view.revision, view.cluster_id.as_deref())?;
+                    .check_history(view.revision, view.cluster_id.as_deref(), floor)?;
                 let (tx, _) = watch::channel(Arc::new(view.state()));
                 let tx = Arc::new(tx);
                 let task = tokio::spawn(follow_forever(
@@ -717,6 +721,7 @@ impl ClusterStore for EtcdStore {
         let mut history = self.inner.history.lock();
         history.cluster_id = Some(cluster_id.to_owned());
         history.floor = history.floor.max(floor);
+        history.guarded_floor = history.guarded_floor.max(floor);
     }
 
     fn history_fault(&self) -> Option<String> {
@@ -725,10 +730,25 @@ impl ClusterStore for EtcdStore {
 }
 
 impl Inner {
+    /// The highest revision this node has seen so far: taken before a read is sent, and
+    /// passed to [`Inner::check_history`] with its answer.
+    fn floor(&self) -> i64 {
+        self.history.lock().floor
+    }
+
     /// Checks a state read at `revision`, holding the cluster id `cluster_id`, against the
     /// history this store must keep; records the fault (and logs it once) if it breaks it.
-    fn check_history(&self, revision: i64, cluster_id: Option<&str>) -> Result<()> {
+    /// `floor_then` is [`Inner::floor`] when the read was sent: a read sent before a later
+    /// revision was seen elsewhere (a watch event, another read answered first) may rightly
+    /// answer at a lower one, so only what was seen before it counts.
+    fn check_history(
+        &self,
+        revision: i64,
+        cluster_id: Option<&str>,
+        floor_then: i64,
+    ) -> Result<()> {
         let mut history = self.history.lock();
+        let floor_then = floor_then.max(history.guarded_floor);
         if let Some(fault) = &history.fault {
             return Err(ClusterError::HistoryBroken(fault.clone()));
         }
@@ -748,14 +768,14 @@ impl Inner {
                     self.endpoints
                 ),
             })
-        } else if revision < history.floor {
+        } else if revision < floor_then {
             Some(format!(
-                "etcd at {} went back in time: its revision {revision} is behind revision {} \
-                 that this node saw (restored from an older backup?)",
-                self.endpoints, history.floor
+                "etcd at {} went back in time: its revision {revision} is behind revision \
+                 {floor_then} that this node saw (restored from an older backup?)",
+                self.endpoints
             ))
         } else {
-            history.floor = revision;
+            history.floor = history.floor.max(revision);
             None
         };
         match fault {
@@ -1249,8 +1269,9 @@ async fn register_again(
 ) -> Result<Option<(Lease, i64)>> {
     // Never register into an etcd that lost this cluster's history (wiped, replaced, or
     // restored from an older backup): the node stays out, fenced, instead.
+    let floor = inner.floor();
     let (cluster_id, revision) = inner.current_identity().await?;
-    inner.check_history(revision, cluster_id.as_deref())?;
+    inner.check_history(revision, cluster_id.as_deref(), floor)?;
     let lease = inner.grant(ttl_seconds(ttl)).await?;
     match inner.create_node_key(node, lease.id).await {
         Ok(Some(revision)) => Ok(Some((lease, revision))),
@@ -1593,10 +1614,11 @@ async fn follow_forever(
             "etcd watch broken; keeping the last cluster state and retrying");
         loop {
             backoff.wait().await;
+            let floor = inner.floor();
             match inner.load().await {
                 Ok(reloaded) => {
                     if inner
-                        .check_history(reloaded.revision, reloaded.cluster_id.as_deref())
+                        .check_history(reloaded.revision, reloaded.cluster_id.as_deref(), floor)
                         .is_err()
                     {
                         // Fenced: the last state stays published, and nothing follows.
@@ -1620,6 +1642,9 @@ async fn follow(
     tx: &watch::Sender<Arc<ClusterState>>,
     backoff: &mut Backoff,
 ) -> String {
+    // The stream's events come in revision order from where the view was read (checked
+    // then): they are held to what was seen before the stream opened.
+    let floor = inner.floor();
     let create = WatchCreateRequest {
         key: inner.prefix.as_bytes().to_vec(),
         range_end: prefix_end(inner.prefix.as_bytes()),
@@ -1660,7 +1685,7 @@ async fn follow(
             view.revision = view.revision.max(kv.mod_revision);
         }
         if inner
-            .check_history(view.revision, view.cluster_id.as_deref())
+            .check_history(view.revision, view.cluster_id.as_deref(), floor)
             .is_err()
         {
             return "the store broke this cluster's history".to_owned();
@@ -1672,6 +1697,53 @@ async fn follow(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A read answered at a revision below one the node saw after sending it (a watch event,
+    /// another read answered first: a node resuming from SIGSTOP takes in answers in any
+    /// order) is not a rollback; one below what was seen before it was sent is, and the fence
+    /// stays. Before, the first case fenced the node for good (found by the nemesis).
+    #[test]
+    fn only_revisions_seen_before_a_read_was_sent_make_its_answer_a_rollback() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _entered = rt.enter();
+        let client =
+            EtcdClient::connect(&["http://127.0.0.1:9".to_owned()], &Default::default()).unwrap();
+        let inner = Inner {
+            client,
+            prefix: "/t/".to_owned(),
+            endpoints: "http://127.0.0.1:9".to_owned(),
+            connected: AtomicBool::new(false),
+            history: Mutex::new(History {
+                cluster_id: Some("c".to_owned()),
+                floor: 40,
+                guarded_floor: 30,
+                fault: None,
+            }),
+        };
+        let id = Some("c");
+        let sent = inner.floor();
+        inner.check_history(45, id, inner.floor()).unwrap();
+        inner.check_history(44, id, sent).unwrap();
+        assert_eq!(inner.floor(), 45);
+        // Below the ledger's revision, whenever sent: a rollback.
+        assert!(inner.check_history(29, id, 0).is_err());
+        // And the fence stays.
+        assert!(inner.check_history(50, id, inner.floor()).is_err());
+        let inner = Inner {
+            history: Mutex::new(History {
+                cluster_id: Some("c".to_owned()),
+                floor: 45,
+                guarded_floor: 0,
+                fault: None,
+            }),
+            ..inner
+        };
+        let sent = inner.floor();
+        assert!(inner.check_history(44, id, sent).is_err());
+    }
 
     #[test]
     fn keys_are_classified_with_their_prefix() {
