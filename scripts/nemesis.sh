@@ -7,7 +7,9 @@
 # line (`nemesis seed=... result=ok|FAILED`); the last line sums them:
 #   nemesis_seeds=N failed=F acked=... lost=0 back=0 duplicates=0 dirty_reads=0 token_misses=0
 #   divergent=0 max_unavailable_s=... faults=kill:..,stop:..
-# A failed seed's whole log is kept in target/nemesis/seed-<seed>.log; run it again alone with
+# A failed seed's whole log is kept in target/nemesis/seed-<seed>.log, and each node's log (of
+# its last process) in target/nemesis/seed-<seed>-n<i>.log (TARN_NEMESIS_RUST_LOG=
+# 'warn,tarn_dataplane=debug' logs more); run it again alone with
 #   TARN_NEMESIS_SEED=<seed> cargo test -p tarn --all-features --test cluster \
 #       processes_nemesis_two -- --ignored --nocapture
 #
@@ -32,7 +34,7 @@ results=target/nemesis/results.txt
 : >"$results"
 for ((seed = first; seed < first + seeds; seed++)); do
     log=target/nemesis/seed-$seed.log
-    TARN_NEMESIS_SEED=$seed TARN_NEMESIS_SECONDS=$seconds \
+    TARN_NEMESIS_SEED=$seed TARN_NEMESIS_SECONDS=$seconds TARN_NEMESIS_LOG_DIR=$PWD/target/nemesis \
         cargo test --locked -q -p tarn --all-features --test cluster processes_nemesis_two \
         -- --ignored --nocapture --test-threads 1 >"$log" 2>&1 || true
     line=$(grep -E '^nemesis seed=' "$log" | tail -1 || true)

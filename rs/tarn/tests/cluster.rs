@@ -3076,6 +3076,8 @@ impl CuttableProxy {
                     continue; // accepted, never answered
                 }
                 let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", target_port)) else {
+                    // etcd is down: refused, as without the proxy.
+                    let _ = client.shutdown(std::net::Shutdown::Both);
                     continue;
                 };
                 open2.lock().unwrap().push(server.try_clone().unwrap());

@@ -196,6 +196,9 @@ impl PeerLinks {
             return; // accepted, never answered (closed when the link is restored)
         }
         let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+            // The node is down: its connection is refused, as it would be without the proxy
+            // (left open, it would hang its opener like a stopped node).
+            let _ = client.shutdown(std::net::Shutdown::Both);
             return;
         };
         open.lock()
@@ -273,6 +276,8 @@ struct Cluster {
     backup: Option<PathBuf>,
     /// Whether the next stop of etcd replaces the backup (the seed decides).
     new_backup: bool,
+    /// The nodes' `RUST_LOG` (`TARN_NEMESIS_RUST_LOG`; warn otherwise).
+    rust_log: Option<String>,
 }
 
 impl Cluster {
@@ -313,6 +318,7 @@ impl Cluster {
             dir,
             backup: None,
             new_backup: false,
+            rust_log: std::env::var("TARN_NEMESIS_RUST_LOG").ok(),
         };
         for i in 0..3 {
             cluster.start_node(i).unwrap();
@@ -337,11 +343,16 @@ impl Cluster {
     fn start_node(&mut self, i: usize) -> Result<(), String> {
         let endpoint = self.etcd_links[i].endpoint();
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
-        let env: Vec<(&str, &str)> = if self.env[i].is_empty() {
+        let mut env: Vec<(&str, &str)> = if self.env[i].is_empty() {
             Vec::new()
         } else {
             vec![("FAILPOINTS", self.env[i].as_str())]
         };
+        // More of the nodes' logs when chasing a failure (`TARN_NEMESIS_RUST_LOG`, e.g.
+        // `warn,tarn_dataplane=debug`).
+        if let Some(filter) = &self.rust_log {
+            env.push(("RUST_LOG", filter.as_str()));
+        }
         let started = self.nodes[i].try_start(&endpoint, &extra, &env);
         let pid = self.nodes[i].server.as_ref().map(|s| s.child.id());
         self.peers.set_pid(i, pid);
@@ -1298,6 +1309,14 @@ fn processes_nemesis_two_faults_at_a_time() {
         kinds.join(","),
         if ok { "ok" } else { "FAILED" }
     );
+    if let (false, Ok(dir)) = (ok, std::env::var("TARN_NEMESIS_LOG_DIR")) {
+        // Each node's whole log (of its last process), for the failure's investigation.
+        for (node, log) in cluster.nodes.iter().zip(&logs) {
+            let path = Path::new(&dir).join(format!("seed-{}-{}.log", plan.seed, node.id));
+            let _ = std::fs::write(&path, without_colours(log));
+            eprintln!("nemesis: {}'s log is in {}", node.id, path.display());
+        }
+    }
     if !ok {
         // What each node logged last (fail point pauses left out).
         for (node, log) in cluster.nodes.iter().zip(&logs) {
