@@ -1192,7 +1192,12 @@ fn processes_nemesis_two_faults_at_a_time() {
         .filter(|d| !present.contains(d) && !docs.get(d).is_some_and(|h| h.ever_acked))
         .copied()
         .collect();
-    // The copies, entry by entry, once every node is stopped.
+    // The copies, entry by entry, once every copy is in sync again (a replica may have left
+    // the in-sync set during the last writes, and catches up) and every node is stopped.
+    if settled_in.is_ok() && !cluster.all_in_sync_within(&rt, plan.copies, Duration::from_secs(60))
+    {
+        eprintln!("nemesis: the copies were not all in sync again within 60 s of the last write");
+    }
     std::thread::sleep(Duration::from_secs(1));
     let logs: Vec<String> = cluster
         .nodes
