@@ -1049,7 +1049,7 @@ fn compare_copies(nodes: &[Node], copies: u32) -> Vec<String> {
 /// The nemesis (module docs). `TARN_NEMESIS_SEED`, `TARN_NEMESIS_SECONDS` (60),
 /// `TARN_NEMESIS_COPIES` (2 or 3 by the seed), `TARN_NEMESIS_WRITERS` (16).
 #[test]
-#[ignore = "run by scripts/nemesis.sh: it still finds open defects (issue 40), so it is not in CI"]
+#[ignore = "run by scripts/nemesis.sh (about 2 minutes a seed); in CI once 50 seeds pass"]
 fn processes_nemesis_two_faults_at_a_time() {
     let Some(binary) = etcd_binary() else {
         return;
