@@ -24,6 +24,9 @@ use crate::status::ApiError;
 const MAX_BATCH_BYTES: usize = 4 << 20;
 /// How many entries a follower reads before letting checkpoints truncate what it has shipped.
 const RELEASE_EVERY_ENTRIES: u64 = 4_096;
+/// How often a busy follower looks whether its replica, out of the in-sync set, lacks more
+/// log than [`AWAY_REPLICA_WAL_BYTES`].
+const LAG_CHECK_EVERY: Duration = Duration::from_millis(100);
 /// How much log (bytes written since it went away) a primary keeps for a replica whose calls
 /// fail: one back within it catches up by log, checkpoints meanwhile notwithstanding; past it,
 /// checkpoints may truncate what it lacks and it is seeded from a snapshot (PostgreSQL's
@@ -214,6 +217,7 @@ async fn ship(
     };
     let mut since_release = 0u64;
     let mut last_join_try = Instant::now();
+    let mut last_lag_check = Instant::now();
     // Calls sent and not answered yet, oldest first; each entry is the call and its batch's
     // entry count. Dropping them (an error returns) drops the calls.
     let mut in_flight = FuturesOrdered::new();
@@ -329,7 +333,12 @@ async fn ship(
         // A replica that answers but falls ever further behind (a slower disk; out of the
         // in-sync set, so writes do not wait for it) would hold this primary's log from its
         // position for good: past the bound it is seeded from a snapshot instead, and the
-        // hold goes with the tail.
+        // hold goes with the tail. Looked at every 100 ms, not per answer (the bound is large
+        // and the look reads the log's figures and the record).
+        if last_lag_check.elapsed() < LAG_CHECK_EVERY {
+            continue;
+        }
+        last_lag_check = Instant::now();
         let acked_seq = acked.borrow().seq;
         if let Some(behind) = too_far_behind(link, collection, acked_seq) {
             tracing::warn!(shard = %shard.local_name(), %replica, behind_bytes = behind,
