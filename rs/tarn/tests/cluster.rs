@@ -3051,6 +3051,37 @@ fn processes_shards_are_set_aside_never_deleted_by_an_empty_foreign_or_rolled_ba
     });
 }
 
+/// Copies bytes between a proxied connection's two sockets, one thread each way, swallowing
+/// them while `swallow()` says the link is cut; each side is shut down when the other ends.
+fn pump_both_ways(
+    client: std::net::TcpStream,
+    server: std::net::TcpStream,
+    swallow: impl Fn() -> bool + Clone + Send + 'static,
+) {
+    for (mut from, mut to) in [
+        (client.try_clone().unwrap(), server.try_clone().unwrap()),
+        (server, client),
+    ] {
+        let swallow = swallow.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 16 << 10];
+            loop {
+                let n = match std::io::Read::read(&mut from, &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                if swallow() {
+                    continue; // swallowed
+                }
+                if std::io::Write::write_all(&mut to, &buf[..n]).is_err() {
+                    break;
+                }
+            }
+            let _ = to.shutdown(std::net::Shutdown::Both);
+        });
+    }
+}
+
 /// A TCP proxy to etcd that a test cuts silently (bytes swallowed both ways, new connections
 /// accepted and left hanging: a partition, not a refusal) and restores (the cut connections
 /// closed, so clients reconnect).
@@ -3081,28 +3112,8 @@ impl CuttableProxy {
                     continue;
                 };
                 open2.lock().unwrap().push(server.try_clone().unwrap());
-                for (mut from, mut to) in [
-                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                    (server, client),
-                ] {
-                    let cut = cut2.clone();
-                    std::thread::spawn(move || {
-                        let mut buf = [0u8; 16 << 10];
-                        loop {
-                            let n = match std::io::Read::read(&mut from, &mut buf) {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => n,
-                            };
-                            if cut.load(Relaxed) {
-                                continue; // swallowed
-                            }
-                            if std::io::Write::write_all(&mut to, &buf[..n]).is_err() {
-                                break;
-                            }
-                        }
-                        let _ = to.shutdown(std::net::Shutdown::Both);
-                    });
-                }
+                let cut = cut2.clone();
+                pump_both_ways(client, server, move || cut.load(Relaxed));
             }
         });
         CuttableProxy { port, cut, open }

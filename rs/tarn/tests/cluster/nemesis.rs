@@ -204,28 +204,7 @@ impl PeerLinks {
         open.lock()
             .unwrap()
             .push((from_pid, to, server.try_clone().unwrap()));
-        for (mut from, mut into) in [
-            (client.try_clone().unwrap(), server.try_clone().unwrap()),
-            (server, client),
-        ] {
-            let is_cut = is_cut.clone();
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 16 << 10];
-                loop {
-                    let n = match std::io::Read::read(&mut from, &mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    if is_cut() {
-                        continue; // swallowed
-                    }
-                    if std::io::Write::write_all(&mut into, &buf[..n]).is_err() {
-                        break;
-                    }
-                }
-                let _ = into.shutdown(std::net::Shutdown::Both);
-            });
-        }
+        pump_both_ways(client, server, is_cut);
     }
 
     fn set_pid(&self, node: usize, pid: Option<u32>) {
