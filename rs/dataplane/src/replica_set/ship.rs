@@ -35,28 +35,27 @@ const LAG_CHECK_EVERY: Duration = Duration::from_millis(100);
 /// the log from its position.
 const AWAY_REPLICA_WAL_BYTES: u64 = 1 << 30;
 
-/// [`MAX_BATCH_BYTES`], or (test builds) the `replication::max_batch_bytes` fail point's value
-/// (a slow follower: one entry per batch at `return(1)`).
-fn max_batch_bytes() -> usize {
+/// `default`, or (test builds) the value the fail point `name` returns (`name=return(<n>)`).
+fn tunable<T: std::str::FromStr>(name: &str, default: T) -> T {
     #[cfg(feature = "failpoints")]
-    if let Some(Some(bytes)) = fail::eval("replication::max_batch_bytes", |arg| {
-        arg.and_then(|a| a.parse::<usize>().ok())
-    }) {
-        return bytes;
+    if let Some(Some(value)) = fail::eval(name, |arg| arg.and_then(|a| a.parse::<T>().ok())) {
+        return value;
     }
-    MAX_BATCH_BYTES
+    #[cfg(not(feature = "failpoints"))]
+    let _ = name;
+    default
 }
 
-/// [`AWAY_REPLICA_WAL_BYTES`], or (test builds) the `replication::away_wal_bytes` fail point's
-/// value: the process tests of catch-up by snapshot set it to 0.
+/// [`MAX_BATCH_BYTES`], or `replication::max_batch_bytes` (a slow follower: one entry per
+/// batch at `return(1)`).
+fn max_batch_bytes() -> usize {
+    tunable("replication::max_batch_bytes", MAX_BATCH_BYTES)
+}
+
+/// [`AWAY_REPLICA_WAL_BYTES`], or `replication::away_wal_bytes` (the process tests of catch-up
+/// by snapshot set it to 0).
 fn away_wal_bytes() -> u64 {
-    #[cfg(feature = "failpoints")]
-    if let Some(Some(bytes)) = fail::eval("replication::away_wal_bytes", |arg| {
-        arg.and_then(|bytes| bytes.parse::<u64>().ok())
-    }) {
-        return bytes;
-    }
-    AWAY_REPLICA_WAL_BYTES
+    tunable("replication::away_wal_bytes", AWAY_REPLICA_WAL_BYTES)
 }
 
 /// `AppendEntries` calls a follower keeps in flight to one replica: a write that arrives while
