@@ -49,6 +49,11 @@ pub(crate) struct Shared {
     pub(crate) segments: RwLock<Arc<SegmentSet>>,
     /// Last applied sequence number; waiters subscribe for read-your-writes.
     pub(crate) applied: tokio::sync::watch::Sender<u64>,
+    /// The highest sequence number ingestion may apply (make visible to reads): `u64::MAX` on
+    /// a collection of its own; on a replicated shard's copy, the highest entry known
+    /// committed (on every in-sync copy), raised by replication (`Collection::raise_visible`).
+    /// Entries logged past it wait in ingestion's queue, unread by any search or get.
+    pub(crate) visible: AtomicU64,
     pub(crate) checkpoint_seq: AtomicU64,
     /// The apply lock: ingestion applies each operation holding it, and freezing and
     /// installing replace the segment set holding it. Guards the live documents per tenant.
@@ -346,6 +351,15 @@ impl Collection {
                 "the WAL ends at {last_seq}, before the checkpoint at {checkpoint_seq}"
             )));
         }
+        // A replicated shard's copy (it keeps an epoch history) makes visible only what it
+        // knows committed: after a restart, what its checkpoint holds (a checkpoint holds only
+        // applied entries), until replication raises the bound again.
+        let visible = if dir.join(crate::lineage::EPOCHS_FILE).exists() {
+            checkpoint_seq
+        } else {
+            u64::MAX
+        };
+        let mut held = std::collections::VecDeque::new();
         // Replay what the checkpoint does not hold, before anyone can search.
         let mut apply = ApplyState {
             counts: set.live_counts(),
@@ -356,6 +370,10 @@ impl Collection {
         let mut replay_bytes = 0u64;
         for entry in wal.replay(checkpoint_seq + 1)? {
             let (seq, payload) = entry?;
+            if seq > visible {
+                held.push_back((seq, Arc::from(payload)));
+                continue;
+            }
             let operation = op::decode(&payload, config.dimension)
                 .map_err(|e| CollectionError::Corrupt(format!("WAL entry {seq}: {e}")))?;
             if let op::Operation::AddFields { fields } = &operation {
@@ -381,7 +399,8 @@ impl Collection {
         // What `collection.json` holds now (the replay rewrote it if the log added fields).
         let config_fields = config.fields.clone();
         config.fields = schema.fields().to_vec();
-        tracing::info!(dir = %dir.display(), checkpoint_seq, n_replayed, elapsed_ms = started.elapsed().as_millis() as u64, "opened collection");
+        let applied_seq = last_seq.min(visible);
+        tracing::info!(dir = %dir.display(), checkpoint_seq, n_replayed, n_held = held.len(), elapsed_ms = started.elapsed().as_millis() as u64, "opened collection");
 
         let shared = Arc::new(Shared {
             dir: dir.to_owned(),
@@ -390,7 +409,8 @@ impl Collection {
             config_fields: Mutex::new(config_fields),
             add_fields_lock: tokio::sync::Mutex::new(()),
             segments: RwLock::new(Arc::new(set)),
-            applied: tokio::sync::watch::Sender::new(last_seq),
+            applied: tokio::sync::watch::Sender::new(applied_seq),
+            visible: AtomicU64::new(visible),
             checkpoint_seq: AtomicU64::new(checkpoint_seq),
             n_documents: AtomicU64::new(apply.counts.values().sum()),
             n_tenants: AtomicU64::new(apply.counts.len() as u64),
@@ -450,7 +470,8 @@ impl Collection {
         }
         let worker = IngestWorker {
             shared: Arc::clone(&shared),
-            applied_seq: last_seq,
+            applied_seq,
+            held,
             triggers: crate::triggers::CheckpointTriggers::new(
                 checkpoint_wal_bytes,
                 shared.config.checkpoint_mutable_bytes,
@@ -485,6 +506,21 @@ impl Collection {
                 indexer: Mutex::new(Some(indexer)),
             }),
         })
+    }
+
+    /// Opens the collection in `dir` with every logged entry visible, a replicated shard's
+    /// copy too (its log past its checkpoint would otherwise wait for its primary's commit):
+    /// for a copy read on its own, such as one set aside. Blocking: returns once every entry
+    /// is applied.
+    pub fn open_whole(dir: &Path) -> Result<Collection> {
+        let collection = Self::open(dir)?;
+        collection.release_uncommitted();
+        let last = collection.last_seq_no();
+        while *collection.shared().applied.borrow() < last {
+            collection.check_not_failed()?;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(collection)
     }
 
     pub(crate) fn wal(&self) -> &Wal {
@@ -739,6 +775,54 @@ impl Collection {
         filter
             .validate(&self.schema())
             .map_err(|error| CollectionError::attributes("filter", None, &error))
+    }
+
+    /// The highest sequence number reads may see (`None`: every logged entry is applied as
+    /// it comes). See [`Collection::hold_uncommitted`].
+    pub fn visible_seq(&self) -> Option<u64> {
+        match self.shared().visible.load(Ordering::Acquire) {
+            u64::MAX => None,
+            seq => Some(seq),
+        }
+    }
+
+    /// Makes this collection a replicated shard's copy: entries logged from now on past
+    /// `committed` are applied (become visible to searches and gets, and to checkpoints and
+    /// snapshots) only once [`Collection::raise_visible`] raises the bound over them, so that
+    /// no read returns an entry that a failover may later cut (Kafka's high watermark). A
+    /// collection held already keeps its bound. A copy with an epoch history opens held at
+    /// its checkpoint. The bound is never below what is applied already.
+    pub fn hold_uncommitted(&self, committed: u64) {
+        let applied = *self.shared().applied.borrow();
+        let _ = self.shared().visible.compare_exchange(
+            u64::MAX,
+            committed.max(applied),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        self.wake_ingestion();
+    }
+
+    /// Raises the visible bound to `committed` (never lowers it); the held entries up to it
+    /// are applied in order.
+    pub fn raise_visible(&self, committed: u64) {
+        if self.shared().visible.fetch_max(committed, Ordering::AcqRel) < committed {
+            self.wake_ingestion();
+        }
+    }
+
+    /// Every logged entry is applied as it comes, from now on (a shard that has no replicas
+    /// any more).
+    pub fn release_uncommitted(&self) {
+        if self.shared().visible.swap(u64::MAX, Ordering::AcqRel) != u64::MAX {
+            self.wake_ingestion();
+        }
+    }
+
+    /// Tells ingestion the bound moved. Never blocks: a full channel means ingestion has
+    /// signals to take, and it looks at the bound after each.
+    fn wake_ingestion(&self) {
+        let _ = self.handle.signals.try_send(IngestSignal::Visible);
     }
 
     /// Waits until operation `seq` is applied (searchable), up to `timeout`.

@@ -7,6 +7,7 @@
 //! resolves (`IngestFeeder`). The channel being full holds up the WAL writer, which holds up every
 //! writer: back-pressure instead of unbounded memory.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
@@ -29,6 +30,9 @@ pub(crate) enum IngestSignal {
     },
     /// A flush request is queued (`flush.rs`); ingestion also looks after every signal.
     Flush,
+    /// The visible bound was raised (`Collection::raise_visible`); ingestion also looks at it
+    /// after every signal.
+    Visible,
     Shutdown,
 }
 
@@ -57,6 +61,10 @@ impl AppendObserver for IngestFeeder {
 pub(crate) struct IngestWorker {
     pub(crate) shared: Arc<Shared>,
     pub(crate) applied_seq: u64,
+    /// Logged entries past the visible bound (`Shared::visible`), in sequence order, waiting
+    /// to be applied. The channel keeps being drained into it, so the WAL writer is never held
+    /// up by entries waiting for their commit (which waits for the WAL writer's later syncs).
+    pub(crate) held: VecDeque<(u64, Arc<[u8]>)>,
     pub(crate) n_applied: u64,
     /// When the next checkpoint is due (`triggers.rs`).
     pub(crate) triggers: CheckpointTriggers,
@@ -89,8 +97,10 @@ impl IngestWorker {
         // The WAL writer may be waiting on this thread (the bounded channel): see
         // docs/CHECKPOINT.md, "Who waits on whom".
         tarn_wal::forbid_ticket_waits("ingestion");
-        // A tail replayed at open is checked before anything else arrives.
+        // A tail replayed at open is checked before anything else arrives; held entries the
+        // bound was raised over meanwhile are applied.
         self.check_unindexed();
+        self.apply_visible();
         loop {
             // While a checkpoint is in flight or applies went unchecked, the unindexed tail is
             // looked at again after a short idle spell, so that a load's last tail (or one left
@@ -109,16 +119,8 @@ impl IngestWorker {
             };
             self.collect_done();
             match signal {
-                Ok(IngestSignal::Apply { seq, payload }) => {
-                    self.apply(seq, &payload);
-                    let mutable_bytes = self.shared.segments().mutable.estimated_bytes() as u64;
-                    if let Some(reason) =
-                        self.triggers.due_by_size(mutable_bytes, self.in_flight > 0)
-                    {
-                        self.start_checkpoint(None, reason.as_str());
-                    }
-                }
-                Ok(IngestSignal::Flush) => {}
+                Ok(IngestSignal::Apply { seq, payload }) => self.held.push_back((seq, payload)),
+                Ok(IngestSignal::Flush | IngestSignal::Visible) => {}
                 Err(RecvTimeoutError::Timeout) => {
                     let now = Instant::now();
                     if self.triggers.deadline().is_some_and(|at| at <= now) {
@@ -131,6 +133,7 @@ impl IngestWorker {
                 }
                 Ok(IngestSignal::Shutdown) | Err(RecvTimeoutError::Disconnected) => break,
             }
+            self.apply_visible();
             while let Some(reply) = self.shared.flushes.take_if_applied(self.applied_seq) {
                 self.start_checkpoint(Some(reply), "flush");
             }
@@ -144,6 +147,21 @@ impl IngestWorker {
         if let Some(checkpointer) = self.checkpointer.take() {
             if checkpointer.join().is_err() {
                 tracing::error!("the checkpoint thread panicked");
+            }
+        }
+    }
+
+    /// Applies the held entries up to the visible bound, in order.
+    fn apply_visible(&mut self) {
+        let visible = self.shared.visible.load(Ordering::Acquire);
+        while self.held.front().is_some_and(|(seq, _)| *seq <= visible) {
+            let Some((seq, payload)) = self.held.pop_front() else {
+                break;
+            };
+            self.apply(seq, &payload);
+            let mutable_bytes = self.shared.segments().mutable.estimated_bytes() as u64;
+            if let Some(reason) = self.triggers.due_by_size(mutable_bytes, self.in_flight > 0) {
+                self.start_checkpoint(None, reason.as_str());
             }
         }
     }

@@ -164,7 +164,7 @@ mod tests {
         drop(collection);
 
         assert_eq!(cut_log_after(&path, 5).unwrap(), 5);
-        let reopened = Collection::open(&path).unwrap();
+        let reopened = Collection::open_whole(&path).unwrap();
         assert_eq!(reopened.last_seq_no(), 5);
         assert_eq!(reopened.epoch_starts().unwrap(), [(3, 1)]);
         assert_eq!(reopened.get(1, &[4]).unwrap().len(), 1);
@@ -183,7 +183,7 @@ mod tests {
             }) => {}
             other => panic!("expected a refusal, got {other:?}"),
         }
-        let reopened = Collection::open(&path).unwrap();
+        let reopened = Collection::open_whole(&path).unwrap();
         assert_eq!(reopened.last_seq_no(), 5);
         assert_eq!(reopened.get(1, &[4]).unwrap().len(), 1);
     }

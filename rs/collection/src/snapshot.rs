@@ -107,7 +107,13 @@ impl Snapshot {
         // The fields as of the pinned manifest or later (pinned first: its checkpoint is
         // applied) and none added after `seq_no` (read before the barrier that gives it).
         let config = shared.current_config();
-        let seq_no = wal.sync().wait()?;
+        // A replicated copy's snapshot holds what it knows committed, no more (a replica or
+        // moved copy made from it must not hold entries a failover may cut).
+        let visible = shared
+            .visible
+            .load(std::sync::atomic::Ordering::Acquire)
+            .max(*shared.applied.borrow());
+        let seq_no = wal.sync().wait()?.min(visible);
         let checkpoint_seq = manifest.checkpoint_seq;
         if seq_no < checkpoint_seq {
             return Err(CollectionError::Corrupt(format!(

@@ -122,6 +122,11 @@ impl Collection {
     pub fn last_seq_no(&self) -> u64 {
         self.wal().last_appended_seq()
     }
+
+    /// The last sequence number known durable.
+    pub fn durable_seq_no(&self) -> u64 {
+        self.wal().last_durable_seq()
+    }
 }
 
 impl WalTail {

@@ -1050,9 +1050,11 @@ impl Router {
     ) -> Result<u64, ApiError> {
         let map = cluster.map(collection).await?;
         let path = self.registry.set_aside_path(name)?;
-        let copy = tokio::task::spawn_blocking(move || tarn_collection::Collection::open(&path))
-            .await
-            .map_err(|e| ApiError::Internal(e.to_string()))??;
+        // Imported whole: its log past its checkpoint too (entries it held uncommitted).
+        let copy =
+            tokio::task::spawn_blocking(move || tarn_collection::Collection::open_whole(&path))
+                .await
+                .map_err(|e| ApiError::Internal(e.to_string()))??;
         let config: tarn_collection::CollectionConfig =
             serde_json::from_value(map.def.config.clone())
                 .map_err(|e| ApiError::Internal(format!("bad collection config: {e}")))?;

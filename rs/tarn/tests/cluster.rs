@@ -1556,7 +1556,7 @@ fn local_copies(node_dir: &Path, collection: &str) -> BTreeMap<u32, Vec<(u128, u
         if shard.collection != collection {
             continue;
         }
-        let copy = tarn_collection::Collection::open(&entry.path()).unwrap();
+        let copy = tarn_collection::Collection::open_whole(&entry.path()).unwrap();
         let mut docs: Vec<(u128, u128)> = copy
             .export_documents()
             .map(|d| d.map(|(u, d, _)| (u, d)).unwrap())
@@ -5062,6 +5062,103 @@ fn processes_a_deposed_primary_cuts_its_unacknowledged_tail_and_resyncs() {
     let (copy_a, copy_b) = (copy(a), copy(b));
     assert_eq!(copy_a.len(), 1);
     assert_eq!(copy_a, copy_b, "the copies differ after the resync");
+}
+
+/// No dirty read (docs/CLUSTER.md, "What a read sees"): with every batch held back 1.5 s on
+/// the primary (`replication::hold_entries`), a write in flight is durable in the primary's log
+/// and on no replica. A search or get through the primary does not find it until the write is
+/// acknowledged (a failover meanwhile may cut it); once acknowledged, a read through the
+/// primary finds it at once, and one through the replica with the write's token finds it when
+/// the primary's commit reaches it. Before, the primary applied an entry as soon as it was
+/// logged.
+#[test]
+fn processes_a_read_sees_an_entry_only_once_it_is_committed() {
+    const LEASE: u64 = 20;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    const HOLD: (&str, &str) = ("FAILPOINTS", "replication::hold_entries=return(1500)");
+    let mut nodes = nodes_with(dir.path(), 3, &etcd.endpoint(), LEASE, &[], &[HOLD]);
+    let rt = runtime();
+    const DIM: usize = 8;
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let shard = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        create_moving(&client, DIM, 1, 2, 1).await;
+        moving_shard(&wait_in_sync(&addrs[0], 2).await)
+    });
+    let index = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
+    let (p, r) = (index(&shard.node_id), index(&shard.replicas[0]));
+    rt.block_on(async {
+        let primary = Client::connect(addrs[p].clone()).await.unwrap();
+        let replica = Client::connect(addrs[r].clone()).await.unwrap();
+        let vector = vec![0.25f32; DIM];
+        let found = |client: &Client| {
+            let (client, vector) = (client.clone(), vector.clone());
+            async move {
+                let hits = client
+                    .search(Search::new("moving", vector).users([7u128]).exact(true))
+                    .await
+                    .unwrap();
+                let got = client.get("moving", 7, &[42]).await.unwrap();
+                (hits.iter().any(|h| h.doc_id == 42), !got.is_empty())
+            }
+        };
+        for round in 0..3u128 {
+            let write = {
+                let (primary, vector) = (primary.clone(), vector.clone());
+                tokio::spawn(async move {
+                    primary
+                        .insert(Insert::new("moving", [42u128], vector).users([7u128]))
+                        .await
+                })
+            };
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            assert!(
+                !write.is_finished(),
+                "round {round}: the batch was not held"
+            );
+            if round == 0 {
+                assert_eq!(
+                    found(&primary).await,
+                    (false, false),
+                    "the primary served an entry no replica has"
+                );
+                assert_eq!(found(&replica).await, (false, false));
+            }
+            let ack = write.await.unwrap().unwrap();
+            assert_eq!(found(&primary).await, (true, true), "round {round}");
+            let hits = replica
+                .search(
+                    Search::new("moving", vector.clone())
+                        .users([7u128])
+                        .exact(true)
+                        .after(ack.read_token()),
+                )
+                .await
+                .unwrap();
+            assert!(hits.iter().any(|h| h.doc_id == 42), "round {round}");
+            assert_eq!(found(&replica).await, (true, true), "round {round}");
+            let removed = primary
+                .remove(Remove::new("moving", [42u128]).users([7u128]))
+                .await
+                .unwrap();
+            replica
+                .search(
+                    Search::new("moving", vector.clone())
+                        .users([7u128])
+                        .after(removed.read_token()),
+                )
+                .await
+                .unwrap();
+            assert_eq!(found(&replica).await, (false, false), "round {round}");
+        }
+    });
+    for node in &mut nodes {
+        node.kill();
+    }
 }
 
 #[allow(clippy::type_complexity)]

@@ -149,7 +149,19 @@ async fn append_entries_here(
             }
         }
     }
+    // A replica's copy makes visible only what the primary says is committed (docs/CLUSTER.md,
+    // "What a read sees").
+    collection.hold_uncommitted(0);
     let last = collection.last_seq_no();
+    if request.entries.is_empty() && request.matched > 0 && !request.cut {
+        // A commit notice: this copy's log is the primary's up to `matched`.
+        collection.raise_visible(request.committed.min(request.matched).min(last));
+        return Ok(pb::AppendEntriesResponse {
+            last_seq: last,
+            durable_seq: collection.durable_seq_no(),
+            ..Default::default()
+        });
+    }
     if request.entries.is_empty() {
         let history = {
             let collection = collection.clone();
@@ -175,6 +187,7 @@ async fn append_entries_here(
     // they are the same ones: written at the epoch the primary's history gives each position
     // (one primary per epoch). Entries of another epoch at those positions (a deposed
     // primary's) refuse the batch: the primary probes again, and the copy is cut back.
+    let batch_end = request.first_seq + request.entries.len() as u64 - 1;
     let skip = (last + 1 - request.first_seq) as usize;
     if skip > 0 {
         let starts = {
@@ -213,6 +226,9 @@ async fn append_entries_here(
             .await?;
     }
     let last_seq = collection.last_seq_no();
+    // Every entry up to the batch's last is now the primary's (appended, or checked to be of
+    // the primary's epoch): those it says are committed become visible.
+    collection.raise_visible(request.committed.min(batch_end));
     // Synced outside the copy's lock: the next batch is appended meanwhile, and the WAL's
     // write group makes one sync of both when they meet.
     drop(copy);

@@ -113,6 +113,14 @@ pub(crate) struct ShardReplication {
     wanted: watch::Sender<u64>,
     /// Per replica node: the last sequence number it has durable, and from which directory.
     acked: DashMap<String, watch::Receiver<Acked>>,
+    /// The highest entry durable here and on every in-sync replica (acknowledged by the
+    /// directory recorded for its copy): no failover cuts it. This copy makes entries visible
+    /// up to it, and the followers tell the replicas ([`ShardReplication::advance_commit`]).
+    commit: watch::Sender<u64>,
+    /// Followers notify it after each acknowledgement; the committer task then advances the
+    /// commit.
+    acks: Arc<tokio::sync::Notify>,
+    committer: StdMutex<Option<tokio::task::JoinHandle<()>>>,
     followers: StdMutex<Vec<(String, tokio::task::JoinHandle<()>)>>,
     /// Serialises this shard's in-sync changes.
     changing: tokio::sync::Mutex<()>,
@@ -134,6 +142,14 @@ impl Drop for ShardReplication {
             .drain(..)
         {
             task.abort();
+        }
+        if let Some(committer) = self
+            .committer
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            committer.abort();
         }
     }
 }
@@ -220,7 +236,14 @@ impl ClusterNode {
     /// waiting for the next write (a new primary records its epoch here too).
     pub(crate) async fn start_replications(self: &Arc<Self>, state: &tarn_cluster::ClusterState) {
         for (shard, assignment, map) in state.shards_led_by(&self.node_id) {
-            if assignment.replicas.is_empty() || !assignment.takes_writes() {
+            if assignment.replicas.is_empty() {
+                // One copy: what it logs is committed once durable here.
+                if let Ok(collection) = self.registry.get_shard(&shard.local_name()) {
+                    collection.release_uncommitted();
+                }
+                continue;
+            }
+            if !assignment.takes_writes() {
                 continue;
             }
             let local = shard.local_name();
@@ -266,7 +289,11 @@ impl ClusterNode {
         let mut start_hold = None;
         let replication = match existing {
             Some(r) => r,
-            None if assignment.replicas.is_empty() && min_in_sync <= 1 => return Ok(None),
+            None if assignment.replicas.is_empty() && min_in_sync <= 1 => {
+                // One copy: every entry it logs is committed once durable here.
+                collection.release_uncommitted();
+                return Ok(None);
+            }
             None => {
                 // The in-sync set this primary waits for starts from etcd itself, never from a
                 // view that may lag a join (the cache must hold every copy etcd lists in sync).
@@ -294,6 +321,12 @@ impl ClusterNode {
                 // no checkpoint truncates the epoch's log meanwhile.
                 start_hold = collection.wal_tail_from(epoch_first_seq);
                 let (wanted, _) = watch::channel(collection.last_seq_no());
+                // A copy that kept no bound (it had no replicas: all it holds was acknowledged
+                // by itself alone) starts held at its last entry.
+                collection.hold_uncommitted(collection.last_seq_no());
+                let committed = collection
+                    .visible_seq()
+                    .unwrap_or_else(|| collection.last_seq_no());
                 let r = Arc::new(ShardReplication {
                     shard: shard.clone(),
                     epoch: assignment.epoch,
@@ -304,12 +337,21 @@ impl ClusterNode {
                     record: StdMutex::new(record),
                     wanted,
                     acked: DashMap::new(),
+                    commit: watch::channel(committed).0,
+                    acks: Arc::new(tokio::sync::Notify::new()),
+                    committer: StdMutex::new(None),
                     followers: StdMutex::new(Vec::new()),
                     changing: tokio::sync::Mutex::new(()),
                     join_backoff: DashMap::new(),
                     joining: std::sync::atomic::AtomicBool::new(false),
                     stepping_down: std::sync::atomic::AtomicBool::new(false),
                 });
+                let committer = tokio::spawn(run_committer(
+                    Arc::downgrade(&r),
+                    Arc::downgrade(self),
+                    Arc::clone(&r.acks),
+                ));
+                *r.committer.lock().unwrap_or_else(|p| p.into_inner()) = Some(committer);
                 // Another write may have started it meanwhile: one replication per epoch.
                 let entry = self
                     .replication
@@ -429,6 +471,8 @@ impl ShardReplication {
                 history: self.history.clone(),
                 replica: replica.clone(),
                 collection: self.collection.clone(),
+                commit: self.commit.subscribe(),
+                acks: Arc::clone(&self.acks),
             };
             // Until its first probe answers, the follower holds the log from the epoch's start
             // (while the log still has it): its replica may be the deposed primary.
@@ -552,6 +596,8 @@ impl ShardReplication {
                 self.leave_in_sync(node, &replica, "late").await?;
             }
         }
+        // Before the write is acknowledged, so that a read with its token finds it visible.
+        self.advance_commit();
         let record = self.record().clone();
         record.check_in_sync(self.min_in_sync).map_err(|why| {
             ApiError::Unavailable(format!(
@@ -560,6 +606,35 @@ impl ShardReplication {
                 self.shard.shard, self.shard.collection, node.node_id
             ))
         })
+    }
+
+    /// Raises the commit to the highest entry durable here and acknowledged by every in-sync
+    /// replica (by the directory recorded for its copy): this copy makes entries visible up to
+    /// it, and the followers pass it on.
+    fn advance_commit(&self) {
+        let mut committed = self.collection.durable_seq_no();
+        {
+            let record = self.record();
+            for replica in &record.in_sync_replicas {
+                let acked = self.acked.get(replica).map_or(0, |acked| {
+                    let acked = acked.value().borrow();
+                    if record.copy_replaced(replica, &acked.incarnation) {
+                        0
+                    } else {
+                        acked.seq
+                    }
+                });
+                committed = committed.min(acked);
+            }
+        }
+        let raised = self.commit.send_if_modified(|commit| {
+            let more = committed > *commit;
+            *commit = (*commit).max(committed);
+            more
+        });
+        if raised {
+            self.collection.raise_visible(committed);
+        }
     }
 
     /// Takes out of the in-sync set every replica this node's view shows registered from another
@@ -730,6 +805,53 @@ impl ShardReplication {
                 "a replica joined the in-sync set");
         }
         Ok(joined)
+    }
+}
+
+/// How often the committer looks at a shard whose followers send no acknowledgements.
+const COMMIT_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// A shard's committer, on its primary: advances the commit after each acknowledgement. When
+/// entries stay uncommitted while no write waits for them (an in-sync replica died after the
+/// last write; a primary's first entries of its epoch), it waits for them as a write would,
+/// so a replica that does not take them leaves the in-sync set and reads find them.
+async fn run_committer(
+    replication: std::sync::Weak<ShardReplication>,
+    node: std::sync::Weak<ClusterNode>,
+    acks: Arc<tokio::sync::Notify>,
+) {
+    let mut stalled_at = None;
+    loop {
+        let acknowledged = tokio::time::timeout(COMMIT_CHECK_EVERY, acks.notified())
+            .await
+            .is_ok();
+        let Some(replication) = replication.upgrade() else {
+            return;
+        };
+        replication.advance_commit();
+        if acknowledged {
+            continue;
+        }
+        let (committed, durable) = (
+            *replication.commit.borrow(),
+            replication.collection.durable_seq_no(),
+        );
+        if committed >= durable {
+            stalled_at = None;
+            continue;
+        }
+        // Uncommitted for two looks in a row with no acknowledgement in between.
+        if stalled_at != Some(committed) {
+            stalled_at = Some(committed);
+            continue;
+        }
+        let Some(node) = node.upgrade() else {
+            return;
+        };
+        if let Err(error) = replication.replicate(&node, durable).await {
+            tracing::debug!(shard = %replication.shard.local_name(), %error,
+                "entries no write waits for are not committed yet");
+        }
     }
 }
 

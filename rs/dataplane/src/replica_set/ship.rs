@@ -72,6 +72,10 @@ pub(super) struct Follower {
     pub(super) history: Vec<pb::EpochStart>,
     pub(super) replica: String,
     pub(super) collection: Collection,
+    /// The shard's commit, sent with every call (`ShardReplication::advance_commit`).
+    pub(super) commit: watch::Receiver<u64>,
+    /// Notified after each acknowledgement, for the committer.
+    pub(super) acks: Arc<tokio::sync::Notify>,
 }
 
 /// A follower: ships the shard's log to `replica` for as long as this node is the shard's
@@ -89,6 +93,8 @@ pub(super) async fn follow(
         history,
         replica,
         collection,
+        commit,
+        acks,
     } = follower;
     let mut backoff = Duration::from_millis(50);
     // `held`: a hold on the log from the replica's position while it is away (from the epoch's
@@ -106,6 +112,8 @@ pub(super) async fn follow(
             epoch,
             history: &history,
             replica: &replica,
+            commit: &commit,
+            acks: &acks,
         };
         match ship(
             &link,
@@ -198,6 +206,11 @@ async fn ship(
         seq: durable,
         incarnation: probe.incarnation.clone(),
     });
+    link.acks.notify_one();
+    // The highest commit this replica was told of together with entries it shares with this
+    // primary (what it may make visible); a notice is sent when the commit moves past it.
+    let mut notified = 0u64;
+    let mut commit_changes = link.commit.clone();
     // A replica that registers again (its process restarted, perhaps on a copy put back from
     // an older backup) is probed again even while no write comes.
     let registered = node.state().registered_at.get(replica).copied();
@@ -252,12 +265,30 @@ async fn ship(
             let payloads = entries.into_iter().map(|(_, p)| p.to_vec()).collect();
             // Test builds: a primary that holds its next batch back (it dies meanwhile in tests).
             crate::transfer::pause_point("replication::hold_entries").await;
-            in_flight.push_back(async move { (link.append(first, payloads, None).await, n) });
+            let committed = *link.commit.borrow();
+            in_flight.push_back(async move {
+                let answer = link.append(first, payloads, None).await;
+                (answer, n, committed.min(first + n - 1))
+            });
             continue;
         }
         if in_flight.is_empty() {
-            // Nothing to ship: wait for a write, or look again for a join now and then.
-            let changed = tokio::time::timeout(Duration::from_millis(500), wanted.changed()).await;
+            // Nothing to ship: the replica learns the commit its last entries reached, then
+            // the follower waits for a write, or looks again for a join now and then.
+            let matched = acked.borrow().seq;
+            let committed = *commit_changes.borrow_and_update();
+            if committed.min(matched) > notified {
+                link.notice(committed, matched).await?;
+                notified = committed.min(matched);
+                continue;
+            }
+            let changed = tokio::time::timeout(Duration::from_millis(500), async {
+                tokio::select! {
+                    changed = wanted.changed() => changed,
+                    changed = commit_changes.changed() => changed,
+                }
+            })
+            .await;
             match changed {
                 Ok(Err(_)) => return Ok(()), // the shard's replication is gone
                 Ok(Ok(())) => {}
@@ -296,7 +327,7 @@ async fn ship(
                 None
             }
         };
-        let Some((answer, n)) = answered else {
+        let Some((answer, n, told)) = answered else {
             continue;
         };
         let answer = answer?;
@@ -318,6 +349,8 @@ async fn ship(
                 };
             }
         });
+        link.acks.notify_one();
+        notified = notified.max(told);
         // Under steady writes the follower is never idle: try a join (which holds writes back
         // while the last entries go over) once close behind, at most once a second.
         if last_join_try.elapsed() >= JOIN_TRY_EVERY {
@@ -473,6 +506,8 @@ struct Link<'a> {
     epoch: u64,
     history: &'a [pb::EpochStart],
     replica: &'a str,
+    commit: &'a watch::Receiver<u64>,
+    acks: &'a tokio::sync::Notify,
 }
 
 impl Link<'_> {
@@ -485,6 +520,13 @@ impl Link<'_> {
         cut_after: Option<u64>,
     ) -> Result<pb::AppendEntriesResponse, ApiError> {
         append(self, first_seq, entries, cut_after, false).await
+    }
+
+    /// A commit notice: the replica's log is this primary's up to `matched`; it makes its
+    /// entries visible up to `committed` (no further than `matched`).
+    async fn notice(&self, committed: u64, matched: u64) -> Result<(), ApiError> {
+        let request = self.request(0, Vec::new(), None, false, matched, committed);
+        call(self, request).await.map(|_| ())
     }
 
     /// Asks the replica to copy this primary's snapshot and tail (`seed`), after taking it out
@@ -517,6 +559,39 @@ impl Link<'_> {
     }
 }
 
+impl Link<'_> {
+    /// An `AppendEntries` request of this link, carrying the shard's commit.
+    fn request(
+        &self,
+        first_seq: u64,
+        entries: Vec<Vec<u8>>,
+        cut_after: Option<u64>,
+        seed: bool,
+        matched: u64,
+        committed: u64,
+    ) -> pb::AppendEntriesRequest {
+        pb::AppendEntriesRequest {
+            shard: Some(pb::ShardRef {
+                collection: self.shard.collection.clone(),
+                uid: self.shard.uid,
+                shard: self.shard.shard,
+                epoch: self.epoch,
+                role: pb::ShardRole::Replica as i32,
+            }),
+            first_seq,
+            entries,
+            sync: true,
+            from_node: self.node.node_id.clone(),
+            epochs: self.history.to_vec(),
+            cut: cut_after.is_some(),
+            cut_after: cut_after.unwrap_or(0),
+            seed,
+            committed,
+            matched,
+        }
+    }
+}
+
 async fn append(
     link: &Link<'_>,
     first_seq: u64,
@@ -524,28 +599,21 @@ async fn append(
     cut_after: Option<u64>,
     seed: bool,
 ) -> Result<pb::AppendEntriesResponse, ApiError> {
-    let (node, shard, epoch, replica) = (link.node, link.shard, link.epoch, link.replica);
+    let committed = *link.commit.borrow();
+    let request = link.request(first_seq, entries, cut_after, seed, 0, committed);
+    call(link, request).await
+}
+
+/// One `AppendEntries` call, bounded by [`IN_SYNC_BOUND`].
+async fn call(
+    link: &Link<'_>,
+    request: pb::AppendEntriesRequest,
+) -> Result<pb::AppendEntriesResponse, ApiError> {
+    let (node, shard, replica) = (link.node, link.shard, link.replica);
     let channel = node.peer(replica).await?;
     let mut client = pb::node_client::NodeClient::new(channel)
         .max_decoding_message_size(crate::cluster::MAX_NODE_MESSAGE_BYTES)
         .max_encoding_message_size(crate::cluster::MAX_NODE_MESSAGE_BYTES);
-    let request = pb::AppendEntriesRequest {
-        shard: Some(pb::ShardRef {
-            collection: shard.collection.clone(),
-            uid: shard.uid,
-            shard: shard.shard,
-            epoch,
-            role: pb::ShardRole::Replica as i32,
-        }),
-        first_seq,
-        entries,
-        sync: true,
-        from_node: node.node_id.clone(),
-        epochs: link.history.to_vec(),
-        cut: cut_after.is_some(),
-        cut_after: cut_after.unwrap_or(0),
-        seed,
-    };
     let started = Instant::now();
     let answer = client
         .append_entries(node.internal_request(request, IN_SYNC_BOUND))

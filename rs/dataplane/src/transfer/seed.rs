@@ -112,6 +112,9 @@ async fn seed_locked(
         mut n_bytes,
         epochs,
     } = open_and_restore(node, shard, (primary, epoch), true, &node.moves.seed_bytes).await?;
+    // The snapshot holds what the primary knew committed; the entries streamed after it stay
+    // invisible until the primary's commit reaches them (its first calls after the seed).
+    copy.hold_uncommitted(info.seq_no);
     let history = tarn_cluster::EpochHistory::from_starts(
         epochs.iter().map(|e| (e.epoch, e.first_seq)).collect(),
     )
