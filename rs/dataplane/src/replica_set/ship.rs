@@ -20,6 +20,8 @@ use super::{
 use crate::cluster::ClusterNode;
 use crate::status::ApiError;
 
+/// How long an idle follower waits for a write before it sends its replica a commit notice.
+const NOTICE_DELAY: Duration = Duration::from_millis(5);
 /// Most payload bytes shipped in one call.
 const MAX_BATCH_BYTES: usize = 4 << 20;
 /// How many entries a follower reads before letting checkpoints truncate what it has shipped.
@@ -278,6 +280,13 @@ async fn ship(
             let matched = acked.borrow().seq;
             let committed = *commit_changes.borrow_and_update();
             if committed.min(matched) > notified {
+                // Under writes the next batch carries the commit: a notice waits a moment for
+                // one instead of adding a call per batch.
+                match tokio::time::timeout(NOTICE_DELAY, wanted.changed()).await {
+                    Ok(Err(_)) => return Ok(()),
+                    Ok(Ok(())) => continue,
+                    Err(_) => {}
+                }
                 link.notice(committed, matched).await?;
                 notified = committed.min(matched);
                 continue;
