@@ -840,14 +840,21 @@ async fn run_committer(
             stalled_at = None;
             continue;
         }
+        let Some(node) = node.upgrade() else {
+            return;
+        };
+        // An in-sync copy back on another data directory holds nothing: it leaves the set at
+        // once (a write would take it out first too), and the commit moves without it.
+        if let Err(error) = replication.drop_replaced(&node).await {
+            tracing::debug!(shard = %replication.shard.local_name(), %error,
+                "cannot take a replaced copy out of the in-sync set");
+        }
+        replication.advance_commit();
         // Uncommitted for two looks in a row with no acknowledgement in between.
         if stalled_at != Some(committed) {
             stalled_at = Some(committed);
             continue;
         }
-        let Some(node) = node.upgrade() else {
-            return;
-        };
         if let Err(error) = replication.replicate(&node, durable).await {
             tracing::debug!(shard = %replication.shard.local_name(), %error,
                 "entries no write waits for are not committed yet");
