@@ -794,13 +794,16 @@ impl Collection {
     /// its checkpoint. The bound is never below what is applied already.
     pub fn hold_uncommitted(&self, committed: u64) {
         let applied = *self.shared().applied.borrow();
-        let _ = self.shared().visible.compare_exchange(
+        let held = self.shared().visible.compare_exchange(
             u64::MAX,
             committed.max(applied),
             Ordering::AcqRel,
             Ordering::Acquire,
         );
-        self.wake_ingestion();
+        // A replica calls this on every batch: ingestion is woken only when the bound is new.
+        if held.is_ok() {
+            self.wake_ingestion();
+        }
     }
 
     /// Raises the visible bound to `committed` (never lowers it); the held entries up to it
