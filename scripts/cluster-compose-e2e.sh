@@ -26,7 +26,7 @@ export TARN_IMAGE=tarn:e2e TARN_ETCD_IMAGE=tarn-etcd:e2e TARN_CLUSTER_PORT="$por
     TARN_CLUSTER_PORT_2="$((port + 1))" TARN_CLUSTER_PORT_3="$((port + 2))"
 dc() { "${compose[@]}" -f docker-compose.cluster.yml -p "$project" "$@"; }
 state="$(mktemp)"
-cleanup() { dc down -v --remove-orphans >/dev/null 2>&1 || true; rm -f "$state"; }
+cleanup() { dc down -v --remove-orphans >/dev/null 2>&1 || true; rm -f "$state" "$state.writing"; }
 trap cleanup EXIT
 wait_healthy() {
     local service id status
@@ -51,10 +51,16 @@ addrs=("127.0.0.1:$port" "127.0.0.1:$((port + 1))" "127.0.0.1:$((port + 2))")
 py="$venv/bin/python"
 "$py" scripts/py/cluster_e2e.py load "${addrs[@]}" "$state"
 dc exec -T tarn1 /usr/local/bin/tarn cluster status --addr http://127.0.0.1:50051
-# Writes through n1 and n2 while n3's container is SIGKILLed (a second after they start), long
-# enough for its shards to fail over (5 s lease) and be written to on their new primaries.
+# Writes through n1 and n2 while n3's container is SIGKILLed (a second after the first is
+# acknowledged), long enough for its shards to fail over (5 s lease) and be written to on their
+# new primaries.
+rm -f "$state.writing"
 "$py" scripts/py/cluster_e2e.py writes "${addrs[@]}" "$state" 16 &
 writer=$!
+for _ in $(seq 1 600); do
+    [[ -e "$state.writing" ]] || ! kill -0 "$writer" 2>/dev/null && break
+    sleep 0.1
+done
 sleep 1
 docker kill -s KILL "$(dc ps -q tarn3)" >/dev/null
 wait "$writer"

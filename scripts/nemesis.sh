@@ -2,7 +2,8 @@
 # The nemesis over many seeds: rs/tarn/tests/cluster/nemesis.rs (a real etcd, three real nodes,
 # 2 or 3 copies per shard by the seed, 16 writers and 3 searchers) with faults two at a time:
 # kill -9, SIGSTOP, graceful restarts, a node's etcd link cut, the link between two nodes cut,
-# a wiped data directory, ForgetNode, drains, etcd stopped, etcd restored from an earlier backup;
+# a wiped data directory, ForgetNode, drains, a node's fsync slowed while it runs, etcd stopped,
+# etcd restored from an earlier backup;
 # per seed one node with a slow fsync and one with a late reconciliation. Each seed prints one
 # line (`nemesis seed=... result=ok|FAILED`); the last line sums them:
 #   nemesis_seeds=N failed=F acked=... lost=0 back=0 duplicates=0 dirty_reads=0 token_misses=0

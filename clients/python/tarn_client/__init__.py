@@ -543,9 +543,24 @@ class Client:
         response = self._call(self.stub.Search, request)
         return [Hit(from_id(h.doc_id), from_id(h.user_id), h.score) for h in response.hits]
 
-    def get(self, collection: str, doc_ids: Ids, user_id: int = 0) -> list:
-        """The stored documents among `doc_ids` for one tenant (missing ids are absent)."""
-        request = tarn_pb2.GetRequest(collection=collection, user_id=to_id(user_id), doc_ids=_ids(doc_ids))
+    def get(
+        self,
+        collection: str,
+        doc_ids: Ids,
+        user_id: int = 0,
+        min_seq_no: int = 0,
+        read_token: bytes = b"",
+    ) -> list:
+        """The stored documents among `doc_ids` for one tenant (missing ids are absent). With a
+        write's `read_token` (or `min_seq_no`), waits within the deadline until that write is
+        visible; without one, a copy answers with what it has applied."""
+        request = tarn_pb2.GetRequest(
+            collection=collection,
+            user_id=to_id(user_id),
+            doc_ids=_ids(doc_ids),
+            min_seq_no=min_seq_no,
+            read_token=read_token,
+        )
         response = self._call(self.stub.Get, request)
         return [
             Document(

@@ -152,7 +152,7 @@ def test_snapshot_and_restore_round_trip(client, tmp_path):
     assert "py_snap_bad" not in client.list_collections()
 
 
-def test_read_tokens_make_a_search_wait_for_the_write(client):
+def test_read_tokens_make_a_search_and_a_get_wait_for_the_write(client):
     name = "py_tokens"
     client.create_collection(name, dimension=4, metric="l2")
     ack = client.insert_acked(name, doc_ids=[1, 2], vectors=np.eye(4, dtype=np.float32)[:2], user_ids=9)
@@ -162,10 +162,17 @@ def test_read_tokens_make_a_search_wait_for_the_write(client):
     gone = client.remove_acked(name, doc_ids=[1], user_ids=9)
     hits = client.search(name, [1, 0, 0, 0], top_k=2, user_ids=9, read_token=gone.read_token)
     assert [h.doc_id for h in hits] == [2]
-    with pytest.raises(grpc.RpcError) as bad:
-        client.search(name, [1, 0, 0, 0], read_token=b"garbage")
-    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "read_token" in bad.value.details()
+    assert [d.doc_id for d in client.get(name, [1, 2], user_id=9, read_token=gone.read_token)] == [2]
+    assert [d.doc_id for d in client.get(name, [1, 2], user_id=9, min_seq_no=ack.seq_no)] == [2]
+    for call in (
+        lambda: client.search(name, [1, 0, 0, 0], read_token=b"garbage"),
+        lambda: client.get(name, [1], read_token=b"garbage"),
+    ):
+        with pytest.raises(grpc.RpcError) as bad:
+            call()
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "read_token" in bad.value.details()
+
 
 class _Overloaded(grpc.RpcError):
     """What grpc raises for a RESOURCE_EXHAUSTED answer with the server's retry hint."""

@@ -17,7 +17,7 @@ use crate::error::{Code, Error, Result};
 use crate::snapshot::{feed_restore, Restored, SnapshotStream};
 use crate::types::{
     id_to_wire, ClusterStatus, CollectionInfo, CollectionSpec, Document, ForgetReport, Hit, Insert,
-    Remove, Search, SetAsideShard, ShardKey, ShardStatus, WriteAck,
+    ReadToken, Remove, Search, SetAsideShard, ShardKey, ShardStatus, WriteAck,
 };
 
 /// Largest message the client sends or accepts (a large batch of vectors, a large `get`).
@@ -499,16 +499,41 @@ impl Client {
 
     /// The stored documents of one tenant among `doc_ids`, with their attributes; ids not
     /// stored are absent.
+    ///
+    /// Without a token, a copy answers with what it has applied, which may lag a write just
+    /// acknowledged; [`Client::get_after`] reads a given write.
     pub async fn get(
         &self,
         collection: &str,
         user_id: u128,
         doc_ids: &[u128],
     ) -> Result<Vec<Document>> {
+        self.get_after(collection, user_id, doc_ids, &ReadToken::default())
+            .await
+    }
+
+    /// [`Client::get`] that waits (within the client's deadline) until the write `after` is
+    /// visible, on every shard asked (as [`Search::after`]): it either sees that write or
+    /// fails.
+    pub async fn get_after(
+        &self,
+        collection: &str,
+        user_id: u128,
+        doc_ids: &[u128],
+        after: &ReadToken,
+    ) -> Result<Vec<Document>> {
         let request = pb::GetRequest {
             collection: collection.to_owned(),
             user_id: Some(id_to_wire(user_id)),
             doc_ids: doc_ids.iter().copied().map(id_to_wire).collect(),
+            // The token when the server gave one (it holds every shard's position), else the
+            // sequence number (a token made by `ReadToken::from_seq_no`).
+            min_seq_no: if after.as_bytes().is_empty() {
+                after.seq_no()
+            } else {
+                0
+            },
+            read_token: after.as_bytes().to_vec(),
         };
         let reply = self
             .call(request, None, |mut stub, request| async move {

@@ -513,9 +513,9 @@ impl CollectionInfo {
     }
 }
 
-/// The read-your-writes handle of an acknowledged write: pass it to [`Search::after`] and the
-/// search waits (within its deadline) until the write is searchable, on every shard it touched
-/// in cluster mode.
+/// The read-your-writes handle of an acknowledged write: pass it to [`Search::after`] (or
+/// [`crate::Client::get_after`]) and the read waits (within its deadline) until the write is
+/// visible, on every shard it touched in cluster mode.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct ReadToken {
     seq_no: u64,

@@ -353,9 +353,10 @@ impl Collection {
         }
         // A replicated shard's copy (it keeps an epoch history) makes visible only what it
         // knows committed: after a restart, what its checkpoint holds (a checkpoint holds only
-        // applied entries), until replication raises the bound again.
+        // applied entries) or the committed mark it last recorded, if further and within the
+        // log, until replication raises the bound again.
         let visible = if dir.join(crate::lineage::EPOCHS_FILE).exists() {
-            checkpoint_seq
+            checkpoint_seq.max(crate::lineage::read_committed(dir).min(last_seq))
         } else {
             u64::MAX
         };
@@ -481,6 +482,10 @@ impl Collection {
                 Instant::now(),
             ),
             n_applied: 0,
+            committed_mark: (
+                if visible == u64::MAX { 0 } else { visible },
+                Instant::now(),
+            ),
             bytes_since_unindexed_check: 0,
             jobs: Some(jobs),
             done: done_receiver,

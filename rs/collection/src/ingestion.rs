@@ -65,6 +65,9 @@ pub(crate) struct IngestWorker {
     /// to be applied. The channel keeps being drained into it, so the WAL writer is never held
     /// up by entries waiting for their commit (which waits for the WAL writer's later syncs).
     pub(crate) held: VecDeque<(u64, Arc<[u8]>)>,
+    /// The committed position last recorded in `COMMITTED` (`lineage::COMMITTED_FILE`), and
+    /// when.
+    pub(crate) committed_mark: (u64, Instant),
     pub(crate) n_applied: u64,
     /// When the next checkpoint is due (`triggers.rs`).
     pub(crate) triggers: CheckpointTriggers,
@@ -107,10 +110,10 @@ impl IngestWorker {
             // while a checkpoint ran) is sealed without waiting for another write.
             let recheck = (self.in_flight > 0 || self.bytes_since_unindexed_check > 0)
                 .then(|| Instant::now() + UNINDEXED_RECHECK);
-            let deadline = match (self.triggers.deadline(), recheck) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let deadline = [self.triggers.deadline(), recheck, self.committed_mark_due()]
+                .into_iter()
+                .flatten()
+                .min();
             let signal = match deadline {
                 None => signals.recv().map_err(|_| RecvTimeoutError::Disconnected),
                 Some(deadline) => {
@@ -134,9 +137,18 @@ impl IngestWorker {
                 Ok(IngestSignal::Shutdown) | Err(RecvTimeoutError::Disconnected) => break,
             }
             self.apply_visible();
+            if self
+                .committed_mark_due()
+                .is_some_and(|at| at <= Instant::now())
+            {
+                self.record_committed();
+            }
             while let Some(reply) = self.shared.flushes.take_if_applied(self.applied_seq) {
                 self.start_checkpoint(Some(reply), "flush");
             }
+        }
+        if self.committed_mark_due().is_some() {
+            self.record_committed();
         }
         // A flush queued now is answered `Closed` (its checkpoint would never be taken).
         self.shared.flushes.close();
@@ -149,6 +161,29 @@ impl IngestWorker {
                 tracing::error!("the checkpoint thread panicked");
             }
         }
+    }
+
+    /// When the committed mark should be written next: `None` while it holds the bound (or
+    /// the collection is not held).
+    fn committed_mark_due(&self) -> Option<Instant> {
+        let visible = self.shared.visible.load(Ordering::Acquire);
+        let (recorded, at) = self.committed_mark;
+        (visible != u64::MAX && visible > recorded)
+            .then(|| at + crate::lineage::COMMITTED_PERSIST_INTERVAL)
+    }
+
+    /// Records the visible bound (what this copy knows committed) in `COMMITTED`, so that the
+    /// copy reopens showing it. A failure is logged and tried again after the interval.
+    fn record_committed(&mut self) {
+        let visible = self.shared.visible.load(Ordering::Acquire);
+        let recorded = match crate::lineage::write_committed(&self.shared.dir, visible) {
+            Ok(()) => visible,
+            Err(error) => {
+                tracing::warn!(%error, "cannot record a copy's committed position");
+                self.committed_mark.0
+            }
+        };
+        self.committed_mark = (recorded, Instant::now());
     }
 
     /// Applies the held entries up to the visible bound, in order.

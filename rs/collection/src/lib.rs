@@ -31,7 +31,7 @@ pub use config::{
 };
 pub use error::{CollectionError, ErrorKind, Result};
 pub use failure::ThreadFailure;
-pub use lineage::{cut_log_after, CutError, EPOCHS_FILE};
+pub use lineage::{cut_log_after, CutError, COMMITTED_FILE, EPOCHS_FILE};
 pub use restore::{remove_interrupted_restores, verify_snapshot, SnapshotRestore};
 pub use snapshot::Snapshot;
 pub use snapshot_format::SnapshotInfo;

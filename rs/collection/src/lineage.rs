@@ -20,6 +20,44 @@ use crate::manifest::{self, Manifest};
 /// The file holding a copy's epoch history (JSON with a CRC32, written durably).
 pub const EPOCHS_FILE: &str = "EPOCHS";
 
+/// The file holding the highest entry a replicated copy last knew committed (JSON with a
+/// CRC32). Written by ingestion at most every [`COMMITTED_PERSIST_INTERVAL`] and at close, and
+/// without a sync: it only saves a reopened copy from serving its checkpoint's older state
+/// until replication raises its bound again. Lost or torn, the copy opens held at its
+/// checkpoint, as without it; never trusted past the end of the log.
+pub const COMMITTED_FILE: &str = "COMMITTED";
+
+/// How often, at most, ingestion writes [`COMMITTED_FILE`] while the bound moves.
+pub(crate) const COMMITTED_PERSIST_INTERVAL: std::time::Duration =
+    std::time::Duration::from_millis(200);
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct CommittedFile {
+    seq: u64,
+}
+
+/// The committed position recorded in `dir` (0 when none, or unreadable).
+pub(crate) fn read_committed(dir: &Path) -> u64 {
+    let path = dir.join(COMMITTED_FILE);
+    if !path.exists() {
+        return 0;
+    }
+    match manifest::read_checked::<CommittedFile>(&path) {
+        Ok(file) => file.seq,
+        Err(error) => {
+            tracing::warn!(%error, "ignoring an unreadable committed mark");
+            0
+        }
+    }
+}
+
+/// Records `seq` as committed in `dir` (a temporary file renamed over the old one; no sync).
+pub(crate) fn write_committed(dir: &Path, seq: u64) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{COMMITTED_FILE}.tmp"));
+    std::fs::write(&tmp, manifest::encode_checked(&CommittedFile { seq }))?;
+    std::fs::rename(&tmp, dir.join(COMMITTED_FILE))
+}
+
 /// Serialises writes of epoch files (each goes through one temporary file name, so two at once
 /// would rename each other's away; they are rare: one per new epoch of a copy).
 static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -121,6 +159,11 @@ pub fn cut_log_after(dir: &Path, keep: u64) -> std::result::Result<u64, CutError
     if starts.len() != before {
         let _writing = WRITING.lock().unwrap_or_else(|p| p.into_inner());
         manifest::write_checked(&dir.join(EPOCHS_FILE), &EpochsFile { starts })?;
+    }
+    // Only uncommitted entries are ever cut; a mark past the cut is lowered all the same.
+    if read_committed(dir) > keep {
+        write_committed(dir, keep)
+            .map_err(|e| CollectionError::io("write", dir.join(COMMITTED_FILE), e))?;
     }
     Ok(cut)
 }

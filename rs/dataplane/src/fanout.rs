@@ -1,4 +1,4 @@
-//! The router's fan-out, as pure functions (`routing.rs` calls them): a request split by shard
+//! The router's fan-out, as pure functions (`routing/` calls them): a request split by shard
 //! ([`split`], [`search_shards`]), the shards' hits merged ([`merge`]), their positions made a
 //! read token ([`read_token`]), another node's errors named by shard ([`forwarded`]), and the
 //! deadline a forwarded call gets ([`forward_deadline`]).
@@ -88,7 +88,7 @@ pub fn forward_deadline(client_deadline: Option<Duration>) -> Duration {
 /// answer in time.
 pub fn forwarded(map: &CollectionMap, shard: u32, error: tarn_client::Error) -> ApiError {
     if error.code() == Code::DeadlineExceeded {
-        // The router names the copy it asked (`routing.rs`, `on_shard`).
+        // The router names the copy it asked (`routing/mod.rs`, `on_shard`).
         return ApiError::DeadlineExceeded(format!(
             "shard {shard} of collection '{}' did not answer within the deadline ({})",
             map.def.name,

@@ -1,6 +1,6 @@
 //! `tarn-dataplane`: the cluster's data plane, below the gRPC layer. [`Router`] is what the
 //! server's handlers call: this node's own collections ([`Registry`], `local.rs`) and, in cluster
-//! mode, every call split by shard and sent to the shards' owners (`routing.rs`, `fanout.rs`)
+//! mode, every call split by shard and sent to the shards' owners (`routing/`, `fanout.rs`)
 //! through this node's [`ClusterNode`] (membership, the shard map: `cluster/`; reconciliation:
 //! `reconcile.rs`), with shard moves, seeds and hand-overs (`transfer/`, asked for by the placement
 //! coordinator: `coordinator/`) and replication to a shard's replicas (`replica_set/`).

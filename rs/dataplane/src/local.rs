@@ -67,7 +67,10 @@ impl Router {
                 if let (Some(cluster), Some(shard_write)) = (&self.cluster, &gate) {
                     if let Some(replication) = &shard_write.replication {
                         if let Some(why) = shard_write.collection.write_error() {
-                            replication.step_down(cluster, why);
+                            replication.step_down(
+                                cluster,
+                                format!("this primary's copy refuses writes: {why}"),
+                            );
                         }
                     }
                 }
@@ -247,16 +250,13 @@ impl Router {
         deadline: Option<Duration>,
         token_epoch: u64,
     ) -> Result<Vec<tarn_collection::SearchHit>, ApiError> {
-        let wait = min_seq_wait(deadline);
         let collection = self.resolve(name).await?;
+        // The token's position first: a filter on a field the token's write follows (an
+        // `AddFields` before it) is checked against the schema as of that write, not against a
+        // copy that has not yet applied it.
+        self.await_position(name, &collection, search.min_seq, token_epoch, deadline)
+            .await?;
         collection.validate_search(&search)?;
-        if search.min_seq > 0 {
-            collection.wait_applied(search.min_seq, wait).await?;
-            if token_epoch > 0 {
-                self.check_token_epoch(name, &collection, search.min_seq, token_epoch)
-                    .await?;
-            }
-        }
         // A graph search of a few tenants takes a fraction of a millisecond: it runs on this
         // worker, since handing it to another thread and back costs two thread wake-ups, more
         // than the search itself (docs/benchmarks/sealed-search.md, "Through gRPC"). An exact
@@ -296,7 +296,30 @@ impl Router {
         .map_err(ApiError::from)
     }
 
-    /// The stored documents among `doc_ids` of one tenant: (doc, vector, attributes).
+    /// Waits (a little less than `deadline`) until `collection` has applied position `min_seq`
+    /// (0: nothing to wait for), then, for a read token's position acknowledged at
+    /// `token_epoch` (0: none), checks the copy may answer for it ([`Router::check_token_epoch`]).
+    async fn await_position(
+        &self,
+        name: &str,
+        collection: &tarn_collection::Collection,
+        min_seq: u64,
+        token_epoch: u64,
+        deadline: Option<Duration>,
+    ) -> Result<(), ApiError> {
+        if min_seq == 0 {
+            return Ok(());
+        }
+        collection
+            .wait_applied(min_seq, min_seq_wait(deadline))
+            .await?;
+        if token_epoch > 0 {
+            self.check_token_epoch(name, collection, min_seq, token_epoch)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// See [`Router::local_search_at`].
     async fn check_token_epoch(
         &self,
@@ -344,15 +367,22 @@ impl Router {
         Ok(())
     }
 
+    /// The stored documents among `doc_ids` of one tenant: (doc, vector, attributes), once
+    /// position `min_seq` acknowledged at `token_epoch` is visible, as for
+    /// [`Router::local_search_at`].
     pub async fn local_get(
         &self,
         name: &str,
         user_id: u128,
         doc_ids: &[u128],
+        min_seq: u64,
+        token_epoch: u64,
+        deadline: Option<Duration>,
     ) -> Result<Vec<StoredDocument>, ApiError> {
-        Ok(self
-            .resolve(name)
-            .await?
+        let collection = self.resolve(name).await?;
+        self.await_position(name, &collection, min_seq, token_epoch, deadline)
+            .await?;
+        Ok(collection
             .get_with_attributes(user_id, doc_ids)?
             .into_iter()
             .map(|(doc_id, vector, attributes)| {

@@ -82,7 +82,14 @@ pub(crate) async fn reconcile(node: std::sync::Weak<ClusterNode>) {
                     || a.moving_to.as_deref() == Some(&node.node_id))
                     && a.epoch >= node.ledger.held_epoch(&local)
             });
-            if mine || node.incoming.contains_key(&local) {
+            if mine {
+                continue;
+            }
+            // A copy being seeded or pulled here that the map no longer gives this node (a
+            // replica dropped while its seed runs): judged once the seed or pull is over, which
+            // no change of the map may come to announce.
+            if node.incoming.contains_key(&local) {
+                undecided = true;
                 continue;
             }
             // A pull holds the lock for its whole run: leave the copy to it. Other holders

@@ -1,7 +1,7 @@
 //! [`Router`]: the data plane's entry point for the gRPC layer. It holds what a call needs below
 //! the service: the local collections ([`Registry`]), the write slots, the metrics the data plane
 //! records and, in cluster mode, this node's [`ClusterNode`]. Its methods are this node's own
-//! collections' operations (`local.rs`) and the cluster's routed ones (`routing.rs`).
+//! collections' operations (`local.rs`) and the cluster's routed ones (`routing/`).
 
 use std::sync::Arc;
 

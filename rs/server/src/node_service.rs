@@ -22,8 +22,8 @@ use tarn_dataplane::ClusterNode;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FromNodeService;
 
-/// The epoch a forwarded search's read-token position was acknowledged at
-/// (`ShardSearchRequest::min_seq_epoch`), handed to the `Tarn` handler beside the request.
+/// The epoch a forwarded search's or get's read-token position was acknowledged at
+/// (`ShardSearchRequest::min_seq_epoch`, `ShardGetRequest::min_seq_epoch`), handed to the `Tarn` handler beside the request.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TokenEpoch(pub u64);
 
@@ -120,13 +120,16 @@ impl Node for NodeService {
         &self,
         request: Request<pb::ShardGetRequest>,
     ) -> Result<Response<pb::GetResponse>, Status> {
-        let request = self.inner(request, |m| {
+        let min_seq_epoch = request.get_ref().min_seq_epoch;
+        let mut request = self.inner(request, |m| {
             let mut inner = m
                 .request
                 .ok_or_else(|| ApiError::invalid("request", "missing"))?;
             inner.collection = address(m.shard)?;
+            inner.read_token.clear();
             Ok(inner)
         })?;
+        request.extensions_mut().insert(TokenEpoch(min_seq_epoch));
         self.tarn.get(request).await
     }
 

@@ -71,7 +71,8 @@ impl ShutdownSignals {
 pub struct RunningServer {
     grpc_addr: String,
     metrics_addr: Option<std::net::SocketAddr>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Sends whether to hand a cluster node's primaries over first.
+    stop: Option<tokio::sync::oneshot::Sender<bool>>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
@@ -88,10 +89,22 @@ impl RunningServer {
     }
 
     /// Graceful shutdown: stop accepting, finish the requests in flight, close every
-    /// collection (syncing its log), release the data directory.
-    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+    /// collection (syncing its log), release the data directory. A cluster node keeps the
+    /// shards it is primary of until its lease lapses or is revoked at exit (see
+    /// [`RunningServer::shutdown_handing_over`]).
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        self.stop(false).await
+    }
+
+    /// [`RunningServer::shutdown`], but a cluster node first hands every shard it is primary of
+    /// to an in-sync replica (at most 5 s), while it still serves: what SIGTERM and SIGINT do.
+    pub async fn shutdown_handing_over(self) -> anyhow::Result<()> {
+        self.stop(true).await
+    }
+
+    async fn stop(mut self, hand_over: bool) -> anyhow::Result<()> {
         if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+            let _ = stop.send(hand_over);
         }
         self.task.await.context("the server task panicked")?
     }
@@ -240,13 +253,19 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
         Arc::clone(&registry),
         stop_tx.subscribe(),
     ));
-    let (stop, stop_requested) = tokio::sync::oneshot::channel::<()>();
+    let (stop, stop_requested) = tokio::sync::oneshot::channel::<bool>();
     let (begun, shutdown_begun) = tokio::sync::oneshot::channel::<()>();
     let health = health_reporter.clone();
+    let stepping_down = cluster.clone();
     let shutdown = async move {
-        let _ = stop_requested.await;
-        tracing::info!("shutting down: no new requests; finishing the ones in flight");
+        let hand_over = stop_requested.await.unwrap_or(false);
         health.set_not_serving::<TarnServer<TarnService>>().await;
+        // A cluster node first hands the shards it is primary of to in-sync replicas, while it
+        // still serves (their writes go on there; calls in flight here are told to retry).
+        if let (true, Some(cluster)) = (hand_over, &stepping_down) {
+            cluster.step_down_all(STEP_DOWN_LIMIT).await;
+        }
+        tracing::info!("shutting down: no new requests; finishing the ones in flight");
         let _ = begun.send(());
     };
     let router = builder
@@ -310,6 +329,10 @@ pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
     })
 }
 
+/// How long a graceful shutdown waits, at most, for a cluster node's primaries to be handed
+/// to in-sync replicas before it stops accepting calls.
+const STEP_DOWN_LIMIT: Duration = Duration::from_secs(5);
+
 /// How long a graceful shutdown waits for the requests in flight and for clients to close
 /// their connections, before it closes the collections (every WAL synced) anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
@@ -361,7 +384,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     );
     let _ = std::io::stdout().flush();
     tokio::select! {
-        () = signals.recv() => server.shutdown().await?,
+        () = signals.recv() => server.shutdown_handing_over().await?,
         stopped = server.stopped() => stopped?,
     }
     println!("tarn: stopped");

@@ -368,18 +368,7 @@ impl Tarn for TarnService {
                     .routed_search(cluster, request, deadline, api_key.as_deref())
                     .await;
             }
-            let mut min_seq = request.min_seq_no;
-            if !request.read_token.is_empty() {
-                let token = tarn_cluster::ReadPositions::decode(&request.read_token)
-                    .map_err(|e| ApiError::invalid("read_token", e))?;
-                if token.uid != 0 {
-                    return Err(ApiError::invalid(
-                        "read_token",
-                        "this token is from a cluster collection",
-                    ));
-                }
-                min_seq = min_seq.max(token.position(0));
-            }
+            let min_seq = local_position(request.min_seq_no, &request.read_token)?;
             let search = SearchRequest {
                 user_ids: convert::ids(&request.user_ids),
                 vector: request.vector,
@@ -410,6 +399,10 @@ impl Tarn for TarnService {
             self.check_shard_address(&request, &request.get_ref().collection)?;
             let deadline = client_deadline(&request);
             let api_key = crate::auth::api_key(&request);
+            let token_epoch = request
+                .extensions()
+                .get::<crate::node_service::TokenEpoch>()
+                .map_or(0, |e| e.0);
             let request = request.into_inner();
             // The collection first (NOT_FOUND), then the request's size, as a single node always
             // answered.
@@ -427,7 +420,7 @@ impl Tarn for TarnService {
                     self.router
                         .routed_get(
                             cluster,
-                            &request.collection,
+                            &request,
                             user_id,
                             &doc_ids,
                             deadline,
@@ -436,8 +429,16 @@ impl Tarn for TarnService {
                         .await?
                 }
                 None => {
+                    let min_seq = local_position(request.min_seq_no, &request.read_token)?;
                     self.router
-                        .local_get(&request.collection, user_id, &doc_ids)
+                        .local_get(
+                            &request.collection,
+                            user_id,
+                            &doc_ids,
+                            min_seq,
+                            token_epoch,
+                            deadline,
+                        )
                         .await?
                 }
             };
@@ -509,6 +510,23 @@ impl Tarn for TarnService {
         .await;
         self.observe("AddFields", started, result)
     }
+}
+
+/// The position a read of a local collection (a single node's, or a shard's copy asked by a
+/// router) waits for: the later of `min_seq_no` and a single-node read token's.
+fn local_position(min_seq_no: u64, read_token: &[u8]) -> Result<u64, ApiError> {
+    if read_token.is_empty() {
+        return Ok(min_seq_no);
+    }
+    let token = tarn_cluster::ReadPositions::decode(read_token)
+        .map_err(|e| ApiError::invalid("read_token", e))?;
+    if token.uid != 0 {
+        return Err(ApiError::invalid(
+            "read_token",
+            "this token is from a cluster collection",
+        ));
+    }
+    Ok(min_seq_no.max(token.position(0)))
 }
 
 /// The read token of a single-node write: its sequence number as shard 0's position.

@@ -23,10 +23,48 @@ fn init_logging(json: bool) {
     }
 }
 
+/// Test builds only: fail points changed while the process runs. Where `FAILPOINTS_FILE` names
+/// a file, a thread reads it every 50 ms and, when its text changes, sets each
+/// `name=actions` it lists (`;`-separated, as `FAILPOINTS`): a test slows a node's disk and
+/// makes it fast again without restarting it (`name=off` turns one off).
+#[cfg(feature = "failpoints")]
+fn fail_points_from_file() {
+    let Some(path) = std::env::var_os("FAILPOINTS_FILE") else {
+        return;
+    };
+    let spawned = std::thread::Builder::new()
+        .name("failpoints-file".into())
+        .spawn(move || {
+            let mut last = String::new();
+            loop {
+                if let Ok(text) = std::fs::read_to_string(&path) {
+                    if text != last {
+                        for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+                            let applied = entry
+                                .split_once('=')
+                                .ok_or_else(|| "no '='".to_owned())
+                                .and_then(|(name, actions)| fail::cfg(name.trim(), actions.trim()));
+                            if let Err(error) = applied {
+                                eprintln!("tarn: FAILPOINTS_FILE: {entry:?}: {error}");
+                            }
+                        }
+                        last = text;
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        });
+    if let Err(error) = spawned {
+        eprintln!("tarn: FAILPOINTS_FILE: cannot start its thread: {error}");
+    }
+}
+
 fn main() -> std::process::ExitCode {
     // Test builds only: fail points named in the FAILPOINTS environment variable.
     #[cfg(feature = "failpoints")]
     let _fail_points = fail::FailScenario::setup();
+    #[cfg(feature = "failpoints")]
+    fail_points_from_file();
     let cli = cli::Cli::parse();
     // The server, and a client with several requests in flight, run on every core. A client
     // with one request in flight (`tarn search`, `tarn bench ... --clients 1`) runs on this

@@ -207,8 +207,27 @@ impl Node {
             args.extend_from_slice(&["--replication-factor", "1"]);
         }
         args.extend_from_slice(extra);
-        self.server = Some(Server::try_start(&self.dir, &args, env)?);
+        // Fail points this test may change while the node runs ([`Node::set_fail_points`]).
+        let file = self.fail_points_file();
+        let file = file.to_str().unwrap();
+        let mut env = env.to_vec();
+        if !env.iter().any(|(k, _)| *k == "FAILPOINTS_FILE") {
+            env.push(("FAILPOINTS_FILE", file));
+        }
+        self.server = Some(Server::try_start(&self.dir, &args, &env)?);
         Ok(())
+    }
+
+    /// The file of fail points the running node reads every 50 ms (`FAILPOINTS_FILE`).
+    fn fail_points_file(&self) -> PathBuf {
+        self.dir.with_extension("failpoints")
+    }
+
+    /// Sets fail points in the running node (`name=actions;...`), waiting until it has had
+    /// time to read them.
+    fn set_fail_points(&self, text: &str) {
+        std::fs::write(self.fail_points_file(), text).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
     }
 
     /// Sends `signal`; for SIGSTOP, returns once every thread of the process has stopped (a
@@ -1094,9 +1113,7 @@ fn processes_an_etcd_restored_from_an_older_backup_fences_the_nodes_and_loses_no
         rt.block_on(async {
             for batch in (from..to).step_by(20) {
                 let docs = (batch..batch + 20).map(|k| k * 7).collect();
-                insert_recorded(&client, &acked, docs, Duration::from_secs(10))
-                    .await
-                    .unwrap();
+                insert_settled(&client, &acked, docs).await;
             }
         })
     };
@@ -2133,8 +2150,13 @@ fn filtered_search_over_shards_is_exact_and_remove_and_add_fields_reach_every_sh
             .collect();
         hits.sort_unstable();
         assert_eq!(hits, new_docs);
+        // A Get through another node with the write's token: that node's copy may be the one
+        // not yet told the write is committed (3 copies, 2 in sync are enough to acknowledge).
         assert_eq!(
-            clients[1].get("pkgs", 7, &[1000]).await.unwrap()[0]
+            clients[1]
+                .get_after("pkgs", 7, &[1000], &ack.read_token())
+                .await
+                .unwrap()[0]
                 .attributes
                 .get("priority"),
             Some(&Value::Keyword("required".into()))
@@ -3142,6 +3164,10 @@ impl CuttableProxy {
         self.cut.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    fn is_cut(&self) -> bool {
+        self.cut.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn restore(&self) {
         self.cut.store(false, std::sync::atomic::Ordering::Relaxed);
         for stream in self.open.lock().unwrap().drain(..) {
@@ -3242,7 +3268,8 @@ fn processes_a_primary_whose_wal_is_poisoned_hands_its_shard_over() {
     eprintln!("{failed} writes failed, the last {last_failure:?} after the start");
     let log = nodes[p].server.as_ref().unwrap().logs();
     assert!(
-        log.contains("this primary's copy refuses writes: handing the shard"),
+        log.contains("handing the shard to an in-sync replica")
+            && log.contains("this primary's copy refuses writes"),
         "{log}"
     );
     rt.block_on(check_acked(&client, &acked));
@@ -3279,9 +3306,7 @@ fn processes_a_replica_restored_behind_its_acknowledged_position_leaves_the_in_s
         rt.block_on(async {
             for batch in (from..from + 100).step_by(20) {
                 let docs = (batch..batch + 20).map(|k| k * 7).collect();
-                insert_recorded(&client, &acked, docs, Duration::from_secs(10))
-                    .await
-                    .unwrap();
+                insert_settled(&client, &acked, docs).await;
             }
         })
     };
@@ -4765,6 +4790,24 @@ async fn first_acknowledged_batch(
     started.elapsed()
 }
 
+/// Waits (at most a minute) until `node` logs that a fail point paused it.
+fn wait_for_fail_point(node: &Node) {
+    let started = std::time::Instant::now();
+    while !node
+        .server
+        .as_ref()
+        .unwrap()
+        .logs()
+        .contains("pausing at a fail point")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the fail point never fired"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Waits (at most a minute) until every shard of `moving` has `copies` copies in sync, as
 /// `addr` sees it; the status then.
 async fn wait_in_sync(addr: &str, copies: usize) -> tarn_client::ClusterStatus {
@@ -4790,8 +4833,22 @@ async fn wait_in_sync(addr: &str, copies: usize) -> tarn_client::ClusterStatus {
 }
 
 /// Creates `moving` (`dim`, L2, `shards` DOC shards, `copies` copies of each, `min_in_sync`)
-/// through `client`.
+/// through `client`, once the node it asks sees `copies` live nodes (a node just started may
+/// not have seen the others' registrations yet, and refuses a factor above what it sees).
 async fn create_moving(client: &Client, dim: usize, shards: u32, copies: u32, min_in_sync: u32) {
+    let started = std::time::Instant::now();
+    loop {
+        let status = client.cluster_status().await.unwrap();
+        if status.nodes.iter().filter(|n| n.alive).count() >= copies as usize {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the node did not see {copies} live nodes within 30 s: {:?}",
+            status.nodes
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     client
         .create_collection(
             CollectionSpec::new("moving", dim as u32)
@@ -5017,20 +5074,7 @@ fn processes_a_deposed_primary_cuts_its_unacknowledged_tail_and_resyncs() {
     });
     let (acked, stop, writers) = start_writers_on(&rt, &clients, DIM);
     // A holds a batch back: it dies with it (and whatever it appended after).
-    let started = std::time::Instant::now();
-    while !nodes[a]
-        .server
-        .as_ref()
-        .unwrap()
-        .logs()
-        .contains("pausing at a fail point")
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the fail point never fired"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_fail_point(&nodes[a]);
     nodes[a].kill();
     rt.block_on(async {
         let took =
@@ -5077,6 +5121,315 @@ fn processes_a_deposed_primary_cuts_its_unacknowledged_tail_and_resyncs() {
     let (copy_a, copy_b) = (copy(a), copy(b));
     assert_eq!(copy_a.len(), 1);
     assert_eq!(copy_a, copy_b, "the copies differ after the resync");
+}
+
+/// Three nodes (leases of `lease_seconds`, fail points `env`), each reaching `etcd` through
+/// its own [`CuttableProxy`]: the proxies and the nodes, by index.
+fn nodes_behind_proxies(
+    dir: &Path,
+    etcd: &Etcd,
+    lease_seconds: u64,
+    env: (&str, &str),
+) -> (Vec<CuttableProxy>, Vec<Node>) {
+    let proxies: Vec<CuttableProxy> = (0..3)
+        .map(|_| CuttableProxy::start(etcd.client_port))
+        .collect();
+    let nodes = (0..3)
+        .map(|i| {
+            let mut node = Node::new(dir, &format!("n{}", i + 1), lease_seconds);
+            if let Err(log) = node.try_start(&proxies[i].endpoint(), &[], &[env]) {
+                panic!("node {} did not start: {log}", node.id);
+            }
+            node
+        })
+        .collect();
+    (proxies, nodes)
+}
+
+/// Waits (at most 30 s after `since`) until `client`'s node shows `node_id` as the primary of
+/// `moving`.
+async fn wait_promoted(client: &Client, node_id: &str, since: std::time::Instant) {
+    loop {
+        let promoted = client.cluster_status().await.is_ok_and(|status| {
+            status
+                .shards
+                .iter()
+                .any(|s| s.collection == "moving" && s.node_id == node_id)
+        });
+        if promoted {
+            return;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "{node_id} never promoted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A write the primary took before it was deposed, still in flight when its copy already
+/// follows the new primary, never lands among the new primary's entries: primary A holds one
+/// write 8.5 s between its epoch check and its append (`write::checked`, within the write's
+/// deadline) and is cut off from etcd (a proxy per node); B is promoted and takes writes; A's
+/// link comes back and A follows B while the held write is still asleep. The write is never
+/// acknowledged, and A's copy ends identical to B's. Before, A followed B at once and the held
+/// write appended its entry at the end of A's log, after entries A had recorded at B's epoch:
+/// B's next batch found an entry of its own epoch there, took it for its own, and skipped it,
+/// so the copies differed for good.
+#[test]
+fn processes_a_deposed_primary_s_write_in_flight_never_lands_among_the_new_primary_s_entries() {
+    const LEASE: u64 = 3;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    const HOLD: (&str, &str) = ("FAILPOINTS", "write::checked=100*off->1*return(8500)->off");
+    let (proxies, mut nodes) = nodes_behind_proxies(dir.path(), &etcd, LEASE, HOLD);
+    let rt = runtime();
+    const DIM: usize = 8;
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let status = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        create_moving(&client, DIM, 1, 2, 1).await;
+        wait_in_sync(&addrs[0], 2).await
+    });
+    let shard = status
+        .shards
+        .iter()
+        .find(|s| s.collection == "moving")
+        .unwrap()
+        .clone();
+    let index = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
+    let (a, b) = (index(&shard.node_id), index(&shard.replicas[0]));
+    let c = 3 - a - b;
+    let clients: Vec<Client> = rt.block_on(async {
+        let mut clients = Vec::new();
+        for i in [b, c, c] {
+            clients.push(Client::connect(addrs[i].clone()).await.unwrap());
+        }
+        clients
+    });
+    let (acked, stop, writers) = start_writers_on(&rt, &clients, DIM);
+    wait_for_fail_point(&nodes[a]);
+    let held_since = std::time::Instant::now();
+    proxies[a].cut();
+    rt.block_on(async {
+        let client = Client::connect(addrs[c].clone()).await.unwrap();
+        wait_promoted(&client, &nodes[b].id, held_since).await;
+        let took =
+            first_acknowledged_batch(&addrs[c], &acked, 130_000_000, Duration::from_secs(30)).await;
+        eprintln!("failover: a write acknowledged {took:?} after the primary was cut off");
+    });
+    proxies[a].restore();
+    assert!(
+        held_since.elapsed() < Duration::from_secs(6),
+        "A came back too late for the held write to find it following B"
+    );
+    rt.block_on(async {
+        // B's writes go on until past the held write's append, and a while after.
+        tokio::time::sleep(Duration::from_secs(13).saturating_sub(held_since.elapsed())).await;
+        let status = wait_in_sync(&addrs[c], 2).await;
+        let now = status
+            .shards
+            .iter()
+            .find(|s| s.collection == "moving")
+            .unwrap();
+        assert_eq!(now.node_id, nodes[b].id, "{now:?}");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for writer in writers {
+            let (acknowledged, failures) = writer.await.unwrap();
+            eprintln!(
+                "writer: {acknowledged} acknowledged, {} failed",
+                failures.len()
+            );
+            assert_retryable(&failures);
+        }
+        for client in &clients {
+            check_acked(client, &acked).await;
+        }
+        // The last batches and their commit reach A.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    });
+    let log = nodes[a].server.as_ref().unwrap().logs();
+    for node in &mut nodes {
+        node.kill();
+    }
+    drop(etcd);
+    let copy = |i: usize| local_copies(&dir.path().join(format!("n{}", i + 1)), "moving");
+    let (copy_a, copy_b) = (copy(a), copy(b));
+    assert_eq!(copy_a.len(), 1);
+    assert_eq!(
+        copy_a, copy_b,
+        "A's copy differs from its new primary's: {log}"
+    );
+}
+
+/// Read tokens across a failover, read through every node, the deposed primary included (the
+/// replication review's R4): primary A holds a batch back 8 s (`replication::hold_entries`),
+/// so its log has a tail no replica has and no write was acknowledged for, and is cut off from
+/// etcd (its links to the nodes and clients intact); B is promoted. Each write through C keeps
+/// its read token, and an exact search and a Get with that token through A, B and C either find
+/// the write or fail with a retryable code: none answers OK without it. Healed, A cuts its tail
+/// and follows B: the copies are identical, entry by entry and epoch by epoch.
+#[test]
+fn processes_read_tokens_across_a_failover_find_their_write_or_fail_through_every_node() {
+    const LEASE: u64 = 3;
+    const DIM: usize = 8;
+    let Some(binary) = etcd_binary() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(binary, &dir.path().join("etcd"));
+    const HOLD: (&str, &str) = (
+        "FAILPOINTS",
+        "replication::hold_entries=100*off->1*return(8000)->off",
+    );
+    let (proxies, mut nodes) = nodes_behind_proxies(dir.path(), &etcd, LEASE, HOLD);
+    let rt = runtime();
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let status = rt.block_on(async {
+        let client = Client::connect(addrs[0].clone()).await.unwrap();
+        create_moving(&client, DIM, 1, 2, 1).await;
+        wait_in_sync(&addrs[0], 2).await
+    });
+    let shard = status
+        .shards
+        .iter()
+        .find(|s| s.collection == "moving")
+        .unwrap()
+        .clone();
+    let index = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
+    let (a, b) = (index(&shard.node_id), index(&shard.replicas[0]));
+    let c = 3 - a - b;
+    // Clients with a deadline, so that a read through the cut-off node ends.
+    let clients: Vec<Client> = rt.block_on(async {
+        let mut clients = Vec::new();
+        for (i, addr) in addrs.iter().enumerate() {
+            let deadline = if i == a { 1500 } else { 3000 };
+            let client = Client::builder(addr.clone())
+                .timeout(Duration::from_millis(deadline))
+                .connect()
+                .await
+                .unwrap();
+            clients.push(client);
+        }
+        clients
+    });
+    let writers_through = vec![clients[b].clone(), clients[c].clone()];
+    let (acked, stop, writers) = start_writers_on(&rt, &writers_through, DIM);
+    // A holds a batch: the writes in it are in A's log only.
+    wait_for_fail_point(&nodes[a]);
+    let cut_at = std::time::Instant::now();
+    proxies[a].cut();
+    rt.block_on(wait_promoted(&clients[c], &nodes[b].id, cut_at));
+    eprintln!("B promoted {:?} after A was cut off", cut_at.elapsed());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    rt.block_on(async {
+        for writer in writers {
+            let (acknowledged, failures) = writer.await.unwrap();
+            eprintln!(
+                "writer: {acknowledged} acknowledged, {} failed",
+                failures.len()
+            );
+            assert_retryable(&failures);
+        }
+    });
+    // Writes through C, each read back with its token through every node.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(4717);
+    let mut answered = [0u32; 3];
+    let mut refused: Vec<String> = Vec::new();
+    rt.block_on(async {
+        for k in 0..6u128 {
+            let doc = (700_000_000 + k) * 7;
+            let v = vectors(&mut rng, 1, DIM);
+            let mut tries = 0;
+            let ack = loop {
+                let insert = Insert::new("moving", vec![doc], v.clone())
+                    .users(vec![0])
+                    .durability(Durability::Fsync)
+                    .timeout(Duration::from_secs(10));
+                match clients[c].insert(insert).await {
+                    Ok(ack) => break ack,
+                    Err(error) => {
+                        tries += 1;
+                        assert!(tries < 20, "writes through C never acknowledged: {error}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            };
+            acked.lock().unwrap().insert(doc, Doc::Live(v.clone()));
+            let token = ack.read_token();
+            for (i, client) in clients.iter().enumerate() {
+                let search = Search::new("moving", v.clone())
+                    .users([0u128])
+                    .top_k(1)
+                    .exact(true)
+                    .after(token.clone());
+                match client.search(search).await {
+                    Ok(hits) => {
+                        assert_eq!(
+                            hits.first().map(|h| h.doc_id),
+                            Some(doc),
+                            "a search through {} with the token of document {doc} answered \
+                             without it",
+                            nodes[i].id
+                        );
+                        answered[i] += 1;
+                    }
+                    Err(error) => refused.push(format!(
+                        "{:?}: search through {}: {}",
+                        error.code(),
+                        nodes[i].id,
+                        error.message()
+                    )),
+                }
+                match client.get_after("moving", 0, &[doc], &token).await {
+                    Ok(docs) => {
+                        assert_eq!(
+                            docs.iter().map(|d| d.doc_id).collect::<Vec<_>>(),
+                            vec![doc],
+                            "a Get through {} with the token of document {doc} answered \
+                             without it",
+                            nodes[i].id
+                        );
+                        answered[i] += 1;
+                    }
+                    Err(error) => refused.push(format!(
+                        "{:?}: get through {}: {}",
+                        error.code(),
+                        nodes[i].id,
+                        error.message()
+                    )),
+                }
+            }
+        }
+    });
+    eprintln!(
+        "token reads answered through A, B, C: {:?} of 12 each",
+        [answered[a], answered[b], answered[c]]
+    );
+    assert_retryable(&refused);
+    assert_eq!(
+        answered[b], 12,
+        "reads through the new primary failed: {refused:?}"
+    );
+    assert_eq!(answered[c], 12, "reads through C failed: {refused:?}");
+    // Healed: A cuts its tail and follows B.
+    proxies[a].restore();
+    rt.block_on(async {
+        wait_in_sync(&addrs[c], 2).await;
+        check_acked(&clients[c], &acked).await;
+        // The last batches and their commit reach A.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    });
+    let log = nodes[a].server.as_ref().unwrap().logs();
+    for node in &mut nodes {
+        node.kill();
+    }
+    drop(etcd);
+    let differences = nemesis::compare_copies(&nodes, 1, 2, &mut BTreeMap::new());
+    assert!(differences.is_empty(), "{differences:#?}\nA's log: {log}");
 }
 
 /// No dirty read (docs/CLUSTER.md, "What a read sees"): with every batch held back 1.5 s on
@@ -5220,14 +5573,7 @@ fn processes_a_late_replica_while_another_tries_to_join_does_not_stall_writes() 
     nodes[y].kill();
     rt.block_on(revoke_registration(&endpoint, &nodes[y].id));
     let acked: Acked = Default::default();
-    rt.block_on(async {
-        for batch in 0..10u128 {
-            let docs = (batch * 20..batch * 20 + 20).map(|k| k * 7).collect();
-            insert_recorded(&client, &acked, docs, Duration::from_secs(10))
-                .await
-                .unwrap();
-        }
-    });
+    rt.block_on(insert_batches(&client, &acked, 10));
     nodes[y].start_with_env(
         &endpoint,
         &[("FAILPOINTS", "replication::answer_delay=return(600)")],
@@ -5272,6 +5618,300 @@ fn processes_a_late_replica_while_another_tries_to_join_does_not_stall_writes() 
     assert!(log.contains("a replica left the in-sync set"), "{log}");
 }
 
+/// A primary's reconcile pass that acts on a view taken before a replica joined never takes
+/// that replica out of the in-sync set the primary waits for (review R3): every acknowledged
+/// write stays on every copy etcd lists in sync. Primary A's next reconcile pass holds its view
+/// 15 s (`cluster::reconcile`, set while A runs); meanwhile its replica B is drained, C is added,
+/// seeded and joins under a writer through A, and B is dropped. C is then SIGSTOPped and the
+/// held pass applies its view, which lists B and not C. One write through A follows: A must
+/// wait for C, take it out of the in-sync set in etcd (after `IN_SYNC_BOUND`) and only then
+/// acknowledge. A is killed and C resumed: C is never promoted, and A restarted has every
+/// acknowledged write. Before, the stale view dropped C from A's cached set (the cache kept
+/// only the view's replicas): the write was acknowledged by A alone while etcd still listed C
+/// in sync, and C, promoted once A's lease ran out, lacked it.
+#[test]
+fn processes_a_stale_view_never_takes_a_joined_copy_out_of_the_primary_s_in_sync_set() {
+    use rustix::process::Signal;
+    const LEASE: u64 = 4;
+    const PAUSE: Duration = Duration::from_secs(15);
+    let Some(cluster) = one_shard_cluster(LEASE, 2, &[]) else {
+        return;
+    };
+    let OneShardCluster {
+        mut nodes,
+        etcd,
+        rt,
+        primary: a,
+        replicas,
+        others,
+        addrs,
+        ..
+    } = cluster;
+    let (b, c) = (replicas[0], others[0]);
+    let (a_id, b_id, c_id) = (
+        nodes[a].id.clone(),
+        nodes[b].id.clone(),
+        nodes[c].id.clone(),
+    );
+    let client = rt.block_on(Client::connect(addrs[a].clone())).unwrap();
+    let acked: Acked = Default::default();
+    rt.block_on(insert_batches(&client, &acked, 5));
+    // A's next reconcile pass takes its view now (woken by another collection's creation) and
+    // acts on it PAUSE later.
+    nodes[a].set_fail_points(&format!(
+        "cluster::reconcile=1*return({})",
+        PAUSE.as_millis()
+    ));
+    rt.block_on(
+        client.create_collection(
+            CollectionSpec::new("nudge", 8)
+                .metric(Metric::L2)
+                .shards(1, ShardKey::Doc)
+                .replicas(1, 1),
+        ),
+    )
+    .unwrap();
+    let paused = Instant::now();
+    while !nodes[a]
+        .server
+        .as_ref()
+        .unwrap()
+        .logs()
+        .contains("cluster::reconcile")
+    {
+        assert!(
+            paused.elapsed() < Duration::from_secs(5),
+            "A's pass never paused"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let paused = Instant::now();
+    // B drained under a writer through A (whose writes start C's follower): C joins, B goes.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (client, acked, stop) = (client.clone(), acked.clone(), stop.clone());
+        rt.spawn(async move {
+            let mut doc = 1_000u128;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                doc += 1;
+                let _ =
+                    insert_recorded(&client, &acked, vec![doc * 7], Duration::from_secs(10)).await;
+            }
+        })
+    };
+    rt.block_on(client.drain_node(&b_id, false)).unwrap();
+    let c_client = rt.block_on(Client::connect(addrs[c].clone())).unwrap();
+    assert!(
+        rt.block_on(wait_replica_replaced(
+            &c_client,
+            &a_id,
+            &c_id,
+            paused + PAUSE - Duration::from_secs(3)
+        )),
+        "C did not join and B did not leave within the pause: the test shows nothing"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    rt.block_on(writer).unwrap();
+    nodes[c].signal(Signal::STOP);
+    // The held pass applies its view (B a replica, C none).
+    std::thread::sleep(
+        (paused + PAUSE + Duration::from_millis(1500)).saturating_duration_since(Instant::now()),
+    );
+    let started = Instant::now();
+    rt.block_on(insert_recorded(
+        &client,
+        &acked,
+        vec![7 * 50_000],
+        Duration::from_secs(30),
+    ))
+    .unwrap();
+    eprintln!(
+        "the write after the stale pass took {:?}",
+        started.elapsed()
+    );
+    // Any view lags etcd by well under 2 s: C is out of the in-sync set by now.
+    std::thread::sleep(Duration::from_secs(2));
+    let b_client = rt.block_on(Client::connect(addrs[b].clone())).unwrap();
+    let shard = moving_shard(&rt.block_on(b_client.cluster_status()).unwrap());
+    assert!(
+        !shard.in_sync.contains(&c_id),
+        "a write was acknowledged while etcd listed stopped C in sync: {shard:?}"
+    );
+    // The consequence: A dies, C comes back. C is not promoted; A restarted has every write.
+    nodes[a].kill();
+    nodes[c].signal(Signal::CONT);
+    std::thread::sleep(Duration::from_secs(LEASE + 4));
+    let shard = moving_shard(&rt.block_on(b_client.cluster_status()).unwrap());
+    assert_eq!(shard.node_id, a_id, "promoted while A was down: {shard:?}");
+    nodes[a].start(&etcd.endpoint());
+    let client = rt.block_on(Client::connect(nodes[a].addr())).unwrap();
+    let back = Instant::now();
+    while !rt
+        .block_on(client.cluster_status())
+        .is_ok_and(|s| moving_shard(&s).state == "serving")
+    {
+        assert!(
+            back.elapsed() < Duration::from_secs(30),
+            "A's shard never served again"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    rt.block_on(check_acked(&client, &acked));
+}
+
+/// A replica dropped from the record while its seed runs does not keep the seeded copy: the
+/// pass of reconciliation that sees it dropped skips a copy being seeded, and judges it again
+/// once the seed is over. Replica B comes back on a wiped disk, and its seed from primary A
+/// pauses 8 s after the snapshot (`moves::seed_restored`); meanwhile B is drained: C is seeded,
+/// joins, and B leaves the record. Within 8 s of the seed's end B's copy is gone (dropped: A and
+/// C hold the data). Before, the copy stayed in B's data directory until some later change of
+/// the map woke reconciliation (the nemesis, seed 68: a third, stale copy of a shard found on
+/// disk after the run).
+#[test]
+fn processes_a_replica_dropped_while_its_seed_runs_does_not_keep_the_copy() {
+    const LEASE: u64 = 4;
+    const PAUSE: Duration = Duration::from_secs(8);
+    let Some(cluster) = one_shard_cluster(LEASE, 2, &[]) else {
+        return;
+    };
+    let OneShardCluster {
+        mut nodes,
+        etcd,
+        rt,
+        primary: a,
+        replicas,
+        others,
+        addrs,
+        ..
+    } = cluster;
+    let (b, c) = (replicas[0], others[0]);
+    let (a_id, b_id, c_id) = (
+        nodes[a].id.clone(),
+        nodes[b].id.clone(),
+        nodes[c].id.clone(),
+    );
+    let client = rt.block_on(Client::connect(addrs[a].clone())).unwrap();
+    let acked: Acked = Default::default();
+    rt.block_on(insert_batches(&client, &acked, 5));
+    // B back on a wiped disk, its seed held after the snapshot.
+    nodes[b].kill();
+    std::fs::remove_dir_all(&nodes[b].dir).unwrap();
+    std::fs::write(
+        nodes[b].fail_points_file(),
+        format!("moves::seed_restored=return({})", PAUSE.as_millis()),
+    )
+    .unwrap();
+    nodes[b].start(&etcd.endpoint());
+    let started = Instant::now();
+    while !nodes[b]
+        .server
+        .as_ref()
+        .unwrap()
+        .logs()
+        .contains("moves::seed_restored")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "B's seed never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let paused = Instant::now();
+    assert_eq!(
+        shard_dirs(&nodes[b], "moving"),
+        1,
+        "the seed's copy is on B's disk"
+    );
+    rt.block_on(client.drain_node(&b_id, false)).unwrap();
+    assert!(
+        rt.block_on(wait_replica_replaced(&client, &a_id, &c_id, paused + PAUSE)),
+        "C did not join and B did not leave while B's seed was held: the test shows nothing"
+    );
+    let gone_by = paused + PAUSE + Duration::from_secs(8);
+    while shard_dirs(&nodes[b], "moving") > 0 {
+        assert!(
+            Instant::now() < gone_by,
+            "B still holds a copy of the shard 8 s after its seed ended: {}",
+            nodes[b].server.as_ref().unwrap().logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "B's copy gone {:?} after its seed was held",
+        paused.elapsed()
+    );
+    rt.block_on(check_acked(&client, &acked));
+}
+
+/// A primary shut down gracefully (SIGTERM) hands its shard to its in-sync replica first,
+/// while it still serves: under a steady writer through a node that holds no copy, the longest
+/// gap between acknowledged writes stays under 4 s (the lease is 20 s), no write fails for
+/// good, and every acknowledged write is there. Before, the node stopped accepting calls, kept
+/// its lease while it finished the calls in flight (up to its 15 s grace while peers kept
+/// their connections open) and the shard took no write until it was gone.
+#[test]
+fn processes_a_primary_shut_down_gracefully_hands_its_shard_over_first() {
+    use rustix::process::Signal;
+    const LEASE: u64 = 20;
+    let Some(cluster) = one_shard_cluster(LEASE, 2, &[]) else {
+        return;
+    };
+    let OneShardCluster {
+        nodes,
+        etcd: _etcd,
+        rt,
+        primary: p,
+        replicas,
+        others,
+        addrs,
+        ..
+    } = cluster;
+    let client = rt
+        .block_on(Client::connect(addrs[others[0]].clone()))
+        .unwrap();
+    let acked: Acked = Default::default();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (client, acked, stop) = (client.clone(), acked.clone(), stop.clone());
+        rt.spawn(async move {
+            let (mut longest, mut last, mut failures) =
+                (Duration::ZERO, Instant::now(), Vec::new());
+            let mut doc = 200_000u128;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                doc += 1;
+                let outcome =
+                    insert_recorded(&client, &acked, vec![doc * 7], Duration::from_secs(30)).await;
+                match outcome {
+                    Ok(()) => {
+                        longest = longest.max(last.elapsed());
+                        last = Instant::now();
+                    }
+                    Err(error) => failures.push(format!("{:?}: {}", error.code(), error)),
+                }
+            }
+            (longest.max(last.elapsed()), failures)
+        })
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    nodes[p].signal(Signal::TERM);
+    std::thread::sleep(Duration::from_secs(8));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (longest, failures) = rt.block_on(writer).unwrap();
+    eprintln!("longest gap between acknowledged writes: {longest:?}; failures: {failures:?}");
+    assert!(
+        longest < Duration::from_secs(4),
+        "writes stalled {longest:?} while the primary shut down"
+    );
+    assert_retryable(&failures);
+    rt.block_on(async {
+        let status = client.cluster_status().await.unwrap();
+        assert_eq!(moving_shard(&status).node_id, nodes[replicas[0]].id);
+        check_acked(&client, &acked).await;
+    });
+    let log = nodes[p].server.as_ref().unwrap().logs();
+    assert!(log.contains("this node is shutting down"), "{log}");
+}
+
 /// Spread reads with one in-sync copy stopped (SIGSTOP: alive to etcd, its connections open,
 /// never answering): every Get through a node that holds no copy answers, each within the
 /// client's deadline, the stopped copy costing a share of it. Before, a read sent to the
@@ -5298,9 +5938,7 @@ fn processes_spread_reads_move_to_another_copy_when_one_is_stopped() {
     let client = rt.block_on(Client::connect(addrs[c].clone())).unwrap();
     rt.block_on(async {
         let docs = (0..20u128).map(|k| k * 7).collect();
-        insert_recorded(&client, &acked, docs, Duration::from_secs(10))
-            .await
-            .unwrap();
+        insert_settled(&client, &acked, docs).await;
         // Both copies have applied them before the stop.
         tokio::time::sleep(Duration::from_millis(500)).await;
     });
@@ -5942,6 +6580,53 @@ async fn revoke_registration(endpoint: &str, node_id: &str) {
     }
 }
 
+/// Inserts `batches` batches of 20 documents (0, 7, 14, ...) into `moving` through `client`,
+/// recording them ([`insert_recorded`]); each must be acknowledged.
+async fn insert_batches(client: &Client, acked: &Acked, batches: u128) {
+    for batch in 0..batches {
+        let docs = (batch * 20..batch * 20 + 20).map(|k| k * 7).collect();
+        insert_settled(client, acked, docs).await;
+    }
+}
+
+/// A test's setup write, where no fault is under test: `insert_recorded`, sent again while
+/// it is refused UNAVAILABLE for up to 30 s (a node whose 2 s lease a loaded machine renewed
+/// late refuses writes until it renews it, as it must). Panics on any other error.
+async fn insert_settled(client: &Client, acked: &Acked, docs: Vec<u128>) {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        match insert_recorded(client, acked, docs.clone(), Duration::from_secs(10)).await {
+            Ok(()) => return,
+            Err(e) if e.code() == tarn_client::Code::Unavailable && Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => panic!("setup write of {} documents: {e:?}", docs.len()),
+        }
+    }
+}
+
+/// Whether, before `until`, `client`'s view shows `moving`'s shard led by `primary` with
+/// `replica` as its only replica, in sync (a drain's new copy joined and the old one left).
+async fn wait_replica_replaced(
+    client: &Client,
+    primary: &str,
+    replica: &str,
+    until: Instant,
+) -> bool {
+    while Instant::now() < until {
+        let shard = client.cluster_status().await.map(|s| moving_shard(&s));
+        if shard.is_ok_and(|s| {
+            s.node_id == primary
+                && s.replicas == [replica]
+                && s.in_sync.iter().any(|n| n == replica)
+        }) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
 /// Inserts `docs`, multiples of 7, into `moving` (tenant 0, `doc % 7` as `check_acked` reads
 /// them; FSYNC; one batch) through `client`, recording each as acknowledged, or as uncertain
 /// when the write fails.
@@ -6190,9 +6875,7 @@ fn processes_a_wiped_primary_never_costs_its_down_replica_s_copy() {
     rt.block_on(async {
         for batch in 0..30u128 {
             let docs = (batch * 20..batch * 20 + 20).map(|k| k * 7).collect();
-            insert_recorded(&client, &acked, docs, Duration::from_secs(10))
-                .await
-                .unwrap();
+            insert_settled(&client, &acked, docs).await;
         }
     });
     // The replica goes down; then the primary loses its disk and comes back at once.

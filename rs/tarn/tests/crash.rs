@@ -227,6 +227,7 @@ async fn stored(
             collection: COLLECTION.into(),
             user_id: Some(id(tenant)),
             doc_ids: docs.iter().map(|d| id(*d)).collect(),
+            ..Default::default()
         })
         .await
         .unwrap()

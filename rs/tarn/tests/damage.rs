@@ -110,6 +110,7 @@ async fn stored(server: &Server) -> State {
                 collection: COLLECTION.into(),
                 user_id: Some(id(tenant)),
                 doc_ids: (0..DOCS).chain([999]).map(id).collect(),
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -330,6 +331,7 @@ fn damaged_vectors_on_disk_are_answered_data_loss_never_served() {
                 collection: COLLECTION.into(),
                 user_id: Some(id(1)),
                 doc_ids: vec![id(3)],
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -356,6 +358,7 @@ fn damaged_vectors_on_disk_are_answered_data_loss_never_served() {
                 collection: COLLECTION.into(),
                 user_id: Some(id(1)),
                 doc_ids: vec![id(3)],
+                ..Default::default()
             })
             .await
             .unwrap_err();

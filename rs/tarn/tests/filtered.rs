@@ -623,6 +623,7 @@ fn remove_by_filter_add_fields_and_get_attributes_survive_a_restart() {
                 collection: "docs".into(),
                 user_id: Some(id(2)),
                 doc_ids: vec![id(5), id(6), id(100_000)],
+                ..Default::default()
             })
             .await
             .unwrap()

@@ -119,6 +119,7 @@ fn a_full_disk_fails_writes_with_resource_exhausted_and_loses_nothing() {
                     collection: "full".into(),
                     user_id: None,
                     doc_ids: chunk.iter().map(|d| id(*d)).collect(),
+                    ..Default::default()
                 })
                 .await
                 .unwrap()

@@ -282,6 +282,7 @@ async fn send(
                 collection: name.text(),
                 user_id: None,
                 doc_ids: ids(docs),
+                ..Default::default()
             })
             .await
             .map(|_| ()),
@@ -325,6 +326,7 @@ async fn fixture_state(
             collection: FIXTURE.into(),
             user_id: None,
             doc_ids: (0..100u128).map(id).collect(),
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -242,19 +242,35 @@ fn every_rpc_and_every_error_code() {
         let started = std::time::Instant::now();
         assert_eq!(code(c.search(request).await), Code::DeadlineExceeded);
         assert!(started.elapsed() < Duration::from_secs(5));
-        // Get
+        // Get: read-your-writes as a search; a position that never comes respects the deadline;
+        // a bad token is refused naming it.
+        let get = |min_seq_no, read_token| pb::GetRequest {
+            collection: "docs".into(),
+            user_id: Some(id(7)),
+            doc_ids: vec![id(3), id(99)],
+            min_seq_no,
+            read_token,
+        };
         let docs = c
-            .get(pb::GetRequest {
-                collection: "docs".into(),
-                user_id: Some(id(7)),
-                doc_ids: vec![id(3), id(99)],
-            })
+            .get(get(last_seq, Vec::new()))
             .await
             .unwrap()
             .into_inner()
             .docs;
         assert_eq!(docs.len(), 1, "missing ids are absent");
         assert_eq!(docs[0].vector, vec![5.0, 5.0, 5.0]);
+        let mut request = Request::new(get(last_seq + 1000, Vec::new()));
+        request.set_timeout(Duration::from_secs(2));
+        let started = std::time::Instant::now();
+        assert_eq!(code(c.get(request).await), Code::DeadlineExceeded);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let status = c.get(get(0, b"garbage".to_vec())).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(
+            status.message().contains("read_token"),
+            "{}",
+            status.message()
+        );
         // Remove, Flush, GetCollection
         let seq = c
             .remove(pb::RemoveRequest {
@@ -555,6 +571,7 @@ fn graceful_shutdown_under_in_flight_writes_then_restart_with_everything_acknowl
                         collection: "w".into(),
                         user_id: Some(id(tenant)),
                         doc_ids: ids,
+                        ..Default::default()
                     })
                     .await
                     .unwrap()
@@ -924,6 +941,7 @@ async fn document_1_of_f_is_back_and_f_takes_writes(server: &Server) {
             collection: "f".into(),
             user_id: None,
             doc_ids: vec![id(1)],
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -116,3 +116,51 @@ fn a_copy_with_an_epoch_history_reopens_held_at_its_checkpoint() {
     assert_eq!(d.visible_seq(), None);
     assert_eq!(ids_of(&d, 4, &[5]), vec![5]);
 }
+
+/// A copy records what it knows committed (`COMMITTED`, while it runs, not only at close) and
+/// reopens showing it instead of its older checkpoint; a mark past the end of the log (entries
+/// lost with an unsynced tail) is cut to the log's end.
+#[test]
+fn a_copy_reopens_showing_what_it_last_knew_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c");
+    let rt = runtime();
+    let base = clustered_vectors(20, DIM, 2, 6);
+    let (second, third) = {
+        let c = Collection::create(&path, config()).unwrap();
+        c.set_epoch_starts(vec![(1, 1)]).unwrap();
+        c.hold_uncommitted(0);
+        rt.block_on(async {
+            c.insert(&[1], &[4], row(&base, 1), None).await.unwrap();
+            let second = c.insert(&[2], &[4], row(&base, 2), None).await.unwrap();
+            let third = c.insert(&[3], &[4], row(&base, 3), None).await.unwrap();
+            c.raise_visible(second);
+            c.wait_applied(second, Duration::from_secs(5))
+                .await
+                .unwrap();
+            // Recorded while the copy runs (a process killed now keeps it).
+            let started = std::time::Instant::now();
+            while !path.join(tarn_collection::COMMITTED_FILE).exists() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "no mark recorded"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (second, third)
+        })
+    };
+    let c = Collection::open(&path).unwrap();
+    assert_eq!(c.stats().checkpoint_seq, 0);
+    assert_eq!(c.visible_seq(), Some(second));
+    assert_eq!(ids_of(&c, 4, &[1, 2, 3]), vec![1, 2]);
+    // A bound past the log's end (the primary's commit reached this copy before its entries
+    // did, and they were lost): reopened at the log's end.
+    c.raise_visible(third + 10);
+    rt.block_on(c.wait_applied(third, Duration::from_secs(5)))
+        .unwrap();
+    c.close();
+    let c = Collection::open(&path).unwrap();
+    assert_eq!(c.visible_seq(), Some(third));
+    assert_eq!(ids_of(&c, 4, &[1, 2, 3]), vec![1, 2, 3]);
+}

@@ -1,6 +1,6 @@
 //! Cluster mode's node: joining the cluster (membership under an etcd lease), keeping this
 //! node's shards in line with the shard map (`reconcile.rs`), and finding where each shard is
-//! served (here or on its owner) for the router (`routing.rs`).
+//! served (here or on its owner) for the router (`routing/`).
 //!
 //! A shard's data is a local collection on its owner, named `<collection>.<uid>.<shard>`
 //! ([`ShardName`]). A router addresses it by shard and epoch through the node-to-node

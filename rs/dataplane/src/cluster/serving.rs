@@ -26,6 +26,21 @@ impl ClusterNode {
         epoch: u64,
     ) -> Result<ShardWrite, ApiError> {
         self.writable()?;
+        // A new epoch's replication starts with the gate held exclusively (no write of an
+        // earlier epoch lands inside it), so before this write takes the gate shared.
+        let state = self.state();
+        if let (Some(map), Some(a)) = (state.collection_of(shard), state.assignment(shard)) {
+            if a.takes_writes()
+                && a.epoch == epoch
+                && a.owner == self.node_id
+                && !crate::replica_set::one_copy(a, map.def.min_in_sync)
+                && !self.replicating(shard, epoch)
+            {
+                let collection = self.local_shard(&self.registry, shard, epoch).await?;
+                self.begin_replication(shard, a, map.def.min_in_sync, &collection)
+                    .await?;
+            }
+        }
         let guard = self.gate(&shard.local_name()).read_owned().await;
         let collection = self.local_shard(&self.registry, shard, epoch).await?;
         let state = self.state();
@@ -38,6 +53,9 @@ impl ClusterNode {
                 let replication = self
                     .replication_for_write(shard, a, map.def.min_in_sync, &collection)
                     .await?;
+                // Test builds: a write held between its epoch check and its append (a process
+                // stopped there, a slow scheduler).
+                crate::transfer::pause_point("write::checked").await;
                 Ok(ShardWrite {
                     collection,
                     _gate: guard,

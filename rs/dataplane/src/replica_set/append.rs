@@ -103,23 +103,40 @@ async fn append_entries_here(
         needs_seed: true,
         ..Default::default()
     };
+    // The shard's write gate, exclusively, then the copy's lock (the data plane's lock order):
+    // a write this node took as the shard's primary at an earlier epoch, still in flight, lands
+    // before anything of the new primary's does, never among its entries (where a later batch
+    // would take it for the primary's own entry). Such a write fails as soon as this node's
+    // view moves on, so the wait is short; bounded all the same.
+    let gate = node.gate(&local);
     let lock = node.copy_lock(&local);
-    let mut copy = lock.lock().await;
-    if request.first_seq > 1 && !request.entries.is_empty() {
+    let reorder_until = tokio::time::Instant::now() + REORDER_WAIT;
+    let (writes_held, copy) = loop {
+        let Ok(held) =
+            tokio::time::timeout(super::EPOCH_DRAIN_LIMIT, Arc::clone(&gate).write_owned()).await
+        else {
+            return Err(ApiError::Unavailable(format!(
+                "shard {} of collection '{}': writes this node took as its primary are still \
+                 in flight here; retry",
+                shard.shard, shard.collection
+            )));
+        };
+        let copy = Arc::clone(&lock).lock_owned().await;
         // A batch sent while earlier ones were in flight may get here first: it waits for them
         // (bounded), so batches are applied in the order they were sent.
-        let until = tokio::time::Instant::now() + REORDER_WAIT;
-        while node
-            .registry
-            .get_shard(&local)
-            .is_ok_and(|c| c.last_seq_no() + 1 < request.first_seq)
-            && tokio::time::Instant::now() < until
-        {
-            drop(copy);
-            tokio::time::sleep(Duration::from_micros(200)).await;
-            copy = lock.lock().await;
+        let ahead = request.first_seq > 1
+            && !request.entries.is_empty()
+            && node
+                .registry
+                .get_shard(&local)
+                .is_ok_and(|c| c.last_seq_no() + 1 < request.first_seq);
+        if !ahead || tokio::time::Instant::now() >= reorder_until {
+            break (held, copy);
         }
-    }
+        drop(copy);
+        drop(held);
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    };
     // The view again, under the copy's lock and after any wait: a new primary's probe may have
     // been served meanwhile (its promotion seen), and nothing of an older epoch's primary is
     // taken after that.
@@ -232,6 +249,7 @@ async fn append_entries_here(
     // Synced outside the copy's lock: the next batch is appended meanwhile, and the WAL's
     // write group makes one sync of both when they meet.
     drop(copy);
+    drop(writes_held);
     let durable = collection.sync_wal().await?;
     // Test builds: a replica slow to answer (a slow disk), which keeps it close behind but
     // never quick enough to join.

@@ -40,16 +40,23 @@
 //! gate (shared) and may take `changing` to swap a late replica out; a hand-over holds the gate
 //! exclusively and may do the same; a join takes the gate exclusively first (giving up after
 //! [`JOIN_DRAIN_LIMIT`] if writes in flight keep it) and `changing` only then. Nothing takes the
-//! gate while holding `changing`.
+//! gate while holding `changing`. A copy's lock comes after the gate too: a replica's
+//! `AppendEntries` takes the gate exclusively and then the copy's lock (a write this node took as
+//! the shard's primary at an earlier epoch lands before the new primary's entries, never among
+//! them), and a new epoch's replication starts with the gate held exclusively
+//! ([`ClusterNode::begin_replication`]); both wait at most [`EPOCH_DRAIN_LIMIT`].
 //!
 //! Files: this one holds a shard's [`ShardReplication`] (its state, the in-sync set and its
-//! transitions: a write's wait, leaving, joining, stepping down); `ship.rs` the primary's
+//! transitions: a write's wait, leaving, joining, stepping down); `lifecycle.rs` the node's
+//! side (starting a shard's replication at a new epoch, finding it for a write, stopping it,
+//! stepping down from all at a shutdown, the figures for metrics); `ship.rs` the primary's
 //! followers (one per replica: probe, cut, ship, seed, try a join); `append.rs` the replica's
 //! side of `AppendEntries`; `epochs.rs` the copies' epoch histories (beginning an epoch,
 //! recording a batch's epochs, the wire form).
 
 mod append;
 mod epochs;
+mod lifecycle;
 mod ship;
 
 use std::sync::Arc;
@@ -68,6 +75,8 @@ use crate::status::ApiError;
 pub use append::append_entries;
 use epochs::begin_epoch;
 pub(crate) use epochs::record_epochs;
+pub(crate) use lifecycle::one_copy;
+pub use lifecycle::ReplicaFigures;
 use ship::{follow, Follower};
 
 /// How long a write waits for an in-sync replica before removing it from the in-sync set (and
@@ -76,6 +85,10 @@ pub(crate) const IN_SYNC_BOUND: Duration = Duration::from_secs(2);
 /// How long a join holds the shard's writes back at most while the replica takes the last
 /// entries; past it, the join is tried again later.
 const JOIN_DRAIN_LIMIT: Duration = Duration::from_millis(500);
+/// How long a new epoch's replication, or a replica's `AppendEntries`, waits at most for the
+/// writes still in flight on the copy (of an earlier epoch: they fail once this node's view
+/// moves on, see `ShardReplication::deposed`) before it answers UNAVAILABLE and is retried.
+pub(crate) const EPOCH_DRAIN_LIMIT: Duration = Duration::from_secs(5);
 /// A catching-up replica this close behind tries to join (the join then waits, writes held
 /// back, for the rest: at most [`JOIN_DRAIN_LIMIT`]).
 const JOIN_LAG_ENTRIES: u64 = 1_024;
@@ -131,6 +144,10 @@ pub(crate) struct ShardReplication {
     /// Per replica whose last join failed: when the next may be tried, and the wait after
     /// another failure.
     join_backoff: DashMap<String, (Instant, Duration)>,
+    /// Set once this node's view shows the shard at another epoch or primary: the writes still
+    /// waiting on this replication fail at once (none can be acknowledged at this epoch), so
+    /// they let the shard's gate go and the copy can follow its new primary.
+    deposed: watch::Sender<bool>,
 }
 
 impl Drop for ShardReplication {
@@ -160,226 +177,6 @@ impl std::fmt::Debug for ShardReplication {
             .field("shard", &self.shard.local_name())
             .field("epoch", &self.epoch)
             .finish()
-    }
-}
-
-/// One replica's figures, for metrics.
-#[derive(Debug, Clone)]
-pub struct ReplicaFigures {
-    pub collection: String,
-    pub shard: u32,
-    pub node: String,
-    /// Entries the primary holds that the replica has not acknowledged durable.
-    pub lag: u64,
-    pub in_sync: bool,
-}
-
-impl ClusterNode {
-    /// Every replica of the shards this node replicates as primary: its lag and whether it is
-    /// in sync.
-    pub fn replication_figures(&self) -> Vec<ReplicaFigures> {
-        let mut figures = Vec::new();
-        for entry in self.replication.iter() {
-            let replication = entry.value();
-            let last = replication.collection.last_seq_no();
-            let record = replication.record().clone();
-            for replica in &record.replicas {
-                let acked = replication
-                    .acked
-                    .get(replica)
-                    .map_or(0, |a| a.value().borrow().seq);
-                figures.push(ReplicaFigures {
-                    collection: replication.shard.collection.clone(),
-                    shard: replication.shard.shard,
-                    node: replica.clone(),
-                    lag: last.saturating_sub(acked),
-                    in_sync: record.in_sync_replicas.contains(replica),
-                });
-            }
-        }
-        figures.sort_by(|a, b| {
-            (&a.collection, a.shard, &a.node).cmp(&(&b.collection, b.shard, &b.node))
-        });
-        figures
-    }
-
-    /// The replication of `shard` (this node its primary at `epoch`, per `assignment`), started
-    /// on first use: `None` when the shard has no replicas. Takes out of the in-sync set any
-    /// replica back on another data directory, then refuses a write up front when fewer copies
-    /// than the collection's `min_in_sync` are in sync.
-    pub(crate) async fn replication_for_write(
-        self: &Arc<Self>,
-        shard: &ShardName,
-        assignment: &ShardAssignment,
-        min_in_sync: u32,
-        collection: &Collection,
-    ) -> Result<Option<Arc<ShardReplication>>, ApiError> {
-        let Some(replication) = self
-            .replication_of(shard, assignment, min_in_sync, collection)
-            .await?
-        else {
-            return Ok(None);
-        };
-        replication.drop_replaced(self).await?;
-        let record = replication.record().clone();
-        record.check_in_sync(min_in_sync).map_err(|why| {
-            ApiError::Unavailable(format!(
-                "shard {} of collection '{}' refuses writes (primary {}): {why}",
-                shard.shard, shard.collection, self.node_id
-            ))
-        })?;
-        Ok(Some(replication))
-    }
-
-    /// Starts the replication of every shard this node is primary of that has replicas, so a
-    /// returning or promoted-over copy is probed, cut back if it must be, and caught up without
-    /// waiting for the next write (a new primary records its epoch here too).
-    pub(crate) async fn start_replications(self: &Arc<Self>, state: &tarn_cluster::ClusterState) {
-        for (shard, assignment, map) in state.shards_led_by(&self.node_id) {
-            if assignment.replicas.is_empty() {
-                // One copy: what it logs is committed once durable here.
-                if let Ok(collection) = self.registry.get_shard(&shard.local_name()) {
-                    collection.release_uncommitted();
-                }
-                continue;
-            }
-            if !assignment.takes_writes() {
-                continue;
-            }
-            let local = shard.local_name();
-            let existing = self
-                .replication
-                .get(&local)
-                .map(|r| Arc::clone(r.value()))
-                .filter(|r| r.epoch == assignment.epoch);
-            if let Some(replication) = existing {
-                // Replicas added or dropped since (re-replication): followers to match.
-                if let Err(error) = replication.refresh(self, assignment).await {
-                    tracing::warn!(shard = %local, %error, "cannot refresh a shard's replication");
-                }
-                continue;
-            }
-            let Ok(collection) = self.registry.get_shard(&local) else {
-                continue;
-            };
-            if let Err(error) = self
-                .replication_of(&shard, assignment, map.def.min_in_sync, &collection)
-                .await
-            {
-                tracing::warn!(shard = %local, %error, "cannot start replicating a shard");
-            }
-        }
-    }
-
-    /// The replication of `shard` at `assignment`'s epoch, started (its epoch recorded in the
-    /// copy's history, its followers started) if it was not; `None` without replicas.
-    async fn replication_of(
-        self: &Arc<Self>,
-        shard: &ShardName,
-        assignment: &ShardAssignment,
-        min_in_sync: u32,
-        collection: &Collection,
-    ) -> Result<Option<Arc<ShardReplication>>, ApiError> {
-        let local = shard.local_name();
-        let existing = self
-            .replication
-            .get(&local)
-            .map(|r| Arc::clone(r.value()))
-            .filter(|r| r.epoch == assignment.epoch);
-        let mut start_hold = None;
-        let replication = match existing {
-            Some(r) => r,
-            None if assignment.replicas.is_empty() && min_in_sync <= 1 => {
-                // One copy: every entry it logs is committed once durable here.
-                collection.release_uncommitted();
-                return Ok(None);
-            }
-            None => {
-                // The in-sync set this primary waits for starts from etcd itself, never from a
-                // view that may lag a join (the cache must hold every copy etcd lists in sync).
-                let record = match node_read_shard(self, shard).await? {
-                    ShardRecord::Assigned(fresh)
-                        if fresh.epoch == assignment.epoch && fresh.owner == self.node_id =>
-                    {
-                        fresh
-                    }
-                    _ => {
-                        return Err(ApiError::StaleShardMap(format!(
-                            "shard {} of collection '{}' is no longer led by node {} at epoch {}: \
-                             refresh the shard map and retry",
-                            shard.shard, shard.collection, self.node_id, assignment.epoch
-                        )))
-                    }
-                };
-                let history = begin_epoch(collection, assignment.epoch).await?;
-                let epoch_first_seq = history
-                    .iter()
-                    .rev()
-                    .find(|start| start.epoch == assignment.epoch)
-                    .map_or(collection.last_seq_no() + 1, |start| start.first_seq);
-                // Held until the first followers have taken their own holds (below), so that
-                // no checkpoint truncates the epoch's log meanwhile.
-                start_hold = collection.wal_tail_from(epoch_first_seq);
-                let (wanted, _) = watch::channel(collection.last_seq_no());
-                // A copy that kept no bound (it had no replicas: all it holds was acknowledged
-                // by itself alone) starts held at its last entry.
-                collection.hold_uncommitted(collection.last_seq_no());
-                let committed = collection
-                    .visible_seq()
-                    .unwrap_or_else(|| collection.last_seq_no());
-                let r = Arc::new(ShardReplication {
-                    shard: shard.clone(),
-                    epoch: assignment.epoch,
-                    min_in_sync,
-                    collection: collection.clone(),
-                    history,
-                    epoch_first_seq,
-                    record: StdMutex::new(record),
-                    wanted,
-                    acked: DashMap::new(),
-                    commit: watch::channel(committed).0,
-                    acks: Arc::new(tokio::sync::Notify::new()),
-                    committer: StdMutex::new(None),
-                    followers: StdMutex::new(Vec::new()),
-                    changing: tokio::sync::Mutex::new(()),
-                    join_backoff: DashMap::new(),
-                    joining: std::sync::atomic::AtomicBool::new(false),
-                    stepping_down: std::sync::atomic::AtomicBool::new(false),
-                });
-                let committer = tokio::spawn(run_committer(
-                    Arc::downgrade(&r),
-                    Arc::downgrade(self),
-                    Arc::clone(&r.acks),
-                ));
-                *r.committer.lock().unwrap_or_else(|p| p.into_inner()) = Some(committer);
-                // Another write may have started it meanwhile: one replication per epoch.
-                let entry = self
-                    .replication
-                    .entry(local)
-                    .or_insert_with(|| Arc::clone(&r));
-                if entry.epoch == assignment.epoch {
-                    Arc::clone(entry.value())
-                } else {
-                    drop(entry);
-                    self.replication.insert(shard.local_name(), Arc::clone(&r));
-                    r
-                }
-            }
-        };
-        replication.refresh(self, assignment).await?;
-        drop(start_hold);
-        Ok(Some(replication))
-    }
-
-    /// Stops the replication of shards this node is no longer primary of (at that epoch). A
-    /// view older than the replication (a lower epoch: the replication was started from a
-    /// newer one) stops nothing.
-    pub(crate) fn forget_replications(&self, state: &tarn_cluster::ClusterState) {
-        self.replication.retain(|_, r| {
-            state.assignment(&r.shard).is_some_and(|a| {
-                a.epoch < r.epoch || (a.owner == self.node_id && a.epoch == r.epoch)
-            })
-        });
     }
 }
 
@@ -487,7 +284,8 @@ impl ShardReplication {
     }
 
     /// Hands the shard to an in-sync replica (alive on its recorded disk) because this
-    /// primary's copy refuses writes for good (`why`: its WAL is poisoned): the failover the
+    /// primary's copy refuses writes for good (its WAL is poisoned) or this node is shutting
+    /// down (`why` says which, for the log): the failover the
     /// coordinator makes for a dead primary, made by the primary itself, in one swap of the
     /// whole record that also requires the candidate's registration from its directory. Every
     /// acknowledged write is on every in-sync copy, so nothing acknowledged is lost; this copy
@@ -503,7 +301,7 @@ impl ShardReplication {
         let (replication, node) = (Arc::clone(self), Arc::clone(node));
         tokio::spawn(async move {
             let shard = replication.shard.local_name();
-            tracing::error!(%shard, %why, "this primary's copy refuses writes: handing the shard to an in-sync replica");
+            tracing::warn!(%shard, %why, "handing the shard to an in-sync replica");
             let record = match node_read_shard(&node, &replication.shard).await {
                 Ok(ShardRecord::Assigned(a))
                     if a.epoch == replication.epoch && a.owner == node.node_id =>
@@ -544,7 +342,7 @@ impl ShardReplication {
                         .failovers
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::warn!(%shard, primary = %candidate, epoch = promoted.epoch,
-                        "failover: this primary's copy failed; an in-sync replica is the shard's primary");
+                        "failover: this primary stepped down; an in-sync replica is the shard's primary");
                 }
                 Ok(false) => {
                     tracing::warn!(%shard, "stepping down did not land (the record changed); trying at the next failed write");
@@ -574,6 +372,7 @@ impl ShardReplication {
             more
         });
         let until = tokio::time::Instant::now() + IN_SYNC_BOUND;
+        let mut deposed = self.deposed.subscribe();
         loop {
             let record = self.record().clone();
             let mut late: Vec<String> = Vec::new();
@@ -584,7 +383,10 @@ impl ShardReplication {
                 };
                 let has_it =
                     |v: &Acked| v.seq >= seq && !record.copy_replaced(replica, &v.incarnation);
-                let reached = tokio::time::timeout_at(until, acked.wait_for(has_it)).await;
+                let reached = tokio::select! {
+                    reached = tokio::time::timeout_at(until, acked.wait_for(has_it)) => reached,
+                    _ = deposed.wait_for(|d| *d) => return Err(self.epoch_over()),
+                };
                 if !matches!(reached, Ok(Ok(_))) {
                     late.push(replica.clone());
                 }
@@ -736,19 +538,21 @@ impl ShardReplication {
                     *self.record() = fresh.clone();
                     base = fresh;
                 }
-                _ => {
-                    return Err(ApiError::StaleShardMap(format!(
-                        "shard {} of collection '{}' has a new primary (this node's epoch {} is \
-                         over): refresh the shard map and retry",
-                        self.shard.shard, self.shard.collection, self.epoch
-                    )))
-                }
+                _ => return Err(self.epoch_over()),
             }
         }
         Err(ApiError::Unavailable(format!(
             "shard {} of collection '{}': its record kept changing under this node's swaps",
             self.shard.shard, self.shard.collection
         )))
+    }
+
+    fn epoch_over(&self) -> ApiError {
+        ApiError::StaleShardMap(format!(
+            "shard {} of collection '{}' has a new primary (this node's epoch {} is over): \
+             refresh the shard map and retry",
+            self.shard.shard, self.shard.collection, self.epoch
+        ))
     }
 
     /// Adds `replica` to the in-sync set once it holds everything: holds the shard's writes

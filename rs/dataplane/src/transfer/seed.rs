@@ -9,8 +9,8 @@ use tarn_cluster::ShardName;
 use tarn_collection::Durability;
 
 use super::{
-    copied_batch, fail_point, next_message, open_and_restore, Restored, CATCH_UP_LIMIT,
-    FENCE_LAG_ENTRIES, STREAM_SILENCE_LIMIT,
+    copied_batch, fail_point, next_message, open_and_restore, pause_point, Restored,
+    CATCH_UP_LIMIT, FENCE_LAG_ENTRIES, STREAM_SILENCE_LIMIT,
 };
 use crate::cluster::ClusterNode;
 use crate::status::ApiError;
@@ -131,6 +131,8 @@ async fn seed_locked(
             .await
             .map_err(|e| ApiError::Internal(e.to_string()))??;
     }
+    // Test builds: a seed slow to finish (`moves::seed_restored=return(ms)`).
+    pause_point("moves::seed_restored").await;
     let mut applied = info.seq_no;
     // A seed that cannot come close to a busy primary's log gives up, as a move's pull does:
     // its stream slot and the primary's WAL pin go, and the follower tries again later.

@@ -16,6 +16,8 @@
 //!   copy of its data taken as a backup now and then;
 //! - etcd restored from a backup taken earlier in the run (healed as docs/CLUSTER.md says: the
 //!   newer data put back, every node restarted);
+//! - a node's fsync slowed by 50-300 ms while it runs, then back to its pace (its
+//!   `FAILPOINTS_FILE`, read by the running process);
 //! - per run, chosen by the seed: one node with a slow fsync (`wal::fdatasync` sleeps) and one
 //!   whose reconciliation acts on its view late (`cluster::reconcile` pauses);
 //!   `--replace-dead-after 5` on every node.
@@ -248,7 +250,8 @@ struct Cluster {
     backup: Option<PathBuf>,
     /// Whether the next stop of etcd replaces the backup (the seed decides).
     new_backup: bool,
-    /// The nodes' `RUST_LOG` (`TARN_NEMESIS_RUST_LOG`; warn otherwise).
+    /// The nodes' `RUST_LOG` (`TARN_NEMESIS_RUST_LOG`; warnings and reconciliation's decisions
+    /// otherwise).
     rust_log: Option<String>,
 }
 
@@ -321,14 +324,43 @@ impl Cluster {
             vec![("FAILPOINTS", self.env[i].as_str())]
         };
         // More of the nodes' logs when chasing a failure (`TARN_NEMESIS_RUST_LOG`, e.g.
-        // `warn,tarn_dataplane=debug`).
-        if let Some(filter) = &self.rust_log {
-            env.push(("RUST_LOG", filter.as_str()));
+        // `warn,tarn_dataplane=debug`); by default warnings and what reconciliation decides
+        // about each local copy (a copy found where the record lists none is explained by it).
+        let filter = self
+            .rust_log
+            .as_deref()
+            .unwrap_or("warn,tarn_dataplane::reconcile=info");
+        env.push(("RUST_LOG", filter));
+        // etcd just restarted by a heal may accept connections a while before it answers: a
+        // node that gave up on its first contact is started again (at most 3 times).
+        let mut started = self.nodes[i].try_start(&endpoint, &extra, &env);
+        for _ in 0..3 {
+            match &started {
+                Err(log) if log.contains("first contact") => {
+                    std::thread::sleep(Duration::from_secs(1));
+                    started = self.nodes[i].try_start(&endpoint, &extra, &env);
+                }
+                _ => break,
+            }
         }
-        let started = self.nodes[i].try_start(&endpoint, &extra, &env);
         let pid = self.nodes[i].server.as_ref().map(|s| s.child.id());
         self.peers.set_pid(i, pid);
         started
+    }
+
+    /// Node `i`'s file of fail points changed while it runs (`FAILPOINTS_FILE`).
+    fn fail_points_file(&self, i: usize) -> PathBuf {
+        self.nodes[i].fail_points_file()
+    }
+
+    /// Sets node `i`'s fsync fail point to `actions` while it runs (and for its later
+    /// processes: a slow disk stays slow across restarts).
+    fn set_fsync(&self, i: usize, actions: &str) {
+        std::fs::write(
+            self.fail_points_file(i),
+            format!("wal::fdatasync={actions}"),
+        )
+        .unwrap();
     }
 
     fn kill(&mut self, i: usize) {
@@ -340,7 +372,8 @@ impl Cluster {
     fn start_all(&mut self) -> Vec<String> {
         let mut refused = Vec::new();
         for i in 0..3 {
-            if !self.is_running(i) {
+            // A node whose etcd link is cut could not start: it is started when the link heals.
+            if !self.is_running(i) && !self.etcd_links[i].is_cut() {
                 if let Err(log) = self.start_node(i) {
                     refused.push(format!("n{}: {}", i + 1, last_lines(&log, 5)));
                 }
@@ -369,6 +402,8 @@ enum Fault {
     Wipe(usize),
     Forget(usize),
     Drain(usize),
+    /// The node's fsync slowed by this many milliseconds while it runs (`FAILPOINTS_FILE`).
+    SlowDisk(usize, u32),
     EtcdStop,
     EtcdRestore,
 }
@@ -401,6 +436,7 @@ impl Fault {
             Fault::Wipe(i) => format!("wipe n{}", i + 1),
             Fault::Forget(i) => format!("forget n{}", i + 1),
             Fault::Drain(i) => format!("drain n{}", i + 1),
+            Fault::SlowDisk(i, ms) => format!("fsync of n{} +{ms} ms", i + 1),
             Fault::EtcdStop => "etcd stopped".to_owned(),
             Fault::EtcdRestore => "etcd restored from a backup".to_owned(),
         }
@@ -417,6 +453,7 @@ impl Fault {
             Fault::Wipe(_) => "wipe",
             Fault::Forget(_) => "forget",
             Fault::Drain(_) => "drain",
+            Fault::SlowDisk(..) => "slow-disk",
             Fault::EtcdStop => "etcd-stop",
             Fault::EtcdRestore => "etcd-restore",
         }
@@ -428,7 +465,7 @@ impl Fault {
 fn pick(rng: &mut rand::rngs::StdRng, destructive: bool, etcd: bool, backup: bool) -> Fault {
     loop {
         let i = rng.random_range(0..3usize);
-        let fault = match rng.random_range(0..12u32) {
+        let fault = match rng.random_range(0..13u32) {
             0 | 1 => Fault::Kill(i),
             2 | 3 => Fault::Stop(i),
             4 => Fault::Restart(i),
@@ -437,6 +474,7 @@ fn pick(rng: &mut rand::rngs::StdRng, destructive: bool, etcd: bool, backup: boo
             8 => Fault::Wipe(i),
             9 => Fault::Forget(i),
             10 => Fault::Drain(i),
+            11 => Fault::SlowDisk(i, rng.random_range(50..300u32)),
             _ if rng.random_bool(0.5) => Fault::EtcdStop,
             _ => Fault::EtcdRestore,
         };
@@ -532,6 +570,7 @@ impl Cluster {
                     }
                 });
             }
+            Fault::SlowDisk(i, ms) => self.set_fsync(i, &format!("sleep({ms})")),
             Fault::EtcdStop => {
                 self.etcd.terminate();
                 if self.backup.is_none() || self.new_backup {
@@ -570,7 +609,18 @@ impl Cluster {
                     self.nodes[i].signal(Signal::CONT);
                 }
             }
-            Fault::CutEtcd(i) => self.etcd_links[i].restore(),
+            Fault::CutEtcd(i) => {
+                self.etcd_links[i].restore();
+                // A node (re)started while its etcd link was cut gave up on its first contact
+                // (as it must): started again now, as a supervisor would.
+                if !self.is_running(i) {
+                    if let Err(log) = self.start_node(i) {
+                        tally
+                            .refused
+                            .push(format!("n{}: {}", i + 1, last_lines(&log, 5)));
+                    }
+                }
+            }
             Fault::CutLink(a, b) => self.peers.restore(a, b),
             Fault::Forget(i) => {
                 // A replacement machine: the same id on an empty disk.
@@ -594,6 +644,15 @@ impl Cluster {
                         }
                     }
                 });
+            }
+            Fault::SlowDisk(i, _) => {
+                // Back to the node's own pace: the run's slow disk stays slow.
+                let base = self.env[i]
+                    .split(';')
+                    .find_map(|e| e.strip_prefix("wal::fdatasync="))
+                    .unwrap_or("off")
+                    .to_owned();
+                self.set_fsync(i, &base);
             }
             Fault::EtcdStop => self.etcd.restart(),
             Fault::EtcdRestore => {
@@ -659,6 +718,8 @@ async fn quick_client(addr: String) -> Option<Client> {
         .ok()
 }
 
+/// Every node alive and not draining, and every shard serving with exactly its `copies` copies
+/// listed, all in sync.
 fn settled(status: &tarn_client::ClusterStatus, copies: u32) -> bool {
     status
         .nodes
@@ -668,7 +729,12 @@ fn settled(status: &tarn_client::ClusterStatus, copies: u32) -> bool {
         == 3
         && !status.shards.is_empty()
         && status.shards.iter().all(|s| {
-            s.state == "serving" && s.moving_to.is_empty() && s.in_sync.len() == copies as usize
+            // Every listed copy in sync: no copy being added (a rebalancing move adds one
+            // first, then drops another).
+            s.state == "serving"
+                && s.moving_to.is_empty()
+                && s.in_sync.len() == copies as usize
+                && s.replicas.len() + 1 == copies as usize
         })
 }
 
@@ -930,11 +996,44 @@ fn read_copy(node: &str, dir: &Path) -> CopyOnDisk {
     }
 }
 
+/// Whether every node's data directory holds exactly the copies of `moving` that `status`'s
+/// record gives it (as primary or replica).
+fn copies_match_record(nodes: &[Node], status: &tarn_client::ClusterStatus) -> bool {
+    nodes.iter().all(|node| {
+        let held: BTreeSet<u32> = std::fs::read_dir(node.dir.join("collections"))
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| {
+                        let name = e.file_name().to_string_lossy().into_owned();
+                        match tarn_cluster::ShardName::parse(&name) {
+                            Some((shard, None)) if shard.collection == "moving" => {
+                                Some(shard.shard)
+                            }
+                            _ => None,
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let listed: BTreeSet<u32> = status
+            .shards
+            .iter()
+            .filter(|s| {
+                s.collection == "moving" && (s.node_id == node.id || s.replicas.contains(&node.id))
+            })
+            .map(|s| s.shard)
+            .collect();
+        held == listed
+    })
+}
+
 /// Every shard's copies across the stopped nodes compared: the same documents, the same last
 /// sequence number, the same epoch at every sequence number both histories know, the same bytes
 /// at every sequence number both logs hold. The differences found, one line each.
-fn compare_copies(
+pub(crate) fn compare_copies(
     nodes: &[Node],
+    shards: u32,
     copies: u32,
     on_disk: &mut BTreeMap<u128, Vec<String>>,
 ) -> Vec<String> {
@@ -961,7 +1060,7 @@ fn compare_copies(
         }
     }
     let mut differences = Vec::new();
-    for shard in 0..SHARDS {
+    for shard in 0..shards {
         let held = by_shard.remove(&shard).unwrap_or_default();
         if held.len() != copies as usize {
             differences.push(format!(
@@ -1178,6 +1277,24 @@ fn processes_nemesis_two_faults_at_a_time() {
     {
         eprintln!("nemesis: the copies were not all in sync again within 60 s of the last write");
     }
+    // A copy the record stopped listing leaves its node's data directory a moment later (at
+    // once, or at reconciliation's next try 5 s later when the copy was busy): the comparison
+    // waits for every node to hold exactly the copies the record gives it.
+    let retired = Instant::now();
+    while rt
+        .block_on(async {
+            let client = quick_client(cluster.nodes[0].addr()).await?;
+            let status = client.cluster_status().await.ok()?;
+            copies_match_record(&cluster.nodes, &status).then_some(())
+        })
+        .is_none()
+    {
+        if retired.elapsed() > Duration::from_secs(30) {
+            eprintln!("nemesis: the copies on disk were not the record's within 30 s");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
     std::thread::sleep(Duration::from_secs(1));
     let logs: Vec<String> = cluster
         .nodes
@@ -1210,7 +1327,7 @@ fn processes_nemesis_two_faults_at_a_time() {
         cluster.kill(i);
     }
     let mut on_disk = BTreeMap::new();
-    let divergent = compare_copies(&cluster.nodes, plan.copies, &mut on_disk);
+    let divergent = compare_copies(&cluster.nodes, SHARDS, plan.copies, &mut on_disk);
     // A document the final reads missed: lost, or held invisible on the copy that answered?
     let lost: Vec<String> = lost
         .into_iter()
@@ -1372,14 +1489,16 @@ async fn read_back(
     let mut present: BTreeMap<u128, Vec<f32>> = BTreeMap::new();
     read_into(&client, &by_tenant, &mut present).await;
     // A copy makes an entry visible once it learns it is committed (a commit notice after the
-    // last write): a token-less read may be a moment behind. Acknowledged documents missing or
-    // with an older vector are read again for up to 10 s; what is still wrong then is lost.
+    // last write): a token-less read may be a moment behind. Acknowledged documents missing,
+    // with an older vector, or still there after their acknowledged removal are read again for
+    // up to 10 s; what is still wrong then is lost (or back).
     let started = Instant::now();
     loop {
         let mut missing: HashMap<u128, Vec<u128>> = HashMap::new();
         for (doc, history) in docs {
             let stale = match &history.state {
                 Some(Doc::Live(v)) => present.get(doc) != Some(v),
+                Some(Doc::Removed) => present.contains_key(doc),
                 _ => false,
             };
             if stale {
@@ -1394,18 +1513,22 @@ async fn read_back(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         let n_missing: usize = missing.values().map(Vec::len).sum();
+        for doc in missing.values().flatten() {
+            present.remove(doc);
+        }
         read_into(&client, &missing, &mut present).await;
         let now_right = missing
             .values()
             .flatten()
-            .filter(
-                |doc| matches!(&docs[doc].state, Some(Doc::Live(v)) if present.get(doc) == Some(v)),
-            )
+            .filter(|doc| match &docs[doc].state {
+                Some(Doc::Live(v)) => present.get(doc) == Some(v),
+                _ => !present.contains_key(doc),
+            })
             .count();
         if now_right > 0 {
             eprintln!(
-                "nemesis: {now_right} of {n_missing} acknowledged documents missing or older \
-                 became visible {:.1} s after the first read",
+                "nemesis: {now_right} of {n_missing} acknowledged documents missing, older or \
+                 removed became right {:.1} s after the first read",
                 started.elapsed().as_secs_f64()
             );
         }

@@ -1,0 +1,243 @@
+//! The routed reads: search (hits merged by score into `top_k`, partial results on request) and
+//! get, each spread over a shard's in-sync copies and honouring a read token.
+
+use super::*;
+
+impl Router {
+    pub async fn routed_search(
+        &self,
+        cluster: &ClusterNode,
+        request: pb::SearchRequest,
+        deadline: Option<Duration>,
+        api_key: Option<&str>,
+    ) -> Result<pb::SearchResponse, ApiError> {
+        let map = cluster.map(&request.collection).await?;
+        let user_ids = convert::ids(&request.user_ids);
+        // Checked for its structure here; every shard checks it against the fields and filters.
+        let filter = request.filter.as_ref().map(convert::filter).transpose()?;
+        let timeout = fanout::forward_deadline(deadline);
+        let top_k = request.top_k;
+        let shards = fanout::search_shards(&map.def, &user_ids);
+        let token = read_positions(&map, &request.read_token, request.min_seq_no, &shards)?;
+        let parts = shards.into_iter().map(|shard| (shard, ())).collect();
+        let answers = self
+            .fan_out("Search", parts, |shard, ()| {
+                let (min_seq, min_seq_epoch) = shard_position(&token, shard, request.min_seq_no);
+                let (vector, users, map) = (request.vector.clone(), user_ids.clone(), &map);
+                let (filter, request) = (&filter, &request);
+                let call = move |target, map: Arc<CollectionMap>| {
+                    let (vector, users) = (vector.clone(), users.clone());
+                    async move {
+                        match target {
+                            Target::Local(name) => {
+                                let search = SearchRequest {
+                                    user_ids: users,
+                                    vector,
+                                    top_k: top_k as usize,
+                                    ef: request.ef as usize,
+                                    exact: request.exact,
+                                    min_seq,
+                                    filter: filter.clone(),
+                                };
+                                let hits = self
+                                    .local_search_at(&name, search, Some(timeout), min_seq_epoch)
+                                    .await?;
+                                Ok(fanout::shard_hits(
+                                    hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
+                                ))
+                            }
+                            Target::Remote(mut client, shard_ref) => {
+                                self.count_forwarded("Search");
+                                let search = pb::ShardSearchRequest {
+                                    shard: Some(shard_ref),
+                                    request: Some(pb::SearchRequest {
+                                        user_ids: convert::to_ids(&users),
+                                        vector,
+                                        top_k,
+                                        ef: request.ef,
+                                        exact: request.exact,
+                                        min_seq_no: min_seq,
+                                        filter: request.filter.clone(),
+                                        ..Default::default()
+                                    }),
+                                    min_seq_epoch,
+                                };
+                                let hits = client
+                                    .search(cluster.node_request(search, api_key, timeout))
+                                    .await
+                                    .map_err(|s| fanout::forwarded_status(&map, shard, s))?
+                                    .into_inner()
+                                    .hits;
+                                Ok(fanout::shard_hits(hits.iter().map(|h| {
+                                    (
+                                        h.doc_id.as_ref().map_or(0, convert::id_to_u128),
+                                        h.user_id.as_ref().map_or(0, convert::id_to_u128),
+                                        h.score,
+                                    )
+                                })))
+                            }
+                        }
+                    }
+                };
+                self.on_shard(cluster, map, shard, Access::Spread, timeout, call)
+            })
+            .await;
+        let mut results = Vec::new();
+        let mut missing_shards = Vec::new();
+        for (shard, answer) in answers {
+            match answer {
+                Ok(hits) => results.push(hits),
+                Err(ApiError::ShardUnavailable { .. }) if request.allow_partial => {
+                    missing_shards.push(shard)
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        let hits = fanout::merge(&map.def, results, top_k as usize);
+        Ok(pb::SearchResponse {
+            hits: convert::hits(hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score))),
+            missing_shards,
+        })
+    }
+
+    /// The stored documents among `doc_ids` of `user_id` (`request` names the collection and
+    /// the read token or position to wait for).
+    pub async fn routed_get(
+        &self,
+        cluster: &ClusterNode,
+        request: &pb::GetRequest,
+        user_id: u128,
+        doc_ids: &[u128],
+        deadline: Option<Duration>,
+        api_key: Option<&str>,
+    ) -> Result<Vec<crate::local::StoredDocument>, ApiError> {
+        let map = cluster.map(&request.collection).await?;
+        let timeout = fanout::forward_deadline(deadline);
+        let parts: Vec<_> = fanout::split(&map.def, doc_ids, &[user_id]);
+        let shards: Vec<u32> = parts.iter().map(|(shard, _)| *shard).collect();
+        let token = read_positions(&map, &request.read_token, request.min_seq_no, &shards)?;
+        let answers = self
+            .fan_out("Get", parts, |shard, (docs, _)| {
+                let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
+                let (min_seq, min_seq_epoch) = shard_position(&token, shard, request.min_seq_no);
+                let map = &map;
+                let call = move |target, map: Arc<CollectionMap>| {
+                    let part_docs = part_docs.clone();
+                    async move {
+                        match target {
+                            Target::Local(name) => {
+                                self.local_get(
+                                    &name,
+                                    user_id,
+                                    &part_docs,
+                                    min_seq,
+                                    min_seq_epoch,
+                                    Some(timeout),
+                                )
+                                .await
+                            }
+                            Target::Remote(mut client, shard_ref) => {
+                                self.count_forwarded("Get");
+                                let get = pb::ShardGetRequest {
+                                    shard: Some(shard_ref),
+                                    request: Some(pb::GetRequest {
+                                        user_id: Some(convert::u128_to_id(user_id)),
+                                        doc_ids: convert::to_ids(&part_docs),
+                                        min_seq_no: min_seq,
+                                        ..Default::default()
+                                    }),
+                                    min_seq_epoch,
+                                };
+                                let docs = client
+                                    .get(cluster.node_request(get, api_key, timeout))
+                                    .await
+                                    .map_err(|s| fanout::forwarded_status(&map, shard, s))?
+                                    .into_inner()
+                                    .docs;
+                                Ok(docs
+                                    .into_iter()
+                                    .map(|d| {
+                                        (
+                                            d.doc_id.as_ref().map_or(0, convert::id_to_u128),
+                                            d.vector,
+                                            d.attributes,
+                                        )
+                                    })
+                                    .collect())
+                            }
+                        }
+                    }
+                };
+                self.on_shard(cluster, map, shard, Access::Spread, timeout, call)
+            })
+            .await;
+        let mut docs = Vec::new();
+        for (_, answer) in answers {
+            docs.extend(answer?);
+        }
+        // In the order asked for, as a single node answers.
+        let order: std::collections::HashMap<u128, usize> =
+            doc_ids.iter().enumerate().map(|(i, d)| (*d, i)).collect();
+        docs.sort_by_key(|(doc, _, _)| order.get(doc).copied().unwrap_or(usize::MAX));
+        Ok(docs)
+    }
+}
+
+/// A read's token checked against the collection it reads (`map`): decoded, from this
+/// collection, `min_seq_no` only for a one-shard collection, and no position of `shards` from
+/// before its shard was given up.
+fn read_positions(
+    map: &CollectionMap,
+    read_token: &[u8],
+    min_seq_no: u64,
+    shards: &[u32],
+) -> Result<ReadPositions, ApiError> {
+    let token = if read_token.is_empty() {
+        ReadPositions::default()
+    } else {
+        let token =
+            ReadPositions::decode(read_token).map_err(|e| ApiError::invalid("read_token", e))?;
+        if token.uid != map.def.uid {
+            return Err(ApiError::invalid(
+                "read_token",
+                format!("the token is not from collection '{}'", map.def.name),
+            ));
+        }
+        token
+    };
+    if min_seq_no > 0 && map.def.n_shards > 1 {
+        return Err(ApiError::invalid(
+            "min_seq_no",
+            "a collection of several shards reads its writes with read_token",
+        ));
+    }
+    // A position from before the shard's data began (it was given up since) names a log that
+    // is gone: no later write may be taken to satisfy it.
+    for &shard in shards {
+        let (Some(position), Some(assignment)) = (token.get(shard), map.shards.get(shard as usize))
+        else {
+            continue;
+        };
+        if position.seq > 0 && position.epoch > 0 && position.epoch < assignment.data_since {
+            return Err(ApiError::Unsupported(format!(
+                "read_token: shard {shard} of collection '{}' was given up (tarn cluster \
+                 forget) at epoch {} after the token's write (epoch {}): that write is lost \
+                 and the token can never be satisfied; read without it",
+                map.def.name, assignment.data_since, position.epoch
+            )));
+        }
+    }
+    Ok(token)
+}
+
+/// The position a read of `shard` waits for (the later of the token's and `min_seq_no`) and
+/// the epoch the token's write there was acknowledged at when the token sets it (0: none; the
+/// copy checks it, `Router::local_search_at`).
+fn shard_position(token: &ReadPositions, shard: u32, min_seq_no: u64) -> (u64, u64) {
+    let min_seq = token.position(shard).max(min_seq_no);
+    let epoch = token
+        .get(shard)
+        .filter(|p| p.seq == min_seq)
+        .map_or(0, |p| p.epoch);
+    (min_seq, epoch)
+}
