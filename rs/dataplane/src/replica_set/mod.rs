@@ -248,6 +248,13 @@ impl ShardReplication {
         let replicas = self.record().replicas.clone();
         let mut followers = self.followers.lock().unwrap_or_else(|p| p.into_inner());
         followers.retain(|(n, task)| {
+            if task.is_finished() {
+                // A follower ends only when its replication does, or by a panic: its replica
+                // gets a new one below rather than never being shipped to again.
+                tracing::error!(shard = %self.shard.local_name(), replica = %n,
+                    "a replica's follower task ended: starting another");
+                return false;
+            }
             let keep = replicas.contains(n);
             if !keep {
                 task.abort();

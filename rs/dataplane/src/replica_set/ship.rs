@@ -98,7 +98,7 @@ pub(super) async fn follow(
         commit,
         acks,
     } = follower;
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = RetryBackoff::default();
     // `held`: a hold on the log from the replica's position while it is away (from the epoch's
     // start until it first answers), and the log's byte count when it was taken.
     // `gave_up_log`: the replica fell too far behind while connected and is seeded instead:
@@ -117,6 +117,7 @@ pub(super) async fn follow(
             commit: &commit,
             acks: &acks,
         };
+        let mut reached = false;
         match ship(
             &link,
             &collection,
@@ -124,6 +125,7 @@ pub(super) async fn follow(
             &acked,
             &mut held,
             &mut gave_up_log,
+            &mut reached,
         )
         .await
         {
@@ -151,8 +153,38 @@ pub(super) async fn follow(
             held = None;
         }
         drop(node);
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
+        tokio::time::sleep(backoff.next(reached)).await;
+    }
+}
+
+/// The pause before a follower tries its replica again: from [`RetryBackoff::MIN`], doubling
+/// while the replica stays unreachable, up to [`RetryBackoff::MAX`]; back to the minimum once a
+/// try reached the replica (a replica away for a minute, then back and briefly cut again, is
+/// retried within milliseconds, not after the second it waited while away).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RetryBackoff {
+    pause: Duration,
+}
+
+impl RetryBackoff {
+    pub(super) const MIN: Duration = Duration::from_millis(50);
+    pub(super) const MAX: Duration = Duration::from_secs(1);
+
+    /// The pause after a try that failed; `reached`: the replica answered, following by log,
+    /// during that try.
+    pub(super) fn next(&mut self, reached: bool) -> Duration {
+        if reached {
+            self.pause = Self::MIN;
+        }
+        let pause = self.pause;
+        self.pause = (self.pause * 2).min(Self::MAX);
+        pause
+    }
+}
+
+impl Default for RetryBackoff {
+    fn default() -> Self {
+        Self { pause: Self::MIN }
     }
 }
 
@@ -165,10 +197,13 @@ async fn ship(
     acked: &watch::Sender<Acked>,
     held: &mut Option<(WalTail, u64)>,
     gave_up_log: &mut bool,
+    reached: &mut bool,
 ) -> Result<(), ApiError> {
     let (node, shard, epoch, replica) = (link.node, link.shard, link.epoch, link.replica);
     let mut probe = link.append(0, Vec::new(), None).await?;
     link.seed_if_needed(&probe).await?;
+    // The replica answers and follows by log (one being seeded is retried at the slower pace).
+    *reached = true;
     // KIP-101's rule: the replica keeps its log up to the last entry both logs hold from the
     // same epoch; what it holds after that was written by a primary that lost its place before
     // the entries were acknowledged (an acknowledged entry is on every in-sync copy, and only
@@ -636,4 +671,22 @@ async fn call(
             ))
         })?;
     Ok(answer.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RetryBackoff;
+    use std::time::Duration;
+
+    #[test]
+    fn a_follower_s_backoff_doubles_while_unreachable_and_restarts_once_the_replica_answered() {
+        let mut backoff = RetryBackoff::default();
+        let away: Vec<Duration> = (0..8).map(|_| backoff.next(false)).collect();
+        let ms = |v: &[Duration]| v.iter().map(|d| d.as_millis()).collect::<Vec<_>>();
+        assert_eq!(ms(&away), [50, 100, 200, 400, 800, 1000, 1000, 1000]);
+        // Back, then cut again: the next try comes after the minimum, then doubles again.
+        assert_eq!(backoff.next(true), RetryBackoff::MIN);
+        assert_eq!(backoff.next(false), Duration::from_millis(100));
+        assert_eq!(backoff.next(true), RetryBackoff::MIN);
+    }
 }
