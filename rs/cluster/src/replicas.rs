@@ -129,6 +129,13 @@ impl ShardAssignment {
         1 + self.in_sync_replicas.len() as u32
     }
 
+    /// Whether the shard is kept in one copy only (no replicas, and none required with
+    /// `min_in_sync`): what it logs is committed once durable on its primary, and it runs no
+    /// replication.
+    pub fn one_copy(&self, min_in_sync: u32) -> bool {
+        self.replicas.is_empty() && min_in_sync <= 1
+    }
+
     /// Whether the shard may take writes with `min_in_sync` copies required.
     pub fn check_in_sync(&self, min_in_sync: u32) -> Result<(), TooFewInSync> {
         if self.n_in_sync() >= min_in_sync {

@@ -85,7 +85,27 @@ pub struct ShardSwap<'a> {
     pub expected: Option<&'a ShardAssignment>,
 }
 
-impl ShardSwap<'_> {
+impl<'a> ShardSwap<'a> {
+    /// A swap of `shard`'s record from `from` to `to` that lands only if the whole record is
+    /// still `from` (no registration guard: callers that need one set it).
+    pub fn whole_record(
+        shard: &'a crate::ShardName,
+        from: &'a ShardAssignment,
+        to: &'a ShardAssignment,
+    ) -> Self {
+        ShardSwap {
+            collection: &shard.collection,
+            uid: shard.uid,
+            shard: shard.shard,
+            expected_epoch: from.epoch,
+            new: to,
+            unless_registered: None,
+            unless_registered_from: None,
+            registered: None,
+            expected: Some(from),
+        }
+    }
+
     /// Whether `registration`, of the node named by `registered`, comes from the data
     /// directory recorded for it (any, when no token was recorded).
     pub fn candidate_holds(&self, registration: &NodeInfo) -> bool {

@@ -13,7 +13,9 @@
 mod cluster;
 pub mod convert;
 mod coordinator;
+mod epochs;
 mod fanout;
+mod faults;
 mod ledger;
 mod local;
 mod reconcile;
@@ -22,17 +24,17 @@ mod replica_set;
 mod router;
 mod routing;
 mod snapshots;
+mod start;
 mod status;
 mod transfer;
 
-pub use cluster::{ClusterConfig, ClusterNode, JoinOptions, NODE_SECRET_HEADER};
+pub use cluster::{ClusterConfig, ClusterNode, JoinOptions, MoveCounters, NODE_SECRET_HEADER};
 pub use local::{removal_filter, StoredDocument};
 pub use registry::{validate_name, Registry};
 pub use replica_set::ReplicaFigures;
 pub use router::{Router, RouterMetrics};
 pub use snapshots::{restore_from_stream, stream_snapshot, ChunkStream, MAX_CONCURRENT_SNAPSHOTS};
 pub use status::ApiError;
-pub use transfer::MoveCounters;
 
 /// The node-to-node calls the server's `tarn.v1.Node` service hands to the data plane.
 pub mod node {

@@ -66,7 +66,7 @@ pub(crate) async fn reconcile(node: std::sync::Weak<ClusterNode>) {
         }
         // Test builds: acting on this view late (`cluster::reconcile=return(ms)`), as a node
         // under load would, while the map moves on.
-        crate::transfer::pause_point("cluster::reconcile").await;
+        crate::faults::pause_point("cluster::reconcile").await;
         let mut undecided = false;
         for local in node.registry.shard_names() {
             let Some((shard, _)) = ShardName::parse(&local) else {

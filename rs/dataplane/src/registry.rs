@@ -120,6 +120,7 @@ impl Registry {
         if let Some(collection) = self.collections.get(local_name) {
             return Ok(collection.clone());
         }
+        self.set_aside_unlisted(local_name).await?;
         let path = self.root.join(local_name);
         let collection = tokio::task::spawn_blocking(move || Collection::create(&path, config))
             .await
@@ -202,29 +203,45 @@ impl Registry {
         let (root, aside_root) = (self.root.clone(), self.set_aside_dir());
         let name = local_name.to_owned();
         let why = why.to_owned();
-        tokio::task::spawn_blocking(move || -> std::io::Result<PathBuf> {
+        tokio::task::spawn_blocking(move || {
             collection.close();
-            std::fs::create_dir_all(&aside_root)?;
-            let secs = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            let mut target = aside_root.join(format!("{name}-{secs}"));
-            let mut n = 1;
-            while target.exists() {
-                target = aside_root.join(format!("{name}-{secs}-{n}"));
-                n += 1;
-            }
-            let reason = why_path(&target);
-            std::fs::write(&reason, format!("{why}\n"))?;
-            std::fs::File::open(&reason)?.sync_all()?;
-            std::fs::rename(root.join(&name), &target)?;
-            std::fs::File::open(&aside_root)?.sync_all()?;
-            std::fs::File::open(&root)?.sync_all()?;
-            Ok(target)
+            move_aside(&root, &aside_root, &name, &why)
         })
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))?
         .map_err(|e| ApiError::Internal(format!("setting shard {local_name} aside: {e}")))
+    }
+
+    /// Sets aside a directory `collections/<local_name>` that holds a copy this registry does
+    /// not list (left by a process that stopped between writing a copy and listing it): a new
+    /// copy of the shard is about to take its place, and a copy is never deleted on a guess.
+    /// Logged as an error with the path it went to. The caller holds `admin`.
+    async fn set_aside_unlisted(&self, local_name: &str) -> Result<(), ApiError> {
+        let path = self.root.join(local_name);
+        if self.collections.contains_key(local_name) || !path.exists() {
+            return Ok(());
+        }
+        let (root, aside_root) = (self.root.clone(), self.set_aside_dir());
+        let name = local_name.to_owned();
+        let target = tokio::task::spawn_blocking(move || {
+            move_aside(
+                &root,
+                &aside_root,
+                &name,
+                "found in collections/ without being listed by the running node when a new \
+                 copy of the shard was about to be made there",
+            )
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .map_err(|e| {
+            ApiError::Internal(format!(
+                "setting aside an unlisted copy of {local_name}: {e}"
+            ))
+        })?;
+        tracing::error!(shard = %local_name, path = %target.display(),
+            "a copy of this shard was on disk without being listed: set aside before a new one is made");
+        Ok(())
     }
 
     /// Whether a copy of the local shard `local_name` was ever set aside here (still listed);
@@ -372,18 +389,20 @@ impl Registry {
         Ok(self.root.join(name))
     }
 
-    /// Where a shard move restores its copy of the local shard `local_name` (which this node
-    /// must not hold).
-    pub fn shard_restore_target(&self, local_name: &str) -> Result<PathBuf, ApiError> {
+    /// Where a shard move or seed restores its copy of the local shard `local_name` (which this
+    /// node must not hold; an unlisted copy in the way is set aside first).
+    pub async fn shard_restore_target(&self, local_name: &str) -> Result<PathBuf, ApiError> {
         if tarn_cluster::ShardName::parse(local_name).is_none() {
             return Err(ApiError::invalid(
                 "shard",
                 format!("{local_name:?} is not a shard"),
             ));
         }
+        let _admin = self.admin.lock().await;
         if self.collections.contains_key(local_name) {
             return Err(ApiError::AlreadyExists(local_name.to_owned()));
         }
+        self.set_aside_unlisted(local_name).await?;
         Ok(self.root.join(local_name))
     }
 
@@ -464,6 +483,28 @@ fn dir_bytes(dir: &Path) -> u64 {
 
 /// Deletes `root/name` after renaming it aside (`.drop-<name>-<nanos>`, finished at the next
 /// open if a crash interrupts the delete), so a half-deleted collection is never opened.
+/// Moves `root/<name>` (closed) to `aside_root/<name>-<unix seconds>` in one rename, with
+/// `why` beside it in `<that>.why`, and syncs both directories. Returns the new path.
+fn move_aside(root: &Path, aside_root: &Path, name: &str, why: &str) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(aside_root)?;
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut target = aside_root.join(format!("{name}-{secs}"));
+    let mut n = 1;
+    while target.exists() {
+        target = aside_root.join(format!("{name}-{secs}-{n}"));
+        n += 1;
+    }
+    let reason = why_path(&target);
+    std::fs::write(&reason, format!("{why}\n"))?;
+    std::fs::File::open(&reason)?.sync_all()?;
+    std::fs::rename(root.join(name), &target)?;
+    std::fs::File::open(aside_root)?.sync_all()?;
+    std::fs::File::open(root)?.sync_all()?;
+    Ok(target)
+}
+
 fn remove_aside(root: &Path, name: &str) -> std::io::Result<()> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -477,6 +518,46 @@ fn remove_aside(root: &Path, name: &str) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A copy on disk that the registry does not list (a process stopped between writing it
+    /// and listing it) never blocks the shard for good: a new copy or a seed's restore sets it
+    /// aside, with the reason, and goes on. Before, every try failed with "a collection already
+    /// exists" (the nemesis's seed 158: a replica never caught up).
+    #[test]
+    fn an_unlisted_copy_in_the_way_is_set_aside_not_an_error_forever() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Registry::open(dir.path()).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let config = CollectionConfig::new(4, tarn_collection::MetricName::L2);
+        let name = tarn_cluster::ShardName {
+            collection: "docs".to_owned(),
+            uid: 7,
+            shard: 2,
+        };
+        let local = &name.local_name();
+        let orphan =
+            Collection::create(&dir.path().join("collections").join(local), config.clone())
+                .unwrap();
+        orphan.close();
+        drop(orphan);
+        let created = rt.block_on(registry.create_shard(local, config.clone()));
+        assert!(created.is_ok(), "{created:?}");
+        let aside = registry.set_aside_list().unwrap();
+        assert_eq!(aside.len(), 1, "{aside:?}");
+        assert!(aside[0].0.starts_with(local), "{aside:?}");
+        assert!(aside[0].1.contains("without being listed"), "{aside:?}");
+        // The same for a restore's target.
+        rt.block_on(registry.drop_shard(local)).unwrap();
+        let orphan =
+            Collection::create(&dir.path().join("collections").join(local), config).unwrap();
+        orphan.close();
+        drop(orphan);
+        let target = rt.block_on(registry.shard_restore_target(local)).unwrap();
+        assert!(!target.exists());
+        assert_eq!(registry.set_aside_list().unwrap().len(), 2);
+    }
 
     #[test]
     fn names_are_never_paths() {

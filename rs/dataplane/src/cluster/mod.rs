@@ -19,6 +19,7 @@ mod collections;
 mod identity;
 mod serving;
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,7 +68,7 @@ pub struct ClusterConfig {
     pub peer_ca: Option<std::path::PathBuf>,
 }
 
-/// What a node joins the cluster with ([`ClusterNode::join`]).
+/// What a node joins the cluster with ([`ClusterNode::join`](crate::ClusterNode::join)).
 #[derive(Debug, Clone)]
 pub struct JoinOptions {
     pub node_id: String,
@@ -121,7 +122,7 @@ pub struct ClusterNode {
     pub(crate) incoming: Arc<DashMap<String, ()>>,
     /// Local shards whose primary (this node) is handing them over to a replica (`transfer/`).
     pub(crate) handing_over: DashMap<String, ()>,
-    pub(crate) moves: crate::transfer::MoveCounters,
+    pub(crate) moves: MoveCounters,
     /// The CA that signs the other nodes' TLS certificates (`--cluster-ca`).
     peer_ca: Option<Vec<u8>>,
     /// Channels to other nodes for the node-to-node `Cluster` calls, by address.
@@ -180,14 +181,14 @@ pub(crate) enum Target {
 pub(crate) const MAX_NODE_MESSAGE_BYTES: usize = 256 << 20;
 
 impl ClusterNode {
-    /// Joins: registers this node under a lease (refused if a live node has the id; a
-    /// registration carrying `incarnation`, this data directory's token, is this directory's
-    /// previous process and is taken over at once) and starts
-    /// watching the shard map; a task drops local shards of collections that no longer exist.
+    /// Registers this node under a lease (refused if a live node has the id; a registration
+    /// carrying `incarnation`, this data directory's token, is this directory's previous
+    /// process and is taken over at once) and starts watching the shard map
+    /// ([`ClusterNode::join`], in `start.rs`, then starts the node's tasks).
     ///
     /// First the cluster's identity is settled ([`settle_identity`]): a data directory that
     /// belongs to a cluster joins only the etcd that holds that cluster's id.
-    pub async fn join(
+    pub(crate) async fn register(
         store: Arc<dyn ClusterStore>,
         options: JoinOptions,
         registry: Arc<Registry>,
@@ -254,7 +255,7 @@ impl ClusterNode {
             gates: DashMap::new(),
             incoming: Arc::new(DashMap::new()),
             handing_over: DashMap::new(),
-            moves: crate::transfer::MoveCounters::default(),
+            moves: MoveCounters::default(),
             peer_ca,
             peers: DashMap::new(),
             incarnation,
@@ -268,8 +269,6 @@ impl ClusterNode {
             registration,
             ledger,
         });
-        tokio::spawn(crate::reconcile::reconcile(Arc::downgrade(&node)));
-        tokio::spawn(crate::coordinator::coordinate(Arc::downgrade(&node)));
         Ok(node)
     }
 
@@ -366,7 +365,7 @@ impl ClusterNode {
     }
 
     /// This node's move, seed and failover counters (for metrics).
-    pub fn move_counters(&self) -> &crate::transfer::MoveCounters {
+    pub fn move_counters(&self) -> &MoveCounters {
         &self.moves
     }
 
@@ -559,4 +558,25 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// Counters of this node's moves (for metrics).
+#[derive(Debug, Default)]
+pub struct MoveCounters {
+    /// Pulls running on this node (as the taker).
+    pub in_progress: AtomicU64,
+    pub finished: AtomicU64,
+    pub failed: AtomicU64,
+    /// Bytes received by pulls: snapshots and WAL entries.
+    pub bytes: AtomicU64,
+    /// Streams running on this node (as the owner).
+    pub streams_out: AtomicU64,
+    /// The last finished move's write pause (fence to flip), microseconds.
+    pub last_write_pause_us: AtomicU64,
+    /// Failovers this node landed as the placement coordinator.
+    pub failovers: AtomicU64,
+    /// Bytes received seeding replica copies (snapshots and WAL entries).
+    pub seed_bytes: AtomicU64,
+    /// Replica copies seeded here, finished.
+    pub seeds: AtomicU64,
 }

@@ -33,7 +33,7 @@ impl ClusterNode {
             if a.takes_writes()
                 && a.epoch == epoch
                 && a.owner == self.node_id
-                && !crate::replica_set::one_copy(a, map.def.min_in_sync)
+                && !a.one_copy(map.def.min_in_sync)
                 && !self.replicating(shard, epoch)
             {
                 let collection = self.local_shard(&self.registry, shard, epoch).await?;
@@ -55,7 +55,7 @@ impl ClusterNode {
                     .await?;
                 // Test builds: a write held between its epoch check and its append (a process
                 // stopped there, a slow scheduler).
-                crate::transfer::pause_point("write::checked").await;
+                crate::faults::pause_point("write::checked").await;
                 Ok(ShardWrite {
                     collection,
                     _gate: guard,

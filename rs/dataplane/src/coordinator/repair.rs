@@ -8,7 +8,6 @@ use std::time::Instant;
 use tarn_cluster::ShardName;
 
 use crate::cluster::ClusterNode;
-use crate::transfer::whole_record_swap;
 
 /// Failover: for each shard whose primary is dead to the cluster (or back on another disk)
 /// and that has an alive in-sync replica on the disk recorded for its copy
@@ -30,7 +29,7 @@ pub(super) async fn promote_replicas(node: &ClusterNode, state: &tarn_cluster::C
             uid: planned.uid,
             shard: planned.shard,
         };
-        let mut swap = whole_record_swap(&name, &planned.from, &planned.to);
+        let mut swap = tarn_cluster::ShardSwap::whole_record(&name, &planned.from, &planned.to);
         swap.unless_registered = Some(&planned.dead_primary);
         swap.unless_registered_from = planned.dead_primary_incarnation.as_deref();
         // And only onto a candidate registered, in etcd itself, from its recorded directory.
@@ -77,7 +76,7 @@ pub(super) async fn drop_replaced_copies(node: &ClusterNode, state: &tarn_cluste
             uid: planned.uid,
             shard: planned.shard,
         };
-        let swap = whole_record_swap(&name, &planned.from, &planned.to);
+        let swap = tarn_cluster::ShardSwap::whole_record(&name, &planned.from, &planned.to);
         match node.store().compare_and_set_shard(&swap).await {
             Ok(true) => {
                 tracing::warn!(shard = %name.local_name(), replica = %planned.replica,

@@ -7,8 +7,8 @@ use std::time::Duration;
 use tarn_cluster::{EpochHistory, ShardName};
 use tarn_proto::v1 as pb;
 
-use super::epochs::{from_wire, record_epochs, to_wire};
 use crate::cluster::ClusterNode;
+use crate::epochs::{from_wire, record_epochs, to_wire};
 use crate::status::ApiError;
 
 /// How long a replica waits for the batches before one that arrived ahead of them (calls in
@@ -253,7 +253,7 @@ async fn append_entries_here(
     let durable = collection.sync_wal().await?;
     // Test builds: a replica slow to answer (a slow disk), which keeps it close behind but
     // never quick enough to join.
-    crate::transfer::pause_point("replication::answer_delay").await;
+    crate::faults::pause_point("replication::answer_delay").await;
     Ok(pb::AppendEntriesResponse {
         last_seq,
         durable_seq: durable,

@@ -4,6 +4,7 @@
 //! figures for metrics.
 
 use super::*;
+use crate::epochs::begin_epoch;
 
 /// One replica's figures, for metrics.
 #[derive(Debug, Clone)]
@@ -94,7 +95,7 @@ impl ClusterNode {
         collection: &Collection,
     ) -> Result<(), ApiError> {
         let local = shard.local_name();
-        if self.replicating(shard, assignment.epoch) || one_copy(assignment, min_in_sync) {
+        if self.replicating(shard, assignment.epoch) || assignment.one_copy(min_in_sync) {
             return Ok(());
         }
         let gate = self.gate(&local);
@@ -202,7 +203,7 @@ impl ClusterNode {
         let mut start_hold = None;
         let replication = match existing {
             Some(r) => r,
-            None if one_copy(assignment, min_in_sync) => {
+            None if assignment.one_copy(min_in_sync) => {
                 // One copy: every entry it logs is committed once durable here.
                 collection.release_uncommitted();
                 return Ok(None);
@@ -305,10 +306,4 @@ impl ClusterNode {
             keep
         });
     }
-}
-
-/// Whether a shard is kept in one copy only (no replicas, and none required): what it logs is
-/// committed once durable on its primary, and it runs no replication.
-pub(crate) fn one_copy(assignment: &ShardAssignment, min_in_sync: u32) -> bool {
-    assignment.replicas.is_empty() && min_in_sync <= 1
 }

@@ -55,29 +55,26 @@
 //! recording a batch's epochs, the wire form).
 
 mod append;
-mod epochs;
 mod lifecycle;
 mod ship;
+mod state;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dashmap::DashMap;
 use std::sync::Mutex as StdMutex;
 use tarn_cluster::{ShardAssignment, ShardName, ShardRecord, ShardSwap};
 use tarn_collection::Collection;
-use tarn_proto::v1 as pb;
 use tokio::sync::watch;
 
 use crate::cluster::ClusterNode;
 use crate::status::ApiError;
 
 pub use append::append_entries;
-use epochs::begin_epoch;
-pub(crate) use epochs::record_epochs;
-pub(crate) use lifecycle::one_copy;
 pub use lifecycle::ReplicaFigures;
 use ship::{follow, Follower};
+pub(crate) use state::{Acked, ShardReplication};
 
 /// How long a write waits for an in-sync replica before removing it from the in-sync set (and
 /// how long a follower waits for one answer).
@@ -97,88 +94,6 @@ const JOIN_LAG_ENTRIES: u64 = 1_024;
 /// the writes back every second).
 const JOIN_TRY_EVERY: Duration = Duration::from_secs(1);
 const JOIN_BACKOFF_MAX: Duration = Duration::from_secs(30);
-
-/// What a replica has acknowledged: its last durable entry, and the data directory (its
-/// token, empty when unknown) that answered.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Acked {
-    pub seq: u64,
-    pub incarnation: String,
-}
-
-/// One shard's replication, on its primary, at one epoch.
-pub(crate) struct ShardReplication {
-    shard: ShardName,
-    epoch: u64,
-    min_in_sync: u32,
-    collection: Collection,
-    /// This copy's epoch history, this epoch's start included (recorded before the first
-    /// entry of the epoch was appended): shipped with every entry batch.
-    history: Vec<pb::EpochStart>,
-    /// This epoch's first sequence number. A new follower holds the log from it while its
-    /// replica is away: a deposed primary that comes back needs everything from there (it
-    /// holds the rest), and this primary never learnt its position.
-    epoch_first_seq: u64,
-    /// The shard's record as this primary last knew it: its own swaps land here at once (the
-    /// view follows later); changes by others are taken from the view.
-    record: StdMutex<ShardAssignment>,
-    /// The highest sequence number writers want on the replicas.
-    wanted: watch::Sender<u64>,
-    /// Per replica node: the last sequence number it has durable, and from which directory.
-    acked: DashMap<String, watch::Receiver<Acked>>,
-    /// The highest entry durable here and on every in-sync replica (acknowledged by the
-    /// directory recorded for its copy): no failover cuts it. This copy makes entries visible
-    /// up to it, and the followers tell the replicas ([`ShardReplication::advance_commit`]).
-    commit: watch::Sender<u64>,
-    /// Followers notify it after each acknowledgement; the committer task then advances the
-    /// commit.
-    acks: Arc<tokio::sync::Notify>,
-    committer: StdMutex<Option<tokio::task::JoinHandle<()>>>,
-    followers: StdMutex<Vec<(String, tokio::task::JoinHandle<()>)>>,
-    /// Serialises this shard's in-sync changes.
-    changing: tokio::sync::Mutex<()>,
-    /// A join is under way (one at a time).
-    joining: std::sync::atomic::AtomicBool,
-    /// This primary is handing the shard to a replica because its copy failed (once).
-    stepping_down: std::sync::atomic::AtomicBool,
-    /// Per replica whose last join failed: when the next may be tried, and the wait after
-    /// another failure.
-    join_backoff: DashMap<String, (Instant, Duration)>,
-    /// Set once this node's view shows the shard at another epoch or primary: the writes still
-    /// waiting on this replication fail at once (none can be acknowledged at this epoch), so
-    /// they let the shard's gate go and the copy can follow its new primary.
-    deposed: watch::Sender<bool>,
-}
-
-impl Drop for ShardReplication {
-    fn drop(&mut self) {
-        for (_, task) in self
-            .followers
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
-            task.abort();
-        }
-        if let Some(committer) = self
-            .committer
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            committer.abort();
-        }
-    }
-}
-
-impl std::fmt::Debug for ShardReplication {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShardReplication")
-            .field("shard", &self.shard.local_name())
-            .field("epoch", &self.epoch)
-            .finish()
-    }
-}
 
 impl ShardReplication {
     /// The shard's record as this primary knows it (a poisoned lock still holds a whole value:
@@ -337,8 +252,7 @@ impl ShardReplication {
             let Some(promoted) = record.promoted(&candidate) else {
                 return;
             };
-            let mut swap =
-                crate::transfer::whole_record_swap(&replication.shard, &record, &promoted);
+            let mut swap = ShardSwap::whole_record(&replication.shard, &record, &promoted);
             swap.registered = Some((
                 candidate.as_str(),
                 record.incarnation_of(&candidate).unwrap_or(""),

@@ -13,11 +13,12 @@ use tarn_collection::{Collection, WalTail};
 use tarn_proto::v1 as pb;
 use tokio::sync::watch;
 
-use super::epochs::from_wire;
 use super::{
     Acked, ShardReplication, IN_SYNC_BOUND, JOIN_BACKOFF_MAX, JOIN_LAG_ENTRIES, JOIN_TRY_EVERY,
 };
 use crate::cluster::ClusterNode;
+use crate::epochs::from_wire;
+use crate::faults::{pause_point, tunable};
 use crate::status::ApiError;
 
 /// How long an idle follower waits for a write before it sends its replica a commit notice.
@@ -36,17 +37,6 @@ const LAG_CHECK_EVERY: Duration = Duration::from_millis(100);
 /// answers but falls behind (out of the in-sync set): past it, it is seeded instead of pinning
 /// the log from its position.
 const AWAY_REPLICA_WAL_BYTES: u64 = 1 << 30;
-
-/// `default`, or (test builds) the value the fail point `name` returns (`name=return(<n>)`).
-fn tunable<T: std::str::FromStr>(name: &str, default: T) -> T {
-    #[cfg(feature = "failpoints")]
-    if let Some(Some(value)) = fail::eval(name, |arg| arg.and_then(|a| a.parse::<T>().ok())) {
-        return value;
-    }
-    #[cfg(not(feature = "failpoints"))]
-    let _ = name;
-    default
-}
 
 /// [`MAX_BATCH_BYTES`], or `replication::max_batch_bytes` (a slow follower: one entry per
 /// batch at `return(1)`).
@@ -301,7 +291,7 @@ async fn ship(
             let n = entries.len() as u64;
             let payloads = entries.into_iter().map(|(_, p)| p.to_vec()).collect();
             // Test builds: a primary that holds its next batch back (it dies meanwhile in tests).
-            crate::transfer::pause_point("replication::hold_entries").await;
+            pause_point("replication::hold_entries").await;
             let committed = *link.commit.borrow();
             in_flight.push_back(async move {
                 let answer = link.append(first, payloads, None).await;

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use tarn_cluster::{HandoverStep, PlannedHandover, ShardAssignment, ShardName};
 
-use super::{fail_point, HANDOVER_LIMIT};
+use super::HANDOVER_LIMIT;
 use crate::cluster::ClusterNode;
+use crate::faults::fail_point;
 use crate::status::ApiError;
 
 // A replicated shard's primary handed over to an in-sync replica.
@@ -48,7 +49,7 @@ pub(crate) async fn hand_over(
         uid: planned.uid,
         shard: planned.shard,
     };
-    let swap = whole_record_swap(&name, &planned.from, &planned.to);
+    let swap = tarn_cluster::ShardSwap::whole_record(&name, &planned.from, &planned.to);
     let landed = node
         .store()
         .compare_and_set_shard(&swap)
@@ -213,7 +214,7 @@ async fn hand_over_as_primary(
                 "the hand-over's replica is no longer in sync ({current:?})"
             ))
         })?;
-    let swap = whole_record_swap(shard, &current, &promoted);
+    let swap = tarn_cluster::ShardSwap::whole_record(shard, &current, &promoted);
     let landed = node
         .store()
         .compare_and_set_shard(&swap)
@@ -261,7 +262,7 @@ pub(crate) async fn lift_handover(node: &ClusterNode, shard: &ShardName, epoch: 
         }
     };
     let back = current.fence_lifted();
-    let swap = whole_record_swap(shard, &current, &back);
+    let swap = tarn_cluster::ShardSwap::whole_record(shard, &current, &back);
     match node.store().compare_and_set_shard(&swap).await {
         Ok(true) => {
             tracing::info!(shard = %local, primary = %back.owner, epoch = back.epoch,
@@ -271,25 +272,5 @@ pub(crate) async fn lift_handover(node: &ClusterNode, shard: &ShardName, epoch: 
         Err(error) => {
             tracing::warn!(shard = %local, %error, "could not lift a hand-over's fence yet")
         }
-    }
-}
-
-/// A swap of `shard`'s record from `from` to `to` that lands only if the whole record is still
-/// `from` (no registration guard: callers that need one set it).
-pub(crate) fn whole_record_swap<'a>(
-    shard: &'a ShardName,
-    from: &'a ShardAssignment,
-    to: &'a ShardAssignment,
-) -> tarn_cluster::ShardSwap<'a> {
-    tarn_cluster::ShardSwap {
-        collection: &shard.collection,
-        uid: shard.uid,
-        shard: shard.shard,
-        expected_epoch: from.epoch,
-        new: to,
-        unless_registered: None,
-        unless_registered_from: None,
-        registered: None,
-        expected: Some(from),
     }
 }

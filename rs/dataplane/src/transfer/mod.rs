@@ -29,7 +29,7 @@
 //! reads), `pull.rs` the taker's side of a move (`pull_shard`: copy, fence, flip, or lift the
 //! fence), `seed.rs` a replica's copy of its primary's snapshot and tail (`start_seed`), and
 //! `handover.rs` the hand-over of a replicated shard's primary to an in-sync replica. This file
-//! holds what they share: the limits, [`MoveCounters`], the fail and pause points, and opening
+//! holds what they share: the limits and opening
 //! an owner's stream with its snapshot restored ([`open_and_restore`]). The placement
 //! coordinator that asks for moves and hand-overs is `crate::coordinator`.
 
@@ -51,7 +51,7 @@ use crate::cluster::ClusterNode;
 use crate::snapshots::RestoreUpload;
 use crate::status::ApiError;
 
-pub(crate) use handover::{hand_over, lift_handover, start_handovers, whole_record_swap};
+pub(crate) use handover::{hand_over, lift_handover, start_handovers};
 pub(crate) use pull::lift_fence;
 pub use pull::pull_shard;
 pub(crate) use seed::start_seed;
@@ -69,50 +69,6 @@ const HANDOVER_LIMIT: Duration = Duration::from_secs(15);
 const STREAM_SILENCE_LIMIT: Duration = Duration::from_secs(30);
 /// How long the coordinator waits for one move.
 pub(crate) const MOVE_LIMIT: Duration = Duration::from_secs(3600);
-
-/// Counters of this node's moves (for metrics).
-#[derive(Debug, Default)]
-pub struct MoveCounters {
-    /// Pulls running on this node (as the taker).
-    pub in_progress: AtomicU64,
-    pub finished: AtomicU64,
-    pub failed: AtomicU64,
-    /// Bytes received by pulls: snapshots and WAL entries.
-    pub bytes: AtomicU64,
-    /// Streams running on this node (as the owner).
-    pub streams_out: AtomicU64,
-    /// The last finished move's write pause (fence to flip), microseconds.
-    pub last_write_pause_us: AtomicU64,
-    /// Failovers this node landed as the placement coordinator.
-    pub failovers: AtomicU64,
-    /// Bytes received seeding replica copies (snapshots and WAL entries).
-    pub seed_bytes: AtomicU64,
-    /// Replica copies seeded here, finished.
-    pub seeds: AtomicU64,
-}
-
-/// Test builds: a pause at a named point of a move, set by a fail point `<name>=return(<ms>)`
-/// (the `FAILPOINTS` environment variable), so that tests can kill a process inside a step.
-pub(crate) async fn pause_point(name: &str) {
-    #[cfg(feature = "failpoints")]
-    if let Some(Some(ms)) = fail::eval(name, |arg| arg.and_then(|a| a.parse::<u64>().ok())) {
-        tracing::warn!(point = name, ms, "pausing at a fail point");
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
-    #[cfg(not(feature = "failpoints"))]
-    let _ = name;
-}
-
-/// Test builds: a failure at a named point of a move, set by a fail point `<name>=return`.
-fn fail_point(name: &str) -> Result<(), ApiError> {
-    #[cfg(feature = "failpoints")]
-    if fail::eval(name, |_| ()).is_some() {
-        return Err(ApiError::Unavailable(format!("fail point {name}")));
-    }
-    #[cfg(not(feature = "failpoints"))]
-    let _ = name;
-    Ok(())
-}
 
 pub(crate) fn peer_error(what: &str, status: Status) -> ApiError {
     let message = format!("{what}: {}", status.message());
@@ -195,7 +151,7 @@ async fn open_and_restore(
         .map_err(|s| peer_error("opening the shard stream", s))?
         .into_inner();
     let local = shard.local_name();
-    let target = node.registry.shard_restore_target(&local)?;
+    let target = node.registry.shard_restore_target(&local).await?;
     let mut upload = RestoreUpload::begin(&local, target)?;
     let mut n_bytes = 0u64;
     let epochs = loop {

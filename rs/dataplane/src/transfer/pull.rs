@@ -11,10 +11,11 @@ use tarn_collection::Durability;
 use tarn_proto::v1 as pb;
 
 use super::{
-    copied_batch, fail_point, next_message, open_and_restore, pause_point, Restored,
-    CATCH_UP_LIMIT, FENCE_LAG_ENTRIES, HANDOVER_LIMIT, STREAM_SILENCE_LIMIT,
+    copied_batch, next_message, open_and_restore, Restored, CATCH_UP_LIMIT, FENCE_LAG_ENTRIES,
+    HANDOVER_LIMIT, STREAM_SILENCE_LIMIT,
 };
 use crate::cluster::ClusterNode;
+use crate::faults::{fail_point, pause_point};
 use crate::status::ApiError;
 
 /// How long a taker keeps trying to learn whether its flip landed when etcd does not say.

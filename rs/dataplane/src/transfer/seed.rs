@@ -9,10 +9,11 @@ use tarn_cluster::ShardName;
 use tarn_collection::Durability;
 
 use super::{
-    copied_batch, fail_point, next_message, open_and_restore, pause_point, Restored,
-    CATCH_UP_LIMIT, FENCE_LAG_ENTRIES, STREAM_SILENCE_LIMIT,
+    copied_batch, next_message, open_and_restore, Restored, CATCH_UP_LIMIT, FENCE_LAG_ENTRIES,
+    STREAM_SILENCE_LIMIT,
 };
 use crate::cluster::ClusterNode;
+use crate::faults::{fail_point, pause_point};
 use crate::status::ApiError;
 
 /// Seeds this node's copy of a shard it is a replica of from the primary's snapshot and tail,
@@ -156,7 +157,7 @@ async fn seed_locked(
                 .seed_bytes
                 .fetch_add(batch_bytes, Ordering::Relaxed);
             let (first, last) = (batch[0].0, batch[batch.len() - 1].0);
-            crate::replica_set::record_epochs(&copy, &history, first, last).await?;
+            crate::epochs::record_epochs(&copy, &history, first, last).await?;
             // Written, not synced, batch by batch: one sync at the end makes them durable.
             applied = copy.append_copied(batch, Durability::Written).await?;
         }

@@ -13,7 +13,7 @@ use crate::status::ApiError;
 /// first of them is appended: a primary's first write at an epoch). Entries the copy holds from
 /// before it kept a history are epoch 0's (a shard's one line of primaries before it had
 /// replicas: every copy got them from it). Returns the history.
-pub(super) async fn begin_epoch(
+pub(crate) async fn begin_epoch(
     collection: &Collection,
     epoch: u64,
 ) -> Result<Vec<pb::EpochStart>, ApiError> {
@@ -46,7 +46,7 @@ fn collection_label(collection: &Collection) -> String {
     format!("(last entry {})", collection.last_seq_no())
 }
 
-pub(super) fn to_wire(starts: &[(u64, u64)]) -> Vec<pb::EpochStart> {
+pub(crate) fn to_wire(starts: &[(u64, u64)]) -> Vec<pb::EpochStart> {
     starts
         .iter()
         .map(|&(epoch, first_seq)| pb::EpochStart { epoch, first_seq })
@@ -110,7 +110,7 @@ pub(crate) async fn record_epochs(
 }
 
 /// A history from the wire, checked.
-pub(super) fn from_wire(starts: &[pb::EpochStart]) -> Result<EpochHistory, ApiError> {
+pub(crate) fn from_wire(starts: &[pb::EpochStart]) -> Result<EpochHistory, ApiError> {
     EpochHistory::from_starts(starts.iter().map(|s| (s.epoch, s.first_seq)).collect())
         .map_err(|why| ApiError::invalid("epochs", why))
 }
