@@ -184,7 +184,7 @@ impl Router {
             }
             // Concurrently: they share group commits.
             let mut last_seq = 0;
-            for seq in crate::routing::join_all(removes).await {
+            for seq in futures_util::future::join_all(removes).await {
                 last_seq = last_seq.max(seq?);
             }
             Ok((last_seq, (last_seq, n_removed)))

@@ -36,32 +36,6 @@ fn wire_durability(value: i32) -> Result<Option<Durability>, ApiError> {
     })
 }
 
-/// Awaits every future, concurrently, in order (a small `join_all` without another crate).
-pub(crate) async fn join_all<F: std::future::Future>(
-    futures: impl IntoIterator<Item = F>,
-) -> Vec<F::Output> {
-    let mut pinned: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (slot, future) in out.iter_mut().zip(pinned.iter_mut()) {
-            if slot.is_none() {
-                match future.as_mut().poll(cx) {
-                    std::task::Poll::Ready(value) => *slot = Some(value),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
-}
-
 impl Router {
     /// Runs `call` for every (shard, part) at once and returns the answers in the parts' order;
     /// records the whole fan-out's time under `method`.
@@ -77,7 +51,10 @@ impl Router {
     {
         let started = std::time::Instant::now();
         let shards: Vec<u32> = parts.iter().map(|p| p.0).collect();
-        let answers = join_all(parts.into_iter().map(|(shard, part)| call(shard, part))).await;
+        let answers = futures_util::future::join_all(
+            parts.into_iter().map(|(shard, part)| call(shard, part)),
+        )
+        .await;
         self.metrics
             .fan_out
             .with_label_values(&[method])
