@@ -34,6 +34,8 @@ fi
 # scripts/cluster-e2e.sh.
 cargo test --workspace --all-features --locked -- --skip processes_
 scripts/cluster-e2e.sh
+# Two seeds of the two-faults-at-a-time nemesis (50 in a row pass: docs/RELIABILITY.md).
+SEEDS=2 FIRST_SEED=164 scripts/nemesis.sh
 scripts/test-rust-client.sh
 scripts/test-python-client.sh
 # The generated vectors: what a user's clone, without ../shared/data, runs.
