@@ -161,11 +161,7 @@ impl ClusterNode {
                 continue;
             }
             let local = shard.local_name();
-            let existing = self
-                .replication
-                .get(&local)
-                .map(|r| Arc::clone(r.value()))
-                .filter(|r| r.epoch == assignment.epoch);
+            let existing = replication_at(self, &shard, assignment.epoch);
             if let Some(replication) = existing {
                 // Replicas added or dropped since (re-replication): followers to match.
                 if let Err(error) = replication.refresh(self, assignment).await {
@@ -195,11 +191,7 @@ impl ClusterNode {
         collection: &Collection,
     ) -> Result<Option<Arc<ShardReplication>>, ApiError> {
         let local = shard.local_name();
-        let existing = self
-            .replication
-            .get(&local)
-            .map(|r| Arc::clone(r.value()))
-            .filter(|r| r.epoch == assignment.epoch);
+        let existing = replication_at(self, shard, assignment.epoch);
         let mut start_hold = None;
         let replication = match existing {
             Some(r) => r,

@@ -95,6 +95,18 @@ const JOIN_LAG_ENTRIES: u64 = 1_024;
 const JOIN_TRY_EVERY: Duration = Duration::from_secs(1);
 const JOIN_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
+/// This node's replication of `shard` at `epoch`, if it is still its primary there.
+pub(super) fn replication_at(
+    node: &ClusterNode,
+    shard: &ShardName,
+    epoch: u64,
+) -> Option<Arc<ShardReplication>> {
+    node.replication
+        .get(&shard.local_name())
+        .map(|r| Arc::clone(r.value()))
+        .filter(|r| r.epoch == epoch)
+}
+
 impl ShardReplication {
     /// The shard's record as this primary knows it (a poisoned lock still holds a whole value:
     /// every write to it is one assignment).

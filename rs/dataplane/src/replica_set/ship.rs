@@ -14,7 +14,7 @@ use tarn_proto::v1 as pb;
 use tokio::sync::watch;
 
 use super::{
-    Acked, ShardReplication, IN_SYNC_BOUND, JOIN_BACKOFF_MAX, JOIN_LAG_ENTRIES, JOIN_TRY_EVERY,
+    replication_at, Acked, IN_SYNC_BOUND, JOIN_BACKOFF_MAX, JOIN_LAG_ENTRIES, JOIN_TRY_EVERY,
 };
 use crate::cluster::ClusterNode;
 use crate::epochs::from_wire;
@@ -443,18 +443,6 @@ fn too_far_behind(link: &Link<'_>, collection: &Collection, acked: u64) -> Optio
     let per_entry = stats.n_bytes / stats.n_entries.max(1);
     let behind = behind_entries.saturating_mul(per_entry);
     (behind > away_wal_bytes()).then_some(behind)
-}
-
-/// This node's replication of `shard` at `epoch`, if it is still its primary there.
-fn replication_at(
-    node: &ClusterNode,
-    shard: &ShardName,
-    epoch: u64,
-) -> Option<Arc<ShardReplication>> {
-    node.replication
-        .get(&shard.local_name())
-        .map(|r| Arc::clone(r.value()))
-        .filter(|r| r.epoch == epoch)
 }
 
 /// Whether an idle follower should probe `replica`: its copy is out of the in-sync set

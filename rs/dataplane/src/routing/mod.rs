@@ -62,11 +62,6 @@ impl Router {
         shards.into_iter().zip(answers).collect()
     }
 
-    /// Runs `call` on a shard's owner (here or remote). When the owner answers that the map
-    /// moved on (ABORTED: the shard was moved, or is fenced while a move hands it over; a
-    /// write is refused before anything is written), waits for this node's view of the shard to
-    /// change and calls again, until `deadline`; a write never goes to a fenced shard.
-    #[allow(clippy::too_many_arguments)]
     /// [`Router::on_shard`], also answering the shard's epoch in the map the successful attempt
     /// was routed by (a write's read token carries the epoch it was acknowledged at, which may
     /// be newer than the map the call started with).
@@ -92,6 +87,11 @@ impl Router {
             .await
     }
 
+    /// Runs `call` on a shard's owner (here or remote). When the owner answers that the map
+    /// moved on (ABORTED: the shard was moved, or is fenced while a move hands it over; a
+    /// write is refused before anything is written), waits for this node's view of the shard to
+    /// change and calls again, until `deadline`; a write never goes to a fenced shard.
+    #[allow(clippy::too_many_arguments)]
     async fn on_shard<T, F, Fut>(
         &self,
         cluster: &ClusterNode,
