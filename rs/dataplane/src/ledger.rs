@@ -4,7 +4,7 @@
 //! and the shards whose copies it deleted, with the epoch of the record that let it. It is the node's memory of etcd's history: a record
 //! older than what the ledger says (etcd restored from an older backup) never makes the node
 //! drop a copy (`tarn_cluster::fate_of_copy` sets it aside), a shard whose copy was deleted
-//! here is never started empty here again by a record no newer than that drop, and a store behind the ledger's revision fences the
+//! here (or set aside here) is never started empty here again by a record no newer than that, and a store behind the ledger's revision fences the
 //! node (`ClusterStore::guard_history`) or keeps it from starting.
 
 use std::collections::BTreeMap;
@@ -23,7 +23,8 @@ struct LedgerState {
     /// shard's record (owner, replica, or the taker of a move).
     held: BTreeMap<String, u64>,
     /// Local shard names whose copy was deleted here, with the epoch of the record that let it
-    /// (`u64::MAX`: the collection was dropped).
+    /// (`u64::MAX`: the collection was dropped), or set aside here, with the highest epoch it
+    /// was held at.
     dropped: BTreeMap<String, u64>,
     /// Local shard names whose copy a seed from the primary is filling (or left unfinished):
     /// such a copy holds nothing of its own, and the next seed deletes it instead of setting
@@ -147,9 +148,19 @@ impl CopyLedger {
     }
 
     /// Records that `local`'s copy left this directory's service (set aside): its held epoch
-    /// goes with it (blocking).
+    /// goes with it, and, as for a drop, a record no newer than that epoch never has this
+    /// directory start the shard empty again (an etcd restored from an older backup names
+    /// this directory, at the old epoch, as where the shard is created: its data is in the
+    /// set-aside copy, not in an empty one) (blocking).
     pub(crate) fn note_set_aside(&self, local: &str) -> std::io::Result<()> {
-        self.change(|state| state.held.remove(local).is_some())
+        self.change(|state| {
+            let Some(held) = state.held.remove(local) else {
+                return false;
+            };
+            let slot = state.dropped.entry(local.to_owned()).or_default();
+            *slot = (*slot).max(held);
+            true
+        })
     }
 
     /// Applies `f` to a copy of the state and, when it says the state changed, writes the file
@@ -218,8 +229,13 @@ mod tests {
         assert!(CopyLedger::open(dir.path()).unwrap().is_seeding("c.1.2"));
         reopened.note_seeding("c.1.2", false).unwrap();
         assert!(!CopyLedger::open(dir.path()).unwrap().is_seeding("c.1.2"));
+        // A copy set aside while held at epoch 3 is never started empty here by a record of
+        // epoch 3 or older.
         reopened.note_set_aside("c.1.0").unwrap();
-        assert_eq!(CopyLedger::open(dir.path()).unwrap().held_epoch("c.1.0"), 0);
+        let set_aside = CopyLedger::open(dir.path()).unwrap();
+        assert_eq!(set_aside.held_epoch("c.1.0"), 0);
+        assert!(!set_aside.may_start_empty("c.1.0", 1) && !set_aside.may_start_empty("c.1.0", 3));
+        assert!(set_aside.may_start_empty("c.1.0", 4));
         // A damaged ledger refuses to open, naming the file.
         std::fs::write(dir.path().join(LEDGER_FILE), b"{not json").unwrap();
         let error = CopyLedger::open(dir.path()).unwrap_err().to_string();

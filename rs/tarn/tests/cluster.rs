@@ -1219,6 +1219,179 @@ fn processes_an_etcd_restored_from_an_older_backup_fences_the_nodes_and_loses_no
     });
 }
 
+/// etcd restored from a backup taken before a failover of a replicated shard (2 copies): the
+/// primary is killed after the backup, its replica promoted at the next epoch, more writes
+/// acknowledged, the old primary back as a replica; then etcd is put back to the backup. Every
+/// node fences itself; restarted with `--accept-etcd-rollback`, no copy is deleted and no Get
+/// answers OK without an acknowledged document (both copies are held at a later epoch than the
+/// restored record, which names the old primary at the old epoch: nothing may serve the shard
+/// as that record says), and every acknowledged document comes back by importing the set-aside
+/// copies into a new collection, as docs/CLUSTER.md's procedure says. Before, the old primary
+/// set its copy aside and then started the shard empty (the restored record names its data
+/// directory as where the shard is created), so Gets answered OK with every acknowledged
+/// document missing; and a read spread to the old replica, whose copy was set aside too, was
+/// answered "stale map" and retried until its deadline.
+#[test]
+fn processes_an_etcd_restored_from_before_a_failover_keeps_every_replicated_write() {
+    let Some((dir, mut etcd, mut nodes)) = real_cluster(3, 2) else {
+        return;
+    };
+    const DIM: usize = 8;
+    let rt = runtime();
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+    let acked: Acked = Default::default();
+    let write = |to: &str, from: u128, until: u128| {
+        rt.block_on(async {
+            let client = Client::connect(to.to_owned()).await.unwrap();
+            for batch in (from..until).step_by(20) {
+                let docs = (batch..batch + 20).map(|k| k * 7).collect();
+                insert_settled(&client, &acked, docs).await;
+            }
+        })
+    };
+    let client = rt.block_on(Client::connect(addrs[0].clone())).unwrap();
+    rt.block_on(create_moving(&client, DIM, 1, 2, 1));
+    let shard = rt.block_on(wait_for_status(
+        &client,
+        Duration::from_secs(20),
+        "the shard's replica in sync",
+        |s| {
+            s.shards
+                .iter()
+                .any(|s| s.collection == "moving" && s.in_sync.len() == 2)
+        },
+    ));
+    let shard = moving_shard(&shard);
+    let primary = nodes.iter().position(|n| n.id == shard.node_id).unwrap();
+    let replica = nodes
+        .iter()
+        .position(|n| n.id == shard.replicas[0])
+        .unwrap();
+    let third = 3 - primary - replica;
+    write(&addrs[third], 0, 300);
+    // The backup: etcd stopped, its volume copied, started again.
+    let backup = dir.path().join("etcd-backup");
+    etcd.stop();
+    copy_etcd_data(&etcd.dir, &backup);
+    etcd.restart();
+    // The primary killed: its replica is promoted at the next epoch and takes more writes.
+    let since = Instant::now();
+    nodes[primary].kill();
+    let third_client = rt.block_on(Client::connect(addrs[third].clone())).unwrap();
+    rt.block_on(wait_promoted(&third_client, &nodes[replica].id, since));
+    write(&addrs[third], 300, 600);
+    // The old primary back, as a replica that catches up.
+    nodes[primary].start(&etcd.endpoint());
+    rt.block_on(wait_for_status(
+        &third_client,
+        Duration::from_secs(30),
+        "the old primary back in sync",
+        |s| {
+            s.shards.iter().any(|s| {
+                s.collection == "moving" && s.in_sync.iter().any(|n| *n == nodes[primary].id)
+            })
+        },
+    ));
+    write(&addrs[third], 600, 700);
+    // etcd lost and restored from the backup.
+    etcd.stop();
+    let _ = std::fs::remove_dir_all(&etcd.dir);
+    copy_etcd_data(&backup, &etcd.dir);
+    etcd.restart();
+    rt.block_on(wait_until_fenced(
+        &addrs,
+        Duration::from_secs(20),
+        "etcd restored from an older backup",
+    ));
+    for node in &mut nodes {
+        node.kill();
+    }
+    let on_disk = |nodes: &[Node]| -> std::collections::BTreeSet<u128> {
+        nodes
+            .iter()
+            .flat_map(|n| local_copies(&n.dir, "moving").into_values().flatten())
+            .map(|(_, doc)| doc)
+            .collect()
+    };
+    let expected = acked.lock().unwrap().clone();
+    let held = on_disk(&nodes);
+    for (doc, state) in &expected {
+        if matches!(state, Doc::Live(_)) {
+            assert!(
+                held.contains(doc),
+                "acknowledged document {doc} is on no disk"
+            );
+        }
+    }
+    for node in &mut nodes {
+        node.try_start(&etcd.endpoint(), &["--accept-etcd-rollback"], &[])
+            .unwrap();
+    }
+    rt.block_on(async {
+        let client = Client::connect(addrs[third].clone()).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        // No Get answers OK without an acknowledged document.
+        let (mut answered, mut refused) = (0, 0);
+        for (doc, state) in &expected {
+            let Doc::Live(v) = state else { continue };
+            match client.get("moving", doc % 7, &[*doc]).await {
+                Ok(got) => {
+                    assert_eq!(got.len(), 1, "acknowledged document {doc} is missing");
+                    assert_eq!(&got[0].vector, v);
+                    answered += 1;
+                }
+                Err(e) => {
+                    assert!(
+                        matches!(e.code(), Code::Unavailable | Code::FailedPrecondition),
+                        "{e}"
+                    );
+                    refused += 1;
+                }
+            }
+        }
+        eprintln!("after the accepted rollback: {answered} documents read, {refused} refused");
+        // Both copies, held at a later epoch than the restored record, are set aside.
+        let started = Instant::now();
+        while n_set_aside(&addrs).await < 2 {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the copies newer than their record were not set aside"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Imported into a new collection, they hold every acknowledged document.
+        client
+            .create_collection(
+                CollectionSpec::new("recovered", DIM as u32)
+                    .metric(Metric::L2)
+                    .shards(1, ShardKey::Doc),
+            )
+            .await
+            .unwrap();
+        for addr in &addrs {
+            let node_client = Client::connect(addr.clone()).await.unwrap();
+            for copy in node_client.list_set_aside().await.unwrap() {
+                let n = node_client
+                    .import_set_aside(&copy.name, "recovered")
+                    .await
+                    .unwrap();
+                eprintln!("imported {n} documents from {} on {addr}", copy.name);
+            }
+        }
+        for (doc, state) in &expected {
+            if let Doc::Live(v) = state {
+                let got = client.get("recovered", doc % 7, &[*doc]).await.unwrap();
+                assert_eq!(
+                    got.len(),
+                    1,
+                    "acknowledged document {doc} was not recovered"
+                );
+                assert_eq!(&got[0].vector, v, "document {doc} has another vector");
+            }
+        }
+    });
+}
+
 /// How many copies the nodes at `addrs` set aside.
 async fn n_set_aside(addrs: &[String]) -> usize {
     let mut n = 0;

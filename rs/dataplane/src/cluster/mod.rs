@@ -384,7 +384,9 @@ impl ClusterNode {
         let now = std::time::Instant::now();
         if now + margin >= liveness.lease_alive_until {
             return Err(ApiError::Unavailable(format!(
-                "node {} is cut off from etcd: its membership lease ({} s) was not renewed in                  time, so it acknowledges no write until it reaches etcd again (retry, or write                  through another node)",
+                "node {} is cut off from etcd: its membership lease ({} s) was not renewed in \
+                 time, so it acknowledges no write until it reaches etcd again (retry, or write \
+                 through another node)",
                 self.node_id,
                 self.lease_ttl.as_secs()
             )));
@@ -392,7 +394,8 @@ impl ClusterNode {
         let seen = self.state.borrow().revision;
         if seen < liveness.registered_at {
             return Err(ApiError::Unavailable(format!(
-                "node {} is rejoining the cluster: its view of the shard map (revision {seen})                  predates its registration (revision {}); retry",
+                "node {} is rejoining the cluster: its view of the shard map (revision {seen}) \
+                 predates its registration (revision {}); retry",
                 self.node_id, liveness.registered_at
             )));
         }

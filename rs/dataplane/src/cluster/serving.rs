@@ -236,12 +236,21 @@ impl ClusterNode {
                         && a.role_of(&self.node_id) == Some(tarn_cluster::CopyRole::InSyncReplica)
                         && !a.copy_replaced(&self.node_id, &self.incarnation)
                 });
+                let incoming = self.incoming.contains_key(&shard.local_name());
                 match registry.get_shard(&shard.local_name()) {
-                    Ok(copy)
-                        if in_sync_here && !self.incoming.contains_key(&shard.local_name()) =>
-                    {
-                        Ok(copy)
-                    }
+                    Ok(copy) if in_sync_here && !incoming => Ok(copy),
+                    // Listed in sync here, but no copy is (set aside: its record is older
+                    // than the epoch it was held at, after an etcd restored from a backup):
+                    // the router reads another copy instead of retrying this one on a map
+                    // that will not change.
+                    Err(_) if in_sync_here && !incoming => Err(ApiError::ShardUnavailable {
+                        collection: shard.collection.clone(),
+                        shard: shard.shard,
+                        node: self.node_id.clone(),
+                        why: "this node holds no copy of it (set aside: `tarn cluster \
+                              set-aside list`)"
+                            .to_owned(),
+                    }),
                     _ => Err(ApiError::StaleShardMap(why)),
                 }
             }

@@ -24,10 +24,11 @@ impl Router {
             .fan_out("Search", parts, |shard, ()| {
                 let (min_seq, min_seq_epoch) = shard_position(&token, shard, request.min_seq_no);
                 let (vector, users, map) = (request.vector.clone(), user_ids.clone(), &map);
-                let (filter, request) = (&filter, &request);
+                let (filter, request, token) = (&filter, &request, &token);
                 let call = move |target, map: Arc<CollectionMap>| {
                     let (vector, users) = (vector.clone(), users.clone());
                     async move {
+                        not_given_up(&map, token, shard)?;
                         match target {
                             Target::Local(name) => {
                                 let search = SearchRequest {
@@ -120,10 +121,11 @@ impl Router {
             .fan_out("Get", parts, |shard, (docs, _)| {
                 let part_docs: Vec<u128> = docs.iter().map(|&i| doc_ids[i]).collect();
                 let (min_seq, min_seq_epoch) = shard_position(&token, shard, request.min_seq_no);
-                let map = &map;
+                let (map, token) = (&map, &token);
                 let call = move |target, map: Arc<CollectionMap>| {
                     let part_docs = part_docs.clone();
                     async move {
+                        not_given_up(&map, token, shard)?;
                         match target {
                             Target::Local(name) => {
                                 self.local_get(
@@ -211,23 +213,30 @@ fn read_positions(
             "a collection of several shards reads its writes with read_token",
         ));
     }
-    // A position from before the shard's data began (it was given up since) names a log that
-    // is gone: no later write may be taken to satisfy it.
     for &shard in shards {
-        let (Some(position), Some(assignment)) = (token.get(shard), map.shards.get(shard as usize))
-        else {
-            continue;
-        };
-        if position.seq > 0 && position.epoch > 0 && position.epoch < assignment.data_since {
-            return Err(ApiError::Unsupported(format!(
-                "read_token: shard {shard} of collection '{}' was given up (tarn cluster \
-                 forget) at epoch {} after the token's write (epoch {}): that write is lost \
-                 and the token can never be satisfied; read without it",
-                map.def.name, assignment.data_since, position.epoch
-            )));
-        }
+        not_given_up(map, &token, shard)?;
     }
     Ok(token)
+}
+
+/// Refuses a token whose position on `shard` is from before the shard's data began in `map`
+/// (it was given up since, `tarn cluster forget`): it names a log that is gone, and no later
+/// write may be taken to satisfy it. Checked on the map a read starts with and again on each
+/// map a retry refreshes to (a router whose map predated the forget).
+fn not_given_up(map: &CollectionMap, token: &ReadPositions, shard: u32) -> Result<(), ApiError> {
+    let (Some(position), Some(assignment)) = (token.get(shard), map.shards.get(shard as usize))
+    else {
+        return Ok(());
+    };
+    if position.seq > 0 && position.epoch > 0 && position.epoch < assignment.data_since {
+        return Err(ApiError::Unsupported(format!(
+            "read_token: shard {shard} of collection '{}' was given up (tarn cluster \
+             forget) at epoch {} after the token's write (epoch {}): that write is lost \
+             and the token can never be satisfied; read without it",
+            map.def.name, assignment.data_since, position.epoch
+        )));
+    }
+    Ok(())
 }
 
 /// The position a read of `shard` waits for (the later of the token's and `min_seq_no`) and
@@ -240,4 +249,71 @@ fn shard_position(token: &ReadPositions, shard: u32, min_seq_no: u64) -> (u64, u
         .filter(|p| p.seq == min_seq)
         .map_or(0, |p| p.epoch);
     (min_seq, epoch)
+}
+
+#[cfg(test)]
+mod tests {
+    use tarn_cluster::{CollectionDef, ShardAssignment, ShardKey, TokenPosition};
+
+    use super::*;
+
+    /// A map of one collection (uid 1) with two shards, shard 0's data begun at `data_since`.
+    fn map_given_up_at(data_since: u64) -> CollectionMap {
+        let mut given_up = ShardAssignment::serving("n2", 6);
+        given_up.data_since = data_since;
+        CollectionMap {
+            def: CollectionDef {
+                name: "docs".into(),
+                uid: 1,
+                n_shards: 2,
+                shard_key: ShardKey::Doc,
+                config: serde_json::Value::Null,
+                replication_factor: 1,
+                min_in_sync: 1,
+            },
+            shards: vec![given_up, ShardAssignment::serving("n1", 3)],
+        }
+    }
+
+    /// A token from before a `forget` is refused on the map that shows the forget, whether the
+    /// read started on it or a retry refreshed to it (the read's closures check each map they
+    /// are called with); a later token, or another shard's position, passes.
+    #[test]
+    fn a_token_from_before_its_shard_was_given_up_is_refused_on_any_map_showing_it() {
+        let token = ReadPositions {
+            uid: 1,
+            positions: vec![
+                TokenPosition {
+                    shard: 0,
+                    seq: 40,
+                    epoch: 4,
+                },
+                TokenPosition {
+                    shard: 1,
+                    seq: 9,
+                    epoch: 3,
+                },
+            ],
+        };
+        let before_forget = map_given_up_at(0);
+        let after_forget = map_given_up_at(5);
+        assert!(not_given_up(&before_forget, &token, 0).is_ok());
+        let error = not_given_up(&after_forget, &token, 0).unwrap_err();
+        assert!(
+            matches!(&error, ApiError::Unsupported(m) if m.contains("given up")),
+            "{error:?}"
+        );
+        assert!(not_given_up(&after_forget, &token, 1).is_ok());
+        let later = ReadPositions {
+            uid: 1,
+            positions: vec![TokenPosition {
+                shard: 0,
+                seq: 2,
+                epoch: 6,
+            }],
+        };
+        assert!(not_given_up(&after_forget, &later, 0).is_ok());
+        assert!(read_positions(&after_forget, &token.encode(), 0, &[0]).is_err());
+        assert!(read_positions(&after_forget, &token.encode(), 0, &[1]).is_ok());
+    }
 }
