@@ -342,29 +342,21 @@ impl Router {
                 .await;
         }
         let view_epoch = cluster.state().assignment(&shard).map_or(0, |a| a.epoch);
-        if view_epoch < token_epoch {
-            return Err(ApiError::Unavailable(format!(
-                "shard {} of collection '{}': this copy's map is at epoch {view_epoch}, behind \
-                 the read token's write (epoch {token_epoch}); read another copy",
+        let starts = if view_epoch < token_epoch {
+            Vec::new()
+        } else {
+            let copy = collection.clone();
+            tokio::task::spawn_blocking(move || copy.epoch_starts())
+                .await
+                .map_err(|e| ApiError::Internal(e.to_string()))??
+        };
+        match token_epoch_refusal(view_epoch, &starts, seq, token_epoch) {
+            Some(why) => Err(ApiError::Unavailable(format!(
+                "shard {} of collection '{}': {why}; read another copy",
                 shard.shard, shard.collection
-            )));
+            ))),
+            None => Ok(()),
         }
-        let copy = collection.clone();
-        let starts = tokio::task::spawn_blocking(move || copy.epoch_starts())
-            .await
-            .map_err(|e| ApiError::Internal(e.to_string()))??;
-        let written_at = tarn_cluster::EpochHistory::from_starts(starts)
-            .ok()
-            .and_then(|history| history.epoch_of(seq));
-        if let Some(written_at) = written_at.filter(|at| *at < token_epoch) {
-            return Err(ApiError::Unavailable(format!(
-                "shard {} of collection '{}': this copy's entry at position {seq} was written at \
-                 epoch {written_at}, before the read token's write (epoch {token_epoch}): it is \
-                 not that write; read another copy",
-                shard.shard, shard.collection
-            )));
-        }
-        Ok(())
     }
 
     /// The stored documents among `doc_ids` of one tenant: (doc, vector, attributes), once
@@ -407,5 +399,60 @@ impl Router {
         // under overload it is refused the same way.
         let _permit = self.write_permit()?;
         Ok(collection.flush().await?)
+    }
+}
+
+/// Why a copy whose map is at `view_epoch`, and whose log's epochs begin at `starts` ((epoch,
+/// first position) pairs), may not answer for a read token's write at position `seq`
+/// acknowledged at `token_epoch`: its map is behind the token (it may be a deposed copy that
+/// never saw the write's epoch), or its entry at `seq` was written at an older epoch (a
+/// deposed primary's entry at the same number, not the token's write). `None`: it may.
+fn token_epoch_refusal(
+    view_epoch: u64,
+    starts: &[(u64, u64)],
+    seq: u64,
+    token_epoch: u64,
+) -> Option<String> {
+    if view_epoch < token_epoch {
+        return Some(format!(
+            "this copy's map is at epoch {view_epoch}, behind the read token's write (epoch \
+             {token_epoch})"
+        ));
+    }
+    let written_at = tarn_cluster::EpochHistory::from_starts(starts.to_vec())
+        .ok()
+        .and_then(|history| history.epoch_of(seq));
+    written_at.filter(|at| *at < token_epoch).map(|written_at| {
+        format!(
+            "this copy's entry at position {seq} was written at epoch {written_at}, before the \
+             read token's write (epoch {token_epoch}): it is not that write"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_epoch_refusal;
+
+    /// A read token's write at position 12, acknowledged at epoch 3, is vouched for only by a
+    /// copy whose map has reached epoch 3 and whose entry 12 was written at epoch 3 or later:
+    /// a deposed primary (map at epoch 2, or its own entry 12 written at epoch 2 that the new
+    /// primary never had) refuses, so that the router reads another copy.
+    #[test]
+    fn a_copy_answers_for_a_token_only_at_its_epoch_with_the_same_write() {
+        // Epoch 1 from position 1, epoch 3 from 10: entry 12 is the token's write.
+        let promoted = [(1, 1), (3, 10)];
+        assert_eq!(token_epoch_refusal(3, &promoted, 12, 3), None);
+        assert_eq!(token_epoch_refusal(4, &promoted, 12, 3), None);
+        // A map behind the token's epoch.
+        let behind = token_epoch_refusal(2, &promoted, 12, 3).unwrap();
+        assert!(behind.contains("epoch 2, behind"), "{behind}");
+        // The deposed primary's log: epoch 2 from 5, so its entry 12 is its own, unacknowledged
+        // write at the same number; its map has caught up meanwhile.
+        let deposed = [(1, 1), (2, 5)];
+        let other_write = token_epoch_refusal(3, &deposed, 12, 3).unwrap();
+        assert!(other_write.contains("written at epoch 2"), "{other_write}");
+        // A token of an older tarn (no epoch) is not checked by epoch.
+        assert_eq!(token_epoch_refusal(3, &deposed, 12, 0), None);
     }
 }

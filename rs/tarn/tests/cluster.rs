@@ -6595,8 +6595,9 @@ fn processes_a_slow_connected_replica_is_seeded_instead_of_pinning_the_log() {
 /// the tail, and rejoins the in-sync set. Then its data directory is deleted while it is down
 /// and it restarts with the same id: every copy it held is rebuilt from the primaries; once
 /// more with no write at all (idle followers probe a copy out of the in-sync set and seed it),
-/// its first seed failing once its snapshot is restored (a fail point): the retry deletes that
-/// unfinished copy, so nothing is left set aside (before, every failed seed left a full-size
+/// its first seed running out of its time limit once its snapshot is restored (the limit cut
+/// to nothing by a fail point): it gives up, and the retry deletes that unfinished copy, so
+/// nothing is left set aside (before, every failed seed left a full-size
 /// copy set aside). Afterwards each shard's copies hold the same documents, every acknowledged
 /// write is there, and the seeds were counted (`tarn_rereplication_bytes_total`).
 #[test]
@@ -6678,14 +6679,15 @@ fn processes_replicas_catch_up_by_snapshot_past_the_log_and_after_a_wiped_disk()
     nodes[2].kill();
     std::fs::remove_dir_all(&nodes[2].dir).unwrap();
     std::fs::create_dir_all(&nodes[2].dir).unwrap();
-    // Its first seed fails once its snapshot is restored (a fail point): the retry deletes
-    // that unfinished copy instead of setting it aside.
+    // Its first seed runs out of time once its snapshot is restored (its time limit cut to
+    // nothing by a fail point): it gives up, and the retry deletes that unfinished copy
+    // instead of setting it aside.
     nodes[2].start_with_env(
         &etcd.endpoint(),
         &[(
             "FAILPOINTS",
             "collection::wal_segment_bytes=return(32768);replication::away_wal_bytes=return(0);\
-             moves::seed_tail=1*return",
+             moves::catch_up_limit_ms=1*return(0)",
         )],
     );
     let started = std::time::Instant::now();
@@ -6704,6 +6706,13 @@ fn processes_replicas_catch_up_by_snapshot_past_the_log_and_after_a_wiped_disk()
     eprintln!(
         "idle shards: n3's {copies} copies seeded {:.1} s after its restart on a wiped disk",
         started.elapsed().as_secs_f64()
+    );
+    let log = nodes[2].server.as_ref().unwrap().logs();
+    assert_eq!(
+        log.matches("did not come within 128 entries of the primary's log in 0.0 s")
+            .count(),
+        1,
+        "the seed that ran out of time: {log}"
     );
     let aside = rt
         .block_on(async {

@@ -61,8 +61,17 @@ pub use stream::shard_stream;
 /// write pause (fence to flip) covers a short backlog.
 const FENCE_LAG_ENTRIES: u64 = 128;
 /// A taker that has not come that close after this long gives up (no fence was set: writes
-/// never paused); the coordinator backs off before it tries the shard again.
+/// never paused); the coordinator backs off before it tries the shard again. A replica's seed
+/// gives up too, and its follower asks for another after a pause.
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(120);
+
+/// [`CATCH_UP_LIMIT`], or (test builds) the milliseconds `moves::catch_up_limit_ms` returns.
+fn catch_up_limit() -> Duration {
+    Duration::from_millis(crate::faults::tunable(
+        "moves::catch_up_limit_ms",
+        CATCH_UP_LIMIT.as_millis() as u64,
+    ))
+}
 /// From the fence to the owner's last entry: past this the move is abandoned, the fence lifted.
 const HANDOVER_LIMIT: Duration = Duration::from_secs(15);
 /// A stream that says nothing for this long is broken.

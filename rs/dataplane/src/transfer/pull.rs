@@ -11,7 +11,7 @@ use tarn_collection::Durability;
 use tarn_proto::v1 as pb;
 
 use super::{
-    copied_batch, next_message, open_and_restore, Restored, CATCH_UP_LIMIT, FENCE_LAG_ENTRIES,
+    catch_up_limit, copied_batch, next_message, open_and_restore, Restored, FENCE_LAG_ENTRIES,
     HANDOVER_LIMIT, STREAM_SILENCE_LIMIT,
 };
 use crate::cluster::ClusterNode;
@@ -221,12 +221,13 @@ async fn copy_and_flip(
         }
         let behind = message.head_seq_no.saturating_sub(applied);
         if fenced_at.is_none() && behind > FENCE_LAG_ENTRIES {
-            if catch_up_started.elapsed() > CATCH_UP_LIMIT {
+            let limit = catch_up_limit();
+            if catch_up_started.elapsed() > limit {
                 return Err(ApiError::Aborted(format!(
-                    "cannot catch up: still {behind} entries behind the owner after {} s of \
+                    "cannot catch up: still {behind} entries behind the owner after {:.1} s of \
                      copying (the shard takes writes faster than they can be copied); writes \
                      were never paused",
-                    CATCH_UP_LIMIT.as_secs()
+                    limit.as_secs_f64()
                 )));
             }
             continue;

@@ -9,11 +9,11 @@ use tarn_cluster::ShardName;
 use tarn_collection::Durability;
 
 use super::{
-    copied_batch, next_message, open_and_restore, Restored, CATCH_UP_LIMIT, FENCE_LAG_ENTRIES,
+    catch_up_limit, copied_batch, next_message, open_and_restore, Restored, FENCE_LAG_ENTRIES,
     STREAM_SILENCE_LIMIT,
 };
 use crate::cluster::ClusterNode;
-use crate::faults::{fail_point, pause_point};
+use crate::faults::pause_point;
 use crate::status::ApiError;
 
 /// Seeds this node's copy of a shard it is a replica of from the primary's snapshot and tail,
@@ -137,18 +137,17 @@ async fn seed_locked(
     let mut applied = info.seq_no;
     // A seed that cannot come close to a busy primary's log gives up, as a move's pull does:
     // its stream slot and the primary's WAL pin go, and the follower tries again later.
-    let started = std::time::Instant::now();
+    let (started, limit) = (std::time::Instant::now(), catch_up_limit());
     loop {
-        if started.elapsed() > CATCH_UP_LIMIT {
+        if started.elapsed() > limit {
             return Err(ApiError::Unavailable(format!(
                 "the seed of shard {} of collection '{}' did not come within {FENCE_LAG_ENTRIES} \
-                 entries of the primary's log in {} s",
+                 entries of the primary's log in {:.1} s",
                 shard.shard,
                 shard.collection,
-                CATCH_UP_LIMIT.as_secs()
+                limit.as_secs_f64()
             )));
         }
-        fail_point("moves::seed_tail")?;
         let message = next_message(&mut stream, STREAM_SILENCE_LIMIT).await?;
         if !message.entries.is_empty() {
             let (batch, batch_bytes) = copied_batch(message.entries);
