@@ -21,6 +21,7 @@ mod local;
 mod reconcile;
 mod registry;
 mod replica_set;
+mod replica_state;
 mod router;
 mod routing;
 mod snapshots;

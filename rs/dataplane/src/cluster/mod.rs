@@ -142,7 +142,7 @@ pub struct ClusterNode {
     /// reconciliation), so that one never removes what the other just made.
     pub(crate) copy_locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
     /// The replication of each shard this node is primary of (`replica_set/`), by local name.
-    pub(crate) replication: DashMap<String, Arc<crate::replica_set::ShardReplication>>,
+    pub(crate) replication: DashMap<String, Arc<crate::replica_state::ShardReplication>>,
     registration: Registration,
     /// What this data directory has held: etcd's history as this node saw it (`ledger.rs`).
     pub(crate) ledger: Arc<crate::ledger::CopyLedger>,
@@ -163,7 +163,7 @@ pub(crate) struct ShardWrite {
     pub collection: Collection,
     /// Held until the write is acknowledged (dropped with this value).
     pub _gate: tokio::sync::OwnedRwLockReadGuard<()>,
-    pub(crate) replication: Option<Arc<crate::replica_set::ShardReplication>>,
+    pub(crate) replication: Option<Arc<crate::replica_state::ShardReplication>>,
 }
 
 /// Where one shard's call goes.

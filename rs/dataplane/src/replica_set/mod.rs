@@ -46,7 +46,9 @@
 //! them), and a new epoch's replication starts with the gate held exclusively
 //! ([`ClusterNode::begin_replication`]); both wait at most [`EPOCH_DRAIN_LIMIT`].
 //!
-//! Files: this one holds a shard's [`ShardReplication`] (its state, the in-sync set and its
+//! Files: the state's definition is `replica_state.rs` (beside this directory, below
+//! `cluster/`, which keeps the node's map of them); this one holds a shard's
+//! [`ShardReplication`]'s behaviour (the in-sync set and its
 //! transitions: a write's wait, leaving, joining, stepping down); `lifecycle.rs` the node's
 //! side (starting a shard's replication at a new epoch, finding it for a write, stopping it,
 //! stepping down from all at a shutdown, the figures for metrics); `ship.rs` the primary's
@@ -57,7 +59,6 @@
 mod append;
 mod lifecycle;
 mod ship;
-mod state;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,10 +72,10 @@ use tokio::sync::watch;
 use crate::cluster::ClusterNode;
 use crate::status::ApiError;
 
+pub(crate) use crate::replica_state::{Acked, ShardReplication};
 pub use append::append_entries;
 pub use lifecycle::ReplicaFigures;
 use ship::{follow, Follower};
-pub(crate) use state::{Acked, ShardReplication};
 
 /// How long a write waits for an in-sync replica before removing it from the in-sync set (and
 /// how long a follower waits for one answer).
