@@ -811,8 +811,10 @@ impl Search {
         self
     }
 
-    /// Cluster mode: answer from the shards that answer when some owner is down (see
-    /// [`crate::Client::search_partial`]), instead of failing with UNAVAILABLE.
+    /// Cluster mode: answer from the shards that answer when some owner is down or silent (see
+    /// [`crate::Client::search_partial`]), instead of failing with UNAVAILABLE or
+    /// DEADLINE_EXCEEDED: a shard that cannot be reached, or does not answer within the
+    /// deadline less a reserve (a tenth, at most 0.5 s), is listed as missing.
     pub fn allow_partial(mut self, allow: bool) -> Search {
         self.allow_partial = allow;
         self

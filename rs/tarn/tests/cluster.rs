@@ -4628,6 +4628,55 @@ fn processes_a_killed_node_s_shards_are_unavailable_then_come_back_whole() {
             assert_eq!(hits.iter().filter(|h| h.doc_id == *id).count(), 1);
         }
     });
+    // n3 stopped (SIGSTOP: registered, its connections open, silent): a partial search
+    // answers within its deadline, listing n3's shards as missing; a whole one fails. Before,
+    // the partial one failed DEADLINE_EXCEEDED too.
+    nodes[2].signal(rustix::process::Signal::STOP);
+    rt.block_on(async {
+        let client = Client::connect(nodes[0].addr()).await.unwrap();
+        let query = vec![0.0f32; DIM];
+        let started = Instant::now();
+        let (hits, mut missing) = client
+            .search_partial(
+                Search::new("load", query.clone())
+                    .exact(true)
+                    .allow_partial(true)
+                    .timeout(Duration::from_secs(3)),
+            )
+            .await
+            .unwrap();
+        assert!(!hits.is_empty());
+        missing.sort_unstable();
+        assert_eq!(missing, victim_shards);
+        assert!(started.elapsed() < Duration::from_secs(3));
+        let error = client
+            .search(
+                Search::new("load", query)
+                    .exact(true)
+                    .timeout(Duration::from_secs(2)),
+            )
+            .await
+            .unwrap_err();
+        // (UNAVAILABLE once n3's 2 s lease has lapsed meanwhile.)
+        assert!(
+            matches!(error.code(), Code::DeadlineExceeded | Code::Unavailable),
+            "{error}"
+        );
+    });
+    nodes[2].signal(rustix::process::Signal::CONT);
+    // n3 registered again (its lease lapsed while it was stopped) and answering.
+    rt.block_on(async {
+        let client = Client::connect(nodes[0].addr()).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while client
+            .search(Search::new("load", vec![0.0f32; DIM]).exact(true))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "n3 did not answer again");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
 
     // etcd stopped: the data plane goes on with the map it has; placement waits.
     etcd.stop();

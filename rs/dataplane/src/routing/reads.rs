@@ -16,6 +16,14 @@ impl Router {
         // Checked for its structure here; every shard checks it against the fields and filters.
         let filter = request.filter.as_ref().map(convert::filter).transpose()?;
         let timeout = fanout::forward_deadline(deadline);
+        // A partial search answers in time with what came: each shard gets the deadline but a
+        // reserve, and one whose copies did not answer within it (a stopped or hung node still
+        // registered) is listed in `missing_shards` as an unreachable one is.
+        let timeout = if request.allow_partial {
+            timeout.saturating_sub((timeout / 10).min(PARTIAL_RESERVE))
+        } else {
+            timeout
+        };
         let top_k = request.top_k;
         let shards = fanout::search_shards(&map.def, &user_ids);
         let token = read_positions(&map, &request.read_token, request.min_seq_no, &shards)?;
@@ -88,7 +96,9 @@ impl Router {
         for (shard, answer) in answers {
             match answer {
                 Ok(hits) => results.push(hits),
-                Err(ApiError::ShardUnavailable { .. }) if request.allow_partial => {
+                Err(ApiError::ShardUnavailable { .. } | ApiError::DeadlineExceeded(_))
+                    if request.allow_partial =>
+                {
                     missing_shards.push(shard)
                 }
                 Err(error) => return Err(error),
@@ -184,6 +194,10 @@ impl Router {
         Ok(docs)
     }
 }
+
+/// What a partial search keeps of its deadline for merging and answering after the shards'
+/// share (a tenth of it, at most this).
+const PARTIAL_RESERVE: Duration = Duration::from_millis(500);
 
 /// A read's token checked against the collection it reads (`map`): decoded, from this
 /// collection, `min_seq_no` only for a one-shard collection, and no position of `shards` from
