@@ -1,11 +1,13 @@
 //! What a data directory has held in cluster mode, kept across restarts in
 //! `<data_dir>/CLUSTER_LEDGER` (JSON, replaced atomically and synced): the highest etcd revision
 //! the node acted on, the highest epoch at which it held a role in each local copy's record,
-//! and the shards whose copies it deleted, with the epoch of the record that let it. It is the node's memory of etcd's history: a record
+//! and the shards whose copies it deleted, with the epoch of the record that let it, or set
+//! aside, with the epoch it held them at. It is the node's memory of etcd's history: a record
 //! older than what the ledger says (etcd restored from an older backup) never makes the node
 //! drop a copy (`tarn_cluster::fate_of_copy` sets it aside), a shard whose copy was deleted
-//! here (or set aside here) is never started empty here again by a record no newer than that, and a store behind the ledger's revision fences the
-//! node (`ClusterStore::guard_history`) or keeps it from starting.
+//! here (or set aside here by reconciliation) is never started empty here again by a record no
+//! newer than that, and a store behind the ledger's revision fences the node
+//! (`ClusterStore::guard_history`) or keeps it from starting.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -239,16 +239,18 @@ impl ClusterNode {
                 let incoming = self.incoming.contains_key(&shard.local_name());
                 match registry.get_shard(&shard.local_name()) {
                     Ok(copy) if in_sync_here && !incoming => Ok(copy),
-                    // Listed in sync here, but no copy is (set aside: its record is older
-                    // than the epoch it was held at, after an etcd restored from a backup):
-                    // the router reads another copy instead of retrying this one on a map
-                    // that will not change.
+                    // Listed in sync here, but no copy is open (not created yet by the
+                    // primary's first call, reopened after a cut of its log, or set aside:
+                    // its record is older than the epoch it was held at, after an etcd
+                    // restored from a backup): the router reads another copy instead of
+                    // retrying this one on a map that need not change.
                     Err(_) if in_sync_here && !incoming => Err(ApiError::ShardUnavailable {
                         collection: shard.collection.clone(),
                         shard: shard.shard,
                         node: self.node_id.clone(),
-                        why: "this node holds no copy of it (set aside: `tarn cluster \
-                              set-aside list`)"
+                        why: "this node holds no open copy of it now (not created yet, being \
+                              reopened, or set aside: `tarn cluster set-aside list`); read \
+                              another copy"
                             .to_owned(),
                     }),
                     _ => Err(ApiError::StaleShardMap(why)),
