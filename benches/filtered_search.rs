@@ -346,6 +346,7 @@ fn main() {
                 exact,
                 min_seq: 0,
                 filter,
+                ..Default::default()
             })
             .unwrap()
     };

@@ -19,6 +19,16 @@ removes take a `filter`:
                                          "size": {"gte": 100},
                                          "$not": {"architecture": "all"}})
 
+Stored values: a `"text"` field holds a UTF-8 text per document (at most 1 MiB), stored and
+returned on request but never filtered on; give its value as `Text("...")` (a plain str is a
+keyword). Each document can also carry a payload, any JSON-serializable value (at most 1 MiB
+encoded), stored and never indexed. Searches return the values with each hit on request:
+
+    client.insert("docs", doc_ids=[1], vectors=v, attributes=[{"body": Text("...")}],
+                  payloads=[{"url": "https://example.org"}])
+    hits = client.search("docs", query, output_fields=["body"], with_payload=True)
+    hits[0].attributes["body"], hits[0].payload
+
 A filter dict ANDs its entries. A field's condition is a string (the keyword equals it, or is
 among a KEYWORDS field's values), a list of strings (any of them), a bool (a BOOL field equals
 it), a number (a NUMBER field equals it), or a dict of `any_of`, `eq`, `gt`, `gte`, `lt`, `lte`
@@ -33,10 +43,11 @@ try again, up to N times (off by default; inserts and removes are safe to repeat
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from dataclasses import dataclass, field as dc_field
-from typing import Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import grpc
 import numpy as np
@@ -44,9 +55,13 @@ import numpy as np
 from tarn_client._gen import tarn_pb2, tarn_pb2_grpc
 
 __all__ = [
-    "Client", "Hit", "Document", "CollectionInfo", "to_id", "from_id", "retry_after",
+    "Client", "Hit", "Document", "CollectionInfo", "Text", "to_id", "from_id", "retry_after",
     "to_filter", "to_attributes",
 ]
+
+
+class Text(str):
+    """A TEXT field's value (a plain `str` is a keyword)."""
 
 RETRY_AFTER_MS = "retry-after-ms"
 
@@ -111,6 +126,7 @@ _FIELD_TYPES = {
     "keywords": tarn_pb2.FIELD_TYPE_KEYWORDS,
     "number": tarn_pb2.FIELD_TYPE_NUMBER,
     "bool": tarn_pb2.FIELD_TYPE_BOOL,
+    "text": tarn_pb2.FIELD_TYPE_TEXT,
 }
 _FIELD_TYPE_NAMES = {v: k for k, v in _FIELD_TYPES.items()}
 
@@ -135,6 +151,8 @@ def _value(field: str, value) -> Optional[tarn_pb2.Value]:
         return tarn_pb2.Value(boolean=bool(value))
     if isinstance(value, (int, float, np.integer, np.floating)):
         return tarn_pb2.Value(number=float(value))
+    if isinstance(value, Text):
+        return tarn_pb2.Value(text=str(value))
     if isinstance(value, str):
         return tarn_pb2.Value(keyword=value)
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
@@ -142,14 +160,17 @@ def _value(field: str, value) -> Optional[tarn_pb2.Value]:
     raise ValueError(f"attribute {field!r}: {value!r} is not a string, a list of strings, a number or a bool")
 
 
-def to_attributes(attributes: Optional[dict]) -> tarn_pb2.Attributes:
-    """One document's attributes as the wire message: a string is a keyword, a list of strings
-    keywords, a bool a bool, an int or float a number; None values are left out."""
+def to_attributes(attributes: Optional[dict], payload: Any = None) -> tarn_pb2.Attributes:
+    """One document's attributes as the wire message: a string is a keyword, a `Text` a TEXT
+    value, a list of strings keywords, a bool a bool, an int or float a number; None values are
+    left out. `payload` (any JSON-serializable value; None: no payload) is sent as JSON."""
     message = tarn_pb2.Attributes()
     for field, value in (attributes or {}).items():
         wire = _value(field, value)
         if wire is not None:
             message.values[field].CopyFrom(wire)
+    if payload is not None:
+        message.payload = json.dumps(payload)
     return message
 
 
@@ -157,7 +178,15 @@ def _from_value(value: tarn_pb2.Value):
     kind = value.WhichOneof("kind")
     if kind == "keywords":
         return list(value.keywords.values)
+    if kind == "text":
+        return Text(value.text)
     return getattr(value, kind) if kind else None
+
+
+def _from_attributes(message: tarn_pb2.Attributes) -> tuple:
+    """(attributes dict, payload or None) of a wire message."""
+    values = {k: _from_value(v) for k, v in message.values.items()}
+    return values, (json.loads(message.payload) if message.payload else None)
 
 
 def _node(**kind) -> tarn_pb2.Filter:
@@ -220,6 +249,10 @@ class Hit:
     doc_id: int
     user_id: int
     score: float
+    # The values `output_fields` selected (field -> str, Text, list of str, float or bool).
+    attributes: dict = dc_field(default_factory=dict)
+    # The document's payload (decoded JSON) with `with_payload`, else None.
+    payload: Any = None
 
 
 @dataclass(frozen=True)
@@ -227,8 +260,10 @@ class Document:
     doc_id: int
     user_id: int
     vector: np.ndarray
-    # The document's attributes (field -> str, list of str, float or bool).
+    # The document's attributes (field -> str, Text, list of str, float or bool).
     attributes: dict = dc_field(default_factory=dict)
+    # The document's payload (decoded JSON) with `with_payload`, else None.
+    payload: Any = None
 
 
 _QUANTIZATIONS = {
@@ -435,11 +470,14 @@ class Client:
         user_ids: Optional[Ids] = None,
         durability: Optional[str] = None,
         attributes: Optional[Sequence[dict]] = None,
+        payloads: Optional[Sequence[Any]] = None,
     ) -> int:
         """Inserts (or replaces) documents for each of `user_ids` (tenant 0 when None), with
-        one attributes dict per document when given. Returns the operation's sequence number
-        (pass it as `min_seq_no` to read the write)."""
-        return self.insert_acked(collection, doc_ids, vectors, user_ids, durability, attributes).seq_no
+        one attributes dict and one payload (None: none) per document when given. Returns the
+        operation's sequence number (pass it as `min_seq_no` to read the write)."""
+        return self.insert_acked(
+            collection, doc_ids, vectors, user_ids, durability, attributes, payloads
+        ).seq_no
 
     def insert_acked(
         self,
@@ -449,6 +487,7 @@ class Client:
         user_ids: Optional[Ids] = None,
         durability: Optional[str] = None,
         attributes: Optional[Sequence[dict]] = None,
+        payloads: Optional[Sequence[Any]] = None,
     ) -> "WriteAck":
         """`insert`, returning a `WriteAck` whose `read_token` a later `search(read_token=...)`
         waits for on every shard the write touched (cluster mode; works on one node too)."""
@@ -458,13 +497,20 @@ class Client:
             raise ValueError(f"{len(ids)} doc_ids for {matrix.shape[0]} vectors")
         if attributes is not None and len(attributes) != len(ids):
             raise ValueError(f"{len(attributes)} attributes for {len(ids)} doc_ids")
+        if payloads is not None and len(payloads) != len(ids):
+            raise ValueError(f"{len(payloads)} payloads for {len(ids)} doc_ids")
+        wire = []
+        if attributes is not None or payloads is not None:
+            attributes = attributes if attributes is not None else [None] * len(ids)
+            payloads = payloads if payloads is not None else [None] * len(ids)
+            wire = [to_attributes(a, p) for a, p in zip(attributes, payloads)]
         request = tarn_pb2.InsertRequest(
             collection=collection,
             doc_ids=ids,
             user_ids=_ids(user_ids),
             vectors=matrix.ravel().tolist(),
             durability=_DURABILITY[durability],
-            attributes=[to_attributes(a) for a in attributes or ()],
+            attributes=wire,
         )
         reply = self._call(self.stub.Insert, request)
         return WriteAck(reply.seq_no, reply.read_token)
@@ -522,9 +568,13 @@ class Client:
         read_token: bytes = b"",
         allow_partial: bool = False,
         filter=None,
+        output_fields: Optional[Sequence[str]] = None,
+        with_payload: bool = False,
     ) -> list:
         """The `top_k` nearest documents of the given tenants (tenant 0 when None), best first;
-        with `filter`, only documents matching it (min(top_k, matches) hits)."""
+        with `filter`, only documents matching it (min(top_k, matches) hits). Each hit carries
+        the fields `output_fields` names (`["*"]`: every field) and, with `with_payload`, the
+        document's payload: those of the version that was scored."""
         query = _matrix(vector)
         if query.shape[0] != 1:
             raise ValueError("search takes one vector")
@@ -539,9 +589,14 @@ class Client:
             read_token=read_token,
             allow_partial=allow_partial,
             filter=to_filter(filter) if filter is not None else None,
+            output_fields=list(output_fields or ()),
+            with_payload=with_payload,
         )
         response = self._call(self.stub.Search, request)
-        return [Hit(from_id(h.doc_id), from_id(h.user_id), h.score) for h in response.hits]
+        return [
+            Hit(from_id(h.doc_id), from_id(h.user_id), h.score, *_from_attributes(h.attributes))
+            for h in response.hits
+        ]
 
     def get(
         self,
@@ -550,16 +605,21 @@ class Client:
         user_id: int = 0,
         min_seq_no: int = 0,
         read_token: bytes = b"",
+        output_fields: Optional[Sequence[str]] = None,
+        with_payload: bool = False,
     ) -> list:
-        """The stored documents among `doc_ids` for one tenant (missing ids are absent). With a
-        write's `read_token` (or `min_seq_no`), waits within the deadline until that write is
-        visible; without one, a copy answers with what it has applied."""
+        """The stored documents among `doc_ids` for one tenant (missing ids are absent), with
+        every field (or those `output_fields` names) and, with `with_payload`, the payload.
+        With a write's `read_token` (or `min_seq_no`), waits within the deadline until that
+        write is visible; without one, a copy answers with what it has applied."""
         request = tarn_pb2.GetRequest(
             collection=collection,
             user_id=to_id(user_id),
             doc_ids=_ids(doc_ids),
             min_seq_no=min_seq_no,
             read_token=read_token,
+            output_fields=list(output_fields or ()),
+            with_payload=with_payload,
         )
         response = self._call(self.stub.Get, request)
         return [
@@ -567,7 +627,7 @@ class Client:
                 from_id(d.doc_id),
                 from_id(d.user_id),
                 np.asarray(d.vector, dtype=np.float32),
-                {k: _from_value(v) for k, v in d.attributes.values.items()},
+                *_from_attributes(d.attributes),
             )
             for d in response.docs
         ]

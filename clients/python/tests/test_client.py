@@ -4,7 +4,7 @@ import grpc
 import numpy as np
 import pytest
 
-from tarn_client import Client, from_id, to_id
+from tarn_client import Client, Text, from_id, to_id
 
 
 def unit_rows(rng, n, dim):
@@ -306,6 +306,48 @@ def test_filtered_search_remove_by_filter_and_attributes(client):
         client.search(name, vectors[0], filter={"size": {"near": 3}})
     with pytest.raises(ValueError):
         client.insert(name, doc_ids=[1, 2], vectors=unit_rows(rng, 2, 8), attributes=[{}])
+    client.drop_collection(name)
+
+
+def test_texts_and_payloads_come_back_with_hits_and_gets(client):
+    rng = np.random.default_rng(13)
+    name = "py_stored"
+    info = client.create_collection(name, dimension=8, fields={"section": "keyword", "body": "text"})
+    assert info.fields == {"section": "keyword", "body": "text"}
+    n = 50
+    vectors = unit_rows(rng, n, 8)
+    attributes = [{"section": f"s{i % 3}", "body": Text(f"Body {i}: ünïcode text")} for i in range(n)]
+    payloads = [{"i": i, "tags": ["a", "b"], "nested": {"x": 1.5}} if i % 5 else None for i in range(n)]
+    seq = client.insert(name, doc_ids=range(n), vectors=vectors, attributes=attributes, payloads=payloads)
+
+    hits = client.search(name, vectors[7], top_k=1, min_seq_no=seq, output_fields=["body"], with_payload=True)
+    assert hits[0].doc_id == 7
+    assert hits[0].attributes == {"body": "Body 7: ünïcode text"}
+    assert isinstance(hits[0].attributes["body"], Text)
+    assert hits[0].payload == {"i": 7, "tags": ["a", "b"], "nested": {"x": 1.5}}
+    plain = client.search(name, vectors[7], top_k=1)
+    assert plain[0].attributes == {} and plain[0].payload is None
+    assert client.search(name, vectors[10], top_k=1, with_payload=True)[0].payload is None
+
+    client.flush(name)  # sealed: the values are read from the segment file
+    docs = client.get(name, [3, 10], with_payload=True)
+    assert docs[0].attributes == {"section": "s0", "body": "Body 3: ünïcode text"}
+    assert docs[0].payload["i"] == 3 and docs[1].payload is None
+    docs = client.get(name, [3], output_fields=["section"])
+    assert docs[0].attributes == {"section": "s0"} and docs[0].payload is None
+
+    # Bad input names the field: an undeclared output field, a filter on TEXT, a keyword as text.
+    with pytest.raises(grpc.RpcError) as err:
+        client.search(name, vectors[0], output_fields=["nope"])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "output_fields" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        client.search(name, vectors[0], filter={"body": {"exists": True}})
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "TEXT" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        client.insert(name, doc_ids=[99], vectors=unit_rows(rng, 1, 8), attributes=[{"body": "a keyword"}])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "body" in err.value.details()
+    with pytest.raises(ValueError):
+        client.insert(name, doc_ids=[1, 2], vectors=unit_rows(rng, 2, 8), payloads=[None])
     client.drop_collection(name)
 
 

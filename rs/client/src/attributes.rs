@@ -8,7 +8,8 @@ use tarn_proto::v1 as pb;
 
 use crate::error::{Error, Result};
 
-/// The type of a declared attribute field. Every declared field is indexed.
+/// The type of a declared attribute field. KEYWORD, KEYWORDS, NUMBER and BOOL fields are
+/// indexed for filters; a TEXT field is stored and returned on request (`output_fields`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum FieldType {
@@ -20,16 +21,20 @@ pub enum FieldType {
     Number,
     /// One boolean per document.
     Bool,
+    /// A UTF-8 text per document (at most 1 MiB), stored and returned on request; no filter
+    /// uses it.
+    Text,
 }
 
 impl FieldType {
-    /// `keyword`, `keywords`, `number` or `bool`.
+    /// `keyword`, `keywords`, `number`, `bool` or `text`.
     pub fn as_str(self) -> &'static str {
         match self {
             FieldType::Keyword => "keyword",
             FieldType::Keywords => "keywords",
             FieldType::Number => "number",
             FieldType::Bool => "bool",
+            FieldType::Text => "text",
         }
     }
 
@@ -39,6 +44,7 @@ impl FieldType {
             FieldType::Keywords => pb::FieldType::Keywords,
             FieldType::Number => pb::FieldType::Number,
             FieldType::Bool => pb::FieldType::Bool,
+            FieldType::Text => pb::FieldType::Text,
         };
         field_type as i32
     }
@@ -49,6 +55,7 @@ impl FieldType {
             Ok(pb::FieldType::Keywords) => Some(FieldType::Keywords),
             Ok(pb::FieldType::Number) => Some(FieldType::Number),
             Ok(pb::FieldType::Bool) => Some(FieldType::Bool),
+            Ok(pb::FieldType::Text) => Some(FieldType::Text),
             _ => None,
         }
     }
@@ -57,16 +64,17 @@ impl FieldType {
 impl std::str::FromStr for FieldType {
     type Err = Error;
 
-    /// `keyword`, `keywords`, `number` or `bool` (also `boolean`), in any case.
+    /// `keyword`, `keywords`, `number`, `bool` (also `boolean`) or `text`, in any case.
     fn from_str(name: &str) -> Result<FieldType> {
         match name.to_ascii_lowercase().as_str() {
             "keyword" => Ok(FieldType::Keyword),
             "keywords" => Ok(FieldType::Keywords),
             "number" => Ok(FieldType::Number),
             "bool" | "boolean" => Ok(FieldType::Bool),
+            "text" => Ok(FieldType::Text),
             _ => Err(Error::invalid(
                 "fields",
-                format!("unknown field type {name:?} (keyword, keywords, number or bool)"),
+                format!("unknown field type {name:?} (keyword, keywords, number, bool or text)"),
             )),
         }
     }
@@ -138,6 +146,8 @@ pub enum Value {
     Number(f64),
     /// For a BOOL field.
     Bool(bool),
+    /// For a TEXT field (`Value::text("...")`; a `&str` converts to a keyword).
+    Text(String),
 }
 
 impl From<&str> for Value {
@@ -195,6 +205,11 @@ impl<const N: usize> From<[&str; N]> for Value {
 }
 
 impl Value {
+    /// A TEXT field's value.
+    pub fn text(text: impl Into<String>) -> Value {
+        Value::Text(text.into())
+    }
+
     fn to_wire(&self) -> pb::Value {
         let kind = match self {
             Value::Keyword(keyword) => pb::value::Kind::Keyword(keyword.clone()),
@@ -203,6 +218,7 @@ impl Value {
             }),
             Value::Number(number) => pb::value::Kind::Number(*number),
             Value::Bool(boolean) => pb::value::Kind::Boolean(*boolean),
+            Value::Text(text) => pb::value::Kind::Text(text.clone()),
         };
         pb::Value { kind: Some(kind) }
     }
@@ -213,12 +229,14 @@ impl Value {
             pb::value::Kind::Keywords(list) => Value::Keywords(list.values),
             pb::value::Kind::Number(number) => Value::Number(number),
             pb::value::Kind::Boolean(boolean) => Value::Bool(boolean),
+            pb::value::Kind::Text(text) => Value::Text(text),
         })
     }
 }
 
 /// One document's attributes: field name to value (at most 64 fields, each declared by the
-/// collection).
+/// collection), and its payload: any JSON text (at most 1 MiB), stored with it and returned on
+/// request, never indexed.
 ///
 /// ```
 /// use tarn_client::{Attributes, Value};
@@ -232,6 +250,7 @@ impl Value {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Attributes {
     values: BTreeMap<String, Value>,
+    payload: Option<String>,
 }
 
 impl Attributes {
@@ -263,14 +282,25 @@ impl Attributes {
             .map(|(name, value)| (name.as_str(), value))
     }
 
+    /// These attributes with `payload` (a JSON text) as the document's payload.
+    pub fn with_payload(mut self, payload: impl Into<String>) -> Attributes {
+        self.payload = Some(payload.into());
+        self
+    }
+
+    /// The document's payload (a JSON text), if it has one (and it was asked for).
+    pub fn payload(&self) -> Option<&str> {
+        self.payload.as_deref()
+    }
+
     /// How many fields have a value.
     pub fn len(&self) -> usize {
         self.values.len()
     }
 
-    /// Whether no field has a value.
+    /// Whether no field has a value and there is no payload.
     pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
+        self.values.is_empty() && self.payload.is_none()
     }
 
     pub(crate) fn to_wire(&self) -> pb::Attributes {
@@ -280,17 +310,19 @@ impl Attributes {
                 .iter()
                 .map(|(name, value)| (name.clone(), value.to_wire()))
                 .collect(),
+            payload: self.payload.clone().unwrap_or_default(),
         }
     }
 
     pub(crate) fn from_wire(attributes: Option<pb::Attributes>) -> Attributes {
+        let attributes = attributes.unwrap_or_default();
         let values = attributes
-            .map(|a| a.values)
-            .unwrap_or_default()
+            .values
             .into_iter()
             .filter_map(|(name, value)| Value::from_wire(value).map(|value| (name, value)))
             .collect();
-        Attributes { values }
+        let payload = Some(attributes.payload).filter(|payload| !payload.is_empty());
+        Attributes { values, payload }
     }
 }
 

@@ -522,7 +522,24 @@ impl Client {
         doc_ids: &[u128],
         after: &ReadToken,
     ) -> Result<Vec<Document>> {
+        self.get_selected(collection, user_id, doc_ids, &[], false, after)
+            .await
+    }
+
+    /// [`Client::get_after`] returning only the declared fields `output_fields` lists (`"*"`
+    /// or none: every field) and, with `with_payload`, each document's payload.
+    pub async fn get_selected(
+        &self,
+        collection: &str,
+        user_id: u128,
+        doc_ids: &[u128],
+        output_fields: &[&str],
+        with_payload: bool,
+        after: &ReadToken,
+    ) -> Result<Vec<Document>> {
         let request = pb::GetRequest {
+            output_fields: output_fields.iter().map(|f| f.to_string()).collect(),
+            with_payload,
             collection: collection.to_owned(),
             user_id: Some(id_to_wire(user_id)),
             doc_ids: doc_ids.iter().copied().map(id_to_wire).collect(),

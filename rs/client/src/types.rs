@@ -746,6 +746,8 @@ pub struct Search {
     allow_partial: bool,
     filter: Option<Filter>,
     timeout: Option<Duration>,
+    output_fields: Vec<String>,
+    with_payload: bool,
 }
 
 impl Search {
@@ -762,6 +764,8 @@ impl Search {
             allow_partial: false,
             filter: None,
             timeout: None,
+            output_fields: Vec::new(),
+            with_payload: false,
         }
     }
 
@@ -826,6 +830,19 @@ impl Search {
         self
     }
 
+    /// The declared fields each hit returns in [`Hit::attributes`] (`"*"`: every field; none
+    /// by default). The values are those of the version of the document that was scored.
+    pub fn output_fields<S: Into<String>>(mut self, fields: impl IntoIterator<Item = S>) -> Search {
+        self.output_fields = fields.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Each hit returns its document's payload too ([`Attributes::payload`]).
+    pub fn with_payload(mut self, with_payload: bool) -> Search {
+        self.with_payload = with_payload;
+        self
+    }
+
     pub(crate) fn into_wire(self) -> (pb::SearchRequest, Option<Duration>) {
         let request = pb::SearchRequest {
             collection: self.collection,
@@ -842,13 +859,15 @@ impl Search {
             read_token: self.after.bytes,
             allow_partial: self.allow_partial,
             filter: self.filter.as_ref().map(Filter::to_wire),
+            output_fields: self.output_fields,
+            with_payload: self.with_payload,
         };
         (request, self.timeout)
     }
 }
 
 /// One search result.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Hit {
     /// The document.
@@ -858,6 +877,9 @@ pub struct Hit {
     /// Cosine similarity or inner product (higher is better), or Euclidean distance (lower is
     /// better), by the collection's metric.
     pub score: f32,
+    /// The values [`Search::output_fields`] and [`Search::with_payload`] selected (empty
+    /// otherwise).
+    pub attributes: Attributes,
 }
 
 impl Hit {
@@ -866,6 +888,7 @@ impl Hit {
             doc_id: id_from_wire(hit.doc_id.as_ref()),
             user_id: id_from_wire(hit.user_id.as_ref()),
             score: hit.score,
+            attributes: Attributes::from_wire(hit.attributes.clone()),
         }
     }
 }

@@ -182,12 +182,91 @@ pub(crate) fn grow_schema(
 }
 
 /// One search result as users see it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SearchHit {
     pub doc_id: u128,
     pub user_id: u128,
     /// Cosine similarity or dot product (higher is better), or Euclidean distance (lower).
     pub score: f32,
+    /// With a non-empty [`SearchRequest::output`]: the selected values of the document as it
+    /// was searched (the same version the score is of).
+    pub fields: Option<Attributes>,
+}
+
+/// Which of a document's values a search or a get returns: declared fields by name (`"*"`:
+/// every field), and the payload.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FieldSelection {
+    pub fields: Vec<String>,
+    pub payload: bool,
+}
+
+impl FieldSelection {
+    /// The most names one selection lists.
+    pub const MAX_FIELDS: usize = 256;
+
+    /// Every field and the payload.
+    pub fn everything() -> FieldSelection {
+        FieldSelection {
+            fields: vec!["*".to_string()],
+            payload: true,
+        }
+    }
+
+    /// True when nothing is selected.
+    pub fn is_empty(&self) -> bool {
+        self.fields.is_empty() && !self.payload
+    }
+
+    fn all_fields(&self) -> bool {
+        self.fields.iter().any(|name| name == "*")
+    }
+
+    /// Checks every name against the schema (naming `output_fields`).
+    pub(crate) fn validate(&self, schema: &Schema) -> Result<()> {
+        if self.fields.len() > FieldSelection::MAX_FIELDS {
+            return Err(CollectionError::invalid(
+                "output_fields",
+                format!(
+                    "lists {} names, at most {} allowed",
+                    self.fields.len(),
+                    FieldSelection::MAX_FIELDS
+                ),
+            ));
+        }
+        if let Some(name) = self
+            .fields
+            .iter()
+            .find(|name| *name != "*" && schema.field(name).is_none())
+        {
+            return Err(CollectionError::invalid(
+                "output_fields",
+                format!(
+                    "field {:?} is not declared (\"*\" selects every field)",
+                    tarn_index::shown_name(name)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// True when the selection needs a document's stored values (a TEXT field or the payload).
+    fn needs_stored(&self, schema: &Schema) -> bool {
+        self.payload
+            || self.fields.iter().any(|name| {
+                name == "*" || schema.field_type(name) == Some(tarn_index::FieldType::Text)
+            })
+    }
+
+    /// `document` reduced to the selection.
+    fn apply(&self, mut document: Attributes) -> Attributes {
+        if !self.all_fields() {
+            document.retain(|name| self.fields.iter().any(|f| f == name), self.payload);
+        } else if !self.payload {
+            document.set_payload(None);
+        }
+        document
+    }
 }
 
 /// A search request. `ef` 0 means the collection's default; `min_seq` 0 means no wait.
@@ -202,6 +281,8 @@ pub struct SearchRequest {
     /// Only documents whose attributes match (validated against the collection's fields).
     /// A filtered search returns `min(top_k, matching live documents)` hits, always.
     pub filter: Option<Filter>,
+    /// The values each hit returns (none by default).
+    pub output: FieldSelection,
 }
 
 /// Figures for `GetCollection` and metrics.
@@ -646,6 +727,14 @@ impl Collection {
                         &error,
                     )
                 })?;
+                if let Some(payload) = document.payload() {
+                    if let Err(error) = serde_json::from_str::<serde::de::IgnoredAny>(payload) {
+                        return Err(CollectionError::invalid(
+                            "payload",
+                            format!("document {doc_idx}: not a JSON text ({error})"),
+                        ));
+                    }
+                }
             }
         }
         if vectors.len() != doc_ids.len() * dim {
@@ -732,6 +821,36 @@ impl Collection {
             if let Some((vector, attributes)) = set.get_with_attributes(user_id, doc_id)? {
                 found.push((doc_id, vector, attributes));
             }
+        }
+        Ok(found)
+    }
+
+    /// `get_with_attributes` with each document's values reduced to `output` (validated
+    /// against the schema, naming `output_fields`); stored values are read only when the
+    /// selection needs them.
+    pub fn get_selected(
+        &self,
+        user_id: u128,
+        doc_ids: &[u128],
+        output: &FieldSelection,
+    ) -> Result<Vec<(u128, Vec<f32>, Attributes)>> {
+        let schema = self.schema();
+        output.validate(&schema)?;
+        let stored = output.needs_stored(&schema);
+        let set = self.shared().segments();
+        let mut found = Vec::with_capacity(doc_ids.len());
+        for &doc_id in doc_ids {
+            let Some(vector) = set.get(user_id, doc_id)? else {
+                continue;
+            };
+            let document = match output.is_empty() {
+                true => Attributes::new(),
+                false => set
+                    .document(user_id, doc_id, stored)?
+                    .map(|document| output.apply(document))
+                    .unwrap_or_default(),
+            };
+            found.push((doc_id, vector, document));
         }
         Ok(found)
     }
@@ -892,6 +1011,7 @@ impl Collection {
         if let Some(filter) = &request.filter {
             self.validate_filter(filter)?;
         }
+        request.output.validate(&self.schema())?;
         Ok(())
     }
 
@@ -920,7 +1040,8 @@ impl Collection {
         } else {
             request.ef
         };
-        let hits = self.shared().segments().search(
+        let set = self.shared().segments();
+        let hits = set.search(
             &request.user_ids,
             &query,
             request.top_k,
@@ -928,14 +1049,25 @@ impl Collection {
             request.exact,
             request.filter.as_ref(),
         )?;
-        Ok(hits
-            .into_iter()
-            .map(|hit| SearchHit {
-                doc_id: hit.doc_id,
-                user_id: hit.user_id,
-                score: metric.score(hit.distance),
+        // The hits' values come from the same segments the search read, so each is the
+        // version that was scored.
+        let stored = !request.output.is_empty() && request.output.needs_stored(&self.schema());
+        hits.into_iter()
+            .map(|hit| {
+                let fields = match request.output.is_empty() {
+                    true => None,
+                    false => set
+                        .document(hit.user_id, hit.doc_id, stored)?
+                        .map(|document| request.output.apply(document)),
+                };
+                Ok(SearchHit {
+                    doc_id: hit.doc_id,
+                    user_id: hit.user_id,
+                    score: metric.score(hit.distance),
+                    fields,
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// Read-your-writes search: waits up to `timeout` for `min_seq` to be applied, then searches

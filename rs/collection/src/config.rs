@@ -286,6 +286,7 @@ mod fields_json {
         Keywords,
         Number,
         Bool,
+        Text,
     }
 
     #[derive(Serialize, Deserialize)]
@@ -308,6 +309,7 @@ mod fields_json {
                     FieldType::Keywords => TypeName::Keywords,
                     FieldType::Number => TypeName::Number,
                     FieldType::Bool => TypeName::Bool,
+                    FieldType::Text => TypeName::Text,
                 },
             })
             .collect();
@@ -326,6 +328,7 @@ mod fields_json {
                     TypeName::Keywords => FieldType::Keywords,
                     TypeName::Number => FieldType::Number,
                     TypeName::Bool => FieldType::Bool,
+                    TypeName::Text => FieldType::Text,
                 };
                 FieldSpec::new(field.name, field_type)
             })

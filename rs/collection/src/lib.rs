@@ -23,7 +23,7 @@ mod triggers;
 mod wal_tail;
 
 pub use collection::{
-    Collection, CollectionStats, SearchHit, SearchRequest, MAX_PAIRS_PER_REQUEST,
+    Collection, CollectionStats, FieldSelection, SearchHit, SearchRequest, MAX_PAIRS_PER_REQUEST,
 };
 pub use config::{
     CollectionConfig, DurabilityName, HnswConfig, MetricName, QuantizationConfig, MAX_DIMENSION,

@@ -159,9 +159,20 @@ impl SegmentSet {
     /// A live document's vector (`None` when it is not live); an error when a sealed
     /// segment's cold vector cannot be read or fails its checksum.
     pub(crate) fn get(&self, user_id: u128, doc_id: u128) -> Result<Option<Vec<f32>>> {
-        Ok(self
-            .get_with_attributes(user_id, doc_id)?
-            .map(|(vector, _)| vector))
+        if let Some(vector) = self.mutable.get(user_id, doc_id) {
+            return Ok(Some(vector));
+        }
+        for (_, frozen) in &self.frozen {
+            if let Some(vector) = frozen.get(user_id, doc_id) {
+                return Ok(Some(vector));
+            }
+        }
+        for sealed in &self.sealed {
+            if let Some(vector) = sealed.get(user_id, doc_id)? {
+                return Ok(Some(vector));
+            }
+        }
+        Ok(None)
     }
 
     pub(crate) fn get_with_attributes(
@@ -169,19 +180,41 @@ impl SegmentSet {
         user_id: u128,
         doc_id: u128,
     ) -> Result<Option<(Vec<f32>, Attributes)>> {
-        let in_memory = self
-            .mutable
-            .get_with_attributes(user_id, doc_id)
-            .or_else(|| {
-                self.frozen
-                    .iter()
-                    .find_map(|(_, f)| f.get_with_attributes(user_id, doc_id))
-            });
-        if in_memory.is_some() {
-            return Ok(in_memory);
+        if let Some(found) = self.mutable.get_with_attributes(user_id, doc_id)? {
+            return Ok(Some(found));
+        }
+        for (_, frozen) in &self.frozen {
+            if let Some(found) = frozen.get_with_attributes(user_id, doc_id)? {
+                return Ok(Some(found));
+            }
         }
         for sealed in &self.sealed {
             if let Some(found) = sealed.get_with_attributes(user_id, doc_id)? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A live document's attributes without its vector, its stored values (TEXT values,
+    /// payload) too with `stored` (`None` when it is not live); an error when a sealed
+    /// segment's stored values cannot be read or fail their checksum.
+    pub(crate) fn document(
+        &self,
+        user_id: u128,
+        doc_id: u128,
+        stored: bool,
+    ) -> Result<Option<Attributes>> {
+        if let Some(found) = self.mutable.document(user_id, doc_id, stored)? {
+            return Ok(Some(found));
+        }
+        for (_, frozen) in &self.frozen {
+            if let Some(found) = frozen.document(user_id, doc_id, stored)? {
+                return Ok(Some(found));
+            }
+        }
+        for sealed in &self.sealed {
+            if let Some(found) = sealed.document(user_id, doc_id, stored)? {
                 return Ok(Some(found));
             }
         }

@@ -2,8 +2,8 @@
 //! which speaks the public API's messages on both sides of a fan-out, both use them.
 
 use tarn_collection::{
-    Attributes, CollectionConfig, CollectionStats, DurabilityName, FieldSpec, FieldType, Filter,
-    HnswConfig, MetricName, Quantization, QuantizationConfig, Value,
+    Attributes, CollectionConfig, CollectionStats, DurabilityName, FieldSelection, FieldSpec,
+    FieldType, Filter, HnswConfig, MetricName, Quantization, QuantizationConfig, SearchHit, Value,
 };
 use tarn_proto::v1 as pb;
 use tarn_wal::Durability;
@@ -21,14 +21,46 @@ pub fn u128_to_id(value: u128) -> pb::Id {
     }
 }
 
-/// Search hits, (doc, user, score) best first, as the wire sends them.
-pub fn hits(hits: impl Iterator<Item = (u128, u128, f32)>) -> Vec<pb::Hit> {
-    hits.map(|(doc_id, user_id, score)| pb::Hit {
+/// Search hits, (doc, user, score, selected values) best first, as the wire sends them.
+pub fn hits(hits: impl Iterator<Item = (u128, u128, f32, Option<pb::Attributes>)>) -> Vec<pb::Hit> {
+    hits.map(|(doc_id, user_id, score, attributes)| pb::Hit {
         doc_id: Some(u128_to_id(doc_id)),
         user_id: Some(u128_to_id(user_id)),
         score,
+        attributes,
     })
     .collect()
+}
+
+/// A local search's hits as the wire sends them.
+pub fn search_hits(hits: Vec<SearchHit>) -> Vec<pb::Hit> {
+    self::hits(hits.into_iter().map(|hit| {
+        let attributes = hit
+            .fields
+            .as_ref()
+            .map(|f| attributes_to_wire(f).unwrap_or_default());
+        (hit.doc_id, hit.user_id, hit.score, attributes)
+    }))
+}
+
+/// What a search's hits return (`output_fields`, `with_payload`): nothing by default.
+pub fn search_selection(output_fields: &[String], with_payload: bool) -> FieldSelection {
+    FieldSelection {
+        fields: output_fields.to_vec(),
+        payload: with_payload,
+    }
+}
+
+/// What a get's documents return: every field unless `output_fields` lists some, and the
+/// payload with `with_payload`.
+pub fn get_selection(output_fields: &[String], with_payload: bool) -> FieldSelection {
+    FieldSelection {
+        fields: match output_fields.is_empty() {
+            true => vec!["*".to_string()],
+            false => output_fields.to_vec(),
+        },
+        payload: with_payload,
+    }
 }
 
 pub fn to_ids(values: &[u128]) -> Vec<pb::Id> {
@@ -218,7 +250,7 @@ fn shown(name: &str) -> String {
 }
 
 /// Declared fields from the wire (`fields` of CreateCollection and AddFields). Names are checked
-/// by the schema, not here; the type must be one of the four.
+/// by the schema, not here; the type must be one of the five.
 pub fn field_specs(fields: &[pb::FieldSpec]) -> Result<Vec<FieldSpec>, ApiError> {
     fields
         .iter()
@@ -228,11 +260,12 @@ pub fn field_specs(fields: &[pb::FieldSpec]) -> Result<Vec<FieldSpec>, ApiError>
                 Ok(pb::FieldType::Keywords) => FieldType::Keywords,
                 Ok(pb::FieldType::Number) => FieldType::Number,
                 Ok(pb::FieldType::Bool) => FieldType::Bool,
+                Ok(pb::FieldType::Text) => FieldType::Text,
                 Ok(pb::FieldType::Unspecified) => {
                     return Err(ApiError::invalid(
                         "fields",
                         format!(
-                            "field {:?}: type must be KEYWORD, KEYWORDS, NUMBER or BOOL",
+                            "field {:?}: type must be KEYWORD, KEYWORDS, NUMBER, BOOL or TEXT",
                             shown(&spec.name)
                         ),
                     ))
@@ -259,6 +292,7 @@ pub fn field_type_to_wire(field_type: FieldType) -> pb::FieldType {
         FieldType::Keywords => pb::FieldType::Keywords,
         FieldType::Number => pb::FieldType::Number,
         FieldType::Bool => pb::FieldType::Bool,
+        FieldType::Text => pb::FieldType::Text,
     }
 }
 
@@ -301,8 +335,12 @@ fn document_attributes(doc_idx: usize, document: &pb::Attributes) -> Result<Attr
             }
             Some(pb::value::Kind::Number(number)) => Value::Number(*number),
             Some(pb::value::Kind::Boolean(boolean)) => Value::Bool(*boolean),
+            Some(pb::value::Kind::Text(text)) => Value::Text(text.clone()),
         };
         attributes.insert(name.clone(), value);
+    }
+    if !document.payload.is_empty() {
+        attributes.set_payload(Some(document.payload.clone()));
     }
     Ok(attributes)
 }
@@ -322,11 +360,15 @@ pub fn attributes_to_wire(attributes: &Attributes) -> Option<pb::Attributes> {
                 }),
                 Value::Number(number) => pb::value::Kind::Number(*number),
                 Value::Bool(boolean) => pb::value::Kind::Boolean(*boolean),
+                Value::Text(text) => pb::value::Kind::Text(text.clone()),
             };
             (name.to_owned(), pb::Value { kind: Some(kind) })
         })
         .collect();
-    Some(pb::Attributes { values })
+    Some(pb::Attributes {
+        values,
+        payload: attributes.payload().unwrap_or_default().to_string(),
+    })
 }
 
 /// A filter from the wire (`filter` of Search and Remove): structure only (every node has a

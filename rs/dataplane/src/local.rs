@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tarn_collection::SearchRequest;
+use tarn_collection::{FieldSelection, SearchRequest};
 use tarn_proto::v1 as pb;
 use tokio::sync::Semaphore;
 
@@ -359,14 +359,17 @@ impl Router {
         }
     }
 
-    /// The stored documents among `doc_ids` of one tenant: (doc, vector, attributes), once
+    /// The stored documents among `doc_ids` of one tenant: (doc, vector, the values `output`
+    /// selects), once
     /// position `min_seq` acknowledged at `token_epoch` is visible, as for
     /// [`Router::local_search_at`].
+    #[allow(clippy::too_many_arguments)]
     pub async fn local_get(
         &self,
         name: &str,
         user_id: u128,
         doc_ids: &[u128],
+        output: &FieldSelection,
         min_seq: u64,
         token_epoch: u64,
         deadline: Option<Duration>,
@@ -375,7 +378,7 @@ impl Router {
         self.await_position(name, &collection, min_seq, token_epoch, deadline)
             .await?;
         Ok(collection
-            .get_with_attributes(user_id, doc_ids)?
+            .get_selected(user_id, doc_ids, output)?
             .into_iter()
             .map(|(doc_id, vector, attributes)| {
                 (doc_id, vector, convert::attributes_to_wire(&attributes))

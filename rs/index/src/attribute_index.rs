@@ -35,11 +35,17 @@
 //!             every present slot, in slot order
 //!   NUMBER:   u64 f64 bits per present slot (finite)
 //!   BOOL:     u64 x ceil(n_slots / 64): the slots holding true (a subset of the present ones)
+//!   TEXT:     nothing (its presence bitmap is empty: the values are stored values, below)
 //! dictionary: u32 n_terms, then per term u32 len and UTF-8 bytes (distinct terms; id = position)
 //! ```
 //!
 //! Posting lists are not stored: decoding rebuilds them in one pass over the term ids, so the
 //! file cannot hold lists that disagree with the slots' values.
+//!
+//! The index also carries each slot's stored values (TEXT values and the payload) as one blob
+//! per slot (`stored.rs`), so every path that moves attributes between slots (seals, merges,
+//! rebuilds, builds) moves them too; a sealed segment writes them as a section of their own,
+//! read from the file on demand.
 
 use std::collections::HashMap;
 
@@ -47,6 +53,8 @@ use crate::attributes::{AttributeError, Attributes, FieldType, Schema, Value};
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::error::{IndexError, Result};
 use crate::filter::{range_holds, Filter};
+use crate::stored::StoredColumn;
+use std::sync::Arc;
 
 /// A set of slots: a bitmap of `u64` words (slot `s` is bit `s % 64` of word `s / 64`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -310,6 +318,8 @@ enum Column {
     Keywords(KeywordsColumn),
     Number(NumberColumn),
     Bool(BoolColumn),
+    /// A TEXT field: its values are stored values (the index's [`StoredColumn`]), not here.
+    Text,
 }
 
 impl Column {
@@ -319,6 +329,7 @@ impl Column {
             FieldType::Keywords => Column::Keywords(KeywordsColumn::default()),
             FieldType::Number => Column::Number(NumberColumn::default()),
             FieldType::Bool => Column::Bool(BoolColumn::default()),
+            FieldType::Text => Column::Text,
         }
     }
 
@@ -378,6 +389,7 @@ impl Column {
                 .true_slots
                 .clipped(n_slots)
                 .or(&column.false_slots.clipped(n_slots)),
+            Column::Text => SlotSet::empty(n_slots),
         }
     }
 
@@ -417,6 +429,7 @@ impl Column {
                     None
                 }
             }
+            Column::Text => None,
         }
     }
 
@@ -430,7 +443,7 @@ impl Column {
                 Some(false) => column.false_slots.clipped(n_slots),
                 None => SlotSet::empty(n_slots),
             },
-            Column::Number(_) => SlotSet::empty(n_slots),
+            Column::Number(_) | Column::Text => SlotSet::empty(n_slots),
         }
     }
 
@@ -491,6 +504,8 @@ pub struct AttributeIndex {
     n_slots: u32,
     /// One column per schema field, in declaration order.
     columns: Vec<Column>,
+    /// Each slot's stored values (TEXT values and payload), kept apart from the columns.
+    stored: StoredColumn,
 }
 
 impl AttributeIndex {
@@ -507,6 +522,7 @@ impl AttributeIndex {
             schema,
             n_slots: 0,
             columns,
+            stored: StoredColumn::default(),
         }
     }
 
@@ -568,7 +584,63 @@ impl AttributeIndex {
                 self.columns[field_idx as usize].append(slot, value);
             }
         }
+        if attributes.has_stored() {
+            let (_, mut stored) = attributes.split_stored();
+            let schema = &self.schema;
+            stored.retain(
+                |name| schema.field_type(name) == Some(FieldType::Text),
+                true,
+            );
+            self.stored.push(slot, Arc::from(stored.encode()));
+        }
         self.n_slots = self.n_slots.max(slot + 1);
+    }
+
+    /// One slot's stored values (TEXT values and payload; empty for a slot without any): an
+    /// error when they are in a segment file that cannot be read, fails its checksum, or holds
+    /// bytes that do not decode.
+    pub fn stored_of(&self, slot: u32) -> Result<Attributes> {
+        match self.stored.get(slot)? {
+            Some(blob) => Attributes::decode(&blob)
+                .map_err(|error| bad(format!("the stored values of slot {slot}: {error}"))),
+            None => Ok(Attributes::new()),
+        }
+    }
+
+    /// One slot's whole document: [`AttributeIndex::attributes_of`] and
+    /// [`AttributeIndex::stored_of`] together.
+    pub fn document_of(&self, slot: u32) -> Result<Attributes> {
+        let mut document = self.attributes_of(slot);
+        if !self.stored.is_empty() {
+            document.merge(self.stored_of(slot)?);
+        }
+        Ok(document)
+    }
+
+    /// True when some slot has stored values (a sealed partition then writes them as a
+    /// section of their own).
+    pub fn has_stored(&self) -> bool {
+        !self.stored.is_empty()
+    }
+
+    /// The stored values as a sealed-segment section (`stored.rs`); an error when they are in
+    /// a file that cannot be read.
+    pub(crate) fn encode_stored_section(&self) -> Result<Vec<u8>> {
+        self.stored.encode_section(self.n_slots)
+    }
+
+    /// Adopts a partition's decoded stored values (a sealed segment's section); the index then
+    /// counts at least `n_slots` slots.
+    pub(crate) fn set_stored(&mut self, stored: StoredColumn, n_slots: u32) {
+        self.stored = stored;
+        if !self.stored.is_empty() {
+            self.n_slots = self.n_slots.max(n_slots);
+        }
+    }
+
+    /// Bytes of memory the stored values take (in memory, or their offsets and checksums).
+    pub fn stored_memory_bytes(&self) -> usize {
+        self.stored.memory_bytes()
     }
 
     /// The column of a field, if this index holds it.
@@ -637,7 +709,7 @@ impl AttributeIndex {
     /// The index renumbered: new slot `i` holds old slot `old_slots_in_new_order[i]` (an old
     /// slot past the end gives a slot without attributes). For rebuilds that drop tombstones or
     /// reorder slots.
-    pub fn remap(&self, old_slots_in_new_order: &[u32]) -> AttributeIndex {
+    pub fn remap(&self, old_slots_in_new_order: &[u32]) -> Result<AttributeIndex> {
         AttributeIndex::gather(self.schema.clone(), &[(self, old_slots_in_new_order)])
     }
 
@@ -647,19 +719,24 @@ impl AttributeIndex {
     pub fn from_parts(
         schema: Schema,
         parts: &[(&AttributeIndex, &[u32])],
-    ) -> Result<AttributeIndex, AttributeError> {
+    ) -> Result<AttributeIndex> {
         if let Some(part_idx) = parts
             .iter()
             .position(|(part, _)| !schema.starts_with(part.schema()))
         {
-            return Err(AttributeError::SchemaMismatch {
-                problem: format!("part {part_idx} has fields the merged schema does not extend"),
-            });
+            return Err(IndexError::InvalidInput(
+                AttributeError::SchemaMismatch {
+                    problem: format!(
+                        "part {part_idx} has fields the merged schema does not extend"
+                    ),
+                }
+                .to_string(),
+            ));
         }
-        Ok(AttributeIndex::gather(schema, parts))
+        AttributeIndex::gather(schema, parts)
     }
 
-    fn gather(schema: Schema, parts: &[(&AttributeIndex, &[u32])]) -> AttributeIndex {
+    fn gather(schema: Schema, parts: &[(&AttributeIndex, &[u32])]) -> Result<AttributeIndex> {
         let old_slots = parts
             .iter()
             .flat_map(|(part, old_slots)| old_slots.iter().map(move |&old_slot| (*part, old_slot)));
@@ -670,20 +747,24 @@ impl AttributeIndex {
     /// any order and from any number of indexes (a merge whose slots are sorted by document
     /// id). Values of fields `schema` does not declare, or declares with another type, are
     /// dropped: pass a schema that extends every picked index's (the longest of theirs, since
-    /// fields are only ever appended).
+    /// fields are only ever appended). Stored values are carried as they are (read from the
+    /// file for a sealed partition's: an error if a read fails or a checksum does not match).
     pub fn gather_slots<'a>(
         schema: Schema,
         picks: impl IntoIterator<Item = (&'a AttributeIndex, u32)>,
-    ) -> AttributeIndex {
+    ) -> Result<AttributeIndex> {
         let mut index = AttributeIndex::new(schema);
         // Slot u32::MAX is never used, so at most u32::MAX slots.
         for (new_slot, (part, old_slot)) in (0..u32::MAX).zip(picks) {
             if !part.schema.is_empty() {
                 index.append(new_slot, &part.attributes_of(old_slot));
             }
+            if let Some(blob) = part.stored.get(old_slot)? {
+                index.stored.push(new_slot, blob);
+            }
             index.n_slots = new_slot + 1;
         }
-        index
+        Ok(index)
     }
 
     /// The index as a sealed-segment section (layout in the module documentation).
@@ -725,6 +806,8 @@ impl AttributeIndex {
                 Column::Bool(column) => {
                     writer.u64s(column.true_slots.clipped(self.n_slots).words());
                 }
+                // Its values are in the stored section; its presence bitmap is empty.
+                Column::Text => {}
             }
         }
         writer.bytes
@@ -823,6 +906,14 @@ impl AttributeIndex {
                     }
                     column.false_slots = true_slots.clone().not(recorded_n_slots).and(&present);
                     column.true_slots = true_slots;
+                }
+                Column::Text => {
+                    if !present.is_empty() {
+                        return Err(bad(format!(
+                            "TEXT field {:?} has values in the attribute section",
+                            spec.name
+                        )));
+                    }
                 }
             }
         }
@@ -933,6 +1024,7 @@ mod tests {
             }
             FieldType::Number => Value::Number(NUMBERS[rng.random_range(0..NUMBERS.len())]),
             FieldType::Bool => Value::Bool(rng.random_bool(0.5)),
+            FieldType::Text => Value::Text(random_keyword(rng)),
         }
     }
 
@@ -1006,6 +1098,8 @@ mod tests {
                 any_of: Vec::new(),
                 boolean: Some(rng.random_bool(0.5)),
             },
+            // Random schemas declare no TEXT field (filters cannot use one).
+            FieldType::Text => Filter::All(Vec::new()),
             FieldType::Number => loop {
                 let (gt, mut gte) = (random_bound(rng), random_bound(rng));
                 let (mut lt, lte) = (random_bound(rng), random_bound(rng));
@@ -1117,7 +1211,7 @@ mod tests {
             let new_order: Vec<u32> = (0..rng.random_range(0..=n_slots + 5))
                 .map(|_| rng.random_range(0..n_slots + 5))
                 .collect();
-            let remapped = index.remap(&new_order);
+            let remapped = index.remap(&new_order).unwrap();
             let remapped_documents: Vec<Attributes> = new_order
                 .iter()
                 .map(|&old| documents.get(old as usize).cloned().unwrap_or_default())
@@ -1336,7 +1430,7 @@ mod tests {
     fn remap_renumbers_slots() {
         let (index, documents) = example_index();
         let new_order = [199u32, 0, 0, 3, 1000, 17];
-        let remapped = index.remap(&new_order);
+        let remapped = index.remap(&new_order).unwrap();
         assert_eq!(remapped.n_slots(), 6);
         for (new_slot, &old_slot) in new_order.iter().enumerate() {
             let want = documents
@@ -1345,7 +1439,7 @@ mod tests {
                 .unwrap_or_default();
             assert_eq!(remapped.attributes_of(new_slot as u32), want);
         }
-        assert_eq!(index.remap(&[]).n_slots(), 0);
+        assert_eq!(index.remap(&[]).unwrap().n_slots(), 0);
     }
 
     #[test]
@@ -1374,7 +1468,7 @@ mod tests {
 
         let foreign = Schema::new(vec![FieldSpec::new("section", FieldType::Number)]).unwrap();
         let error = AttributeIndex::from_parts(foreign, &[(&older, &[0])]).unwrap_err();
-        assert!(error.to_string().starts_with("schema: part 0"), "{error}");
+        assert!(error.to_string().contains("schema: part 0"), "{error}");
     }
 
     #[test]

@@ -13,9 +13,17 @@
 //!               kind 2 keywords: varint n_values, then n_values x (varint len, UTF-8 bytes)
 //!               kind 3 number:   8 bytes, f64 bits
 //!               kind 4 bool:     u8 0 (false) or 1 (true)
+//!               kind 5 text:     varint len, UTF-8 bytes (version 2 only)
+//!             version 2 (written only when a document has a text value or a payload) then
+//!             ends with u8 0 (no payload) or 1 and the payload (varint len, UTF-8 JSON text)
 //! schema:     u8 version (1), varint n_fields, then per field in declaration order:
-//!             varint name_len, name, u8 field type (1 KEYWORD, 2 KEYWORDS, 3 NUMBER, 4 BOOL)
+//!             varint name_len, name, u8 field type (1 KEYWORD, 2 KEYWORDS, 3 NUMBER, 4 BOOL,
+//!             5 TEXT)
 //! ```
+//!
+//! TEXT values and the payload are *stored* values: kept with the document and returned on
+//! request, never indexed for filters. A partition keeps them apart from its indexed columns
+//! (`stored.rs`: by slot, in memory in the mutable segment, in the segment file once sealed).
 //!
 //! Decoding never panics: every length and count is checked against the bytes left before
 //! anything is allocated, names must be strictly increasing (one canonical encoding per
@@ -79,6 +87,16 @@ pub enum AttributeError {
         count: usize,
         limit: usize,
     },
+    /// A document text or payload longer than [`Value::MAX_TEXT_BYTES`].
+    #[error("attributes: {what} has {bytes} bytes, at most {limit} allowed")]
+    TooLong {
+        what: String,
+        bytes: usize,
+        limit: usize,
+    },
+    /// A filter on a TEXT field (text is stored and searched by full-text queries, not filtered).
+    #[error("filter: field {field:?} is a TEXT field, which filters cannot use")]
+    FilterOnText { field: String },
     /// A document with more than [`Attributes::MAX_FIELDS`] fields.
     #[error("attributes: a document has {count} fields, at most {limit} allowed")]
     TooManyDocumentFields { count: usize, limit: usize },
@@ -104,7 +122,7 @@ pub enum AttributeError {
 
 /// A field name as error messages show it: verbatim up to 80 bytes, then cut (an undeclared name
 /// can be arbitrarily long and ends up in a gRPC status header).
-pub(crate) fn shown(name: &str) -> String {
+pub fn shown(name: &str) -> String {
     const SHOWN_BYTES: usize = 80;
     if name.len() <= SHOWN_BYTES {
         return name.to_string();
@@ -127,6 +145,8 @@ pub enum FieldType {
     Number,
     /// One boolean per document.
     Bool,
+    /// A UTF-8 text per document, stored and returned on request (not filterable).
+    Text,
 }
 
 impl FieldType {
@@ -137,17 +157,25 @@ impl FieldType {
             FieldType::Keywords => "KEYWORDS",
             FieldType::Number => "NUMBER",
             FieldType::Bool => "BOOL",
+            FieldType::Text => "TEXT",
         }
     }
 
-    /// The wire code (1 to 4; 0 is the wire's unspecified value and has no field type).
+    /// The wire code (1 to 5; 0 is the wire's unspecified value and has no field type).
     pub fn code(self) -> u8 {
         match self {
             FieldType::Keyword => 1,
             FieldType::Keywords => 2,
             FieldType::Number => 3,
             FieldType::Bool => 4,
+            FieldType::Text => 5,
         }
+    }
+
+    /// True for the types kept in a partition's indexed columns (filters use them); TEXT is a
+    /// stored value.
+    pub fn is_indexed(self) -> bool {
+        self != FieldType::Text
     }
 
     /// The field type of a wire code, or None for 0 and unknown codes.
@@ -157,6 +185,7 @@ impl FieldType {
             2 => Some(FieldType::Keywords),
             3 => Some(FieldType::Number),
             4 => Some(FieldType::Bool),
+            5 => Some(FieldType::Text),
             _ => None,
         }
     }
@@ -334,7 +363,11 @@ impl Schema {
                     }
                 }
                 Value::Bool(_) => {}
+                Value::Text(text) => check_length(&format!("text field {name:?}"), text)?,
             }
+        }
+        if let Some(payload) = attributes.payload() {
+            check_length("the payload", payload)?;
         }
         Ok(())
     }
@@ -373,6 +406,17 @@ impl Schema {
     }
 }
 
+fn check_length(what: &str, text: &str) -> Result<(), AttributeError> {
+    if text.len() > Value::MAX_TEXT_BYTES {
+        return Err(AttributeError::TooLong {
+            what: what.to_string(),
+            bytes: text.len(),
+            limit: Value::MAX_TEXT_BYTES,
+        });
+    }
+    Ok(())
+}
+
 fn check_document_keyword(field: &str, keyword: &str) -> Result<(), AttributeError> {
     if keyword.len() > Value::MAX_KEYWORD_BYTES {
         return Err(AttributeError::KeywordTooLong {
@@ -393,9 +437,14 @@ pub enum Value {
     Keywords(Vec<String>),
     Number(f64),
     Bool(bool),
+    /// A TEXT field's value (stored, not indexed).
+    Text(String),
 }
 
 impl Value {
+    /// The longest text value, and the longest payload, in bytes.
+    pub const MAX_TEXT_BYTES: usize = 1 << 20;
+
     /// The longest keyword, in bytes (in documents and in a filter's `any_of`).
     pub const MAX_KEYWORD_BYTES: usize = 256;
     /// The most keywords in one KEYWORDS value.
@@ -408,6 +457,7 @@ impl Value {
             Value::Keywords(_) => FieldType::Keywords,
             Value::Number(_) => FieldType::Number,
             Value::Bool(_) => FieldType::Bool,
+            Value::Text(_) => FieldType::Text,
         }
     }
 
@@ -418,14 +468,17 @@ impl Value {
             Value::Keywords(_) => "a keyword list",
             Value::Number(_) => "a number",
             Value::Bool(_) => "a boolean",
+            Value::Text(_) => "a text",
         }
     }
 }
 
-/// One document's attributes: field name to value, at most one value per field, in name order.
+/// One document's attributes: field name to value, at most one value per field, in name order,
+/// and the document's payload (a JSON text, stored and returned on request, never indexed).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Attributes {
     values: BTreeMap<String, Value>,
+    payload: Option<String>,
 }
 
 impl Attributes {
@@ -433,10 +486,13 @@ impl Attributes {
     pub const MAX_FIELDS: usize = 64;
 
     const ENCODING_VERSION: u8 = 1;
+    /// Documents with a text value or a payload.
+    const ENCODING_VERSION_STORED: u8 = 2;
     const KIND_KEYWORD: u8 = 1;
     const KIND_KEYWORDS: u8 = 2;
     const KIND_NUMBER: u8 = 3;
     const KIND_BOOL: u8 = 4;
+    const KIND_TEXT: u8 = 5;
 
     pub fn new() -> Attributes {
         Attributes::default()
@@ -459,12 +515,63 @@ impl Attributes {
             .map(|(name, value)| (name.as_str(), value))
     }
 
+    /// The number of fields with a value (the payload is not a field).
     pub fn len(&self) -> usize {
         self.values.len()
     }
 
+    /// True when the document has no field value and no payload.
     pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
+        self.values.is_empty() && self.payload.is_none()
+    }
+
+    /// The document's payload (a JSON text), if it has one.
+    pub fn payload(&self) -> Option<&str> {
+        self.payload.as_deref()
+    }
+
+    /// Sets (or with `None` clears) the document's payload; the caller checks it is JSON.
+    pub fn set_payload(&mut self, payload: Option<String>) {
+        self.payload = payload;
+    }
+
+    /// True when the document has a stored value: a TEXT value or a payload.
+    pub fn has_stored(&self) -> bool {
+        self.payload.is_some() || self.values.values().any(|v| matches!(v, Value::Text(_)))
+    }
+
+    /// The document split into what an attribute index keeps in its columns (every value but
+    /// TEXT ones) and its stored values (TEXT values and the payload).
+    pub fn split_stored(&self) -> (Attributes, Attributes) {
+        let mut indexed = Attributes::new();
+        let mut stored = Attributes {
+            values: BTreeMap::new(),
+            payload: self.payload.clone(),
+        };
+        for (name, value) in &self.values {
+            let side = match value {
+                Value::Text(_) => &mut stored,
+                _ => &mut indexed,
+            };
+            side.values.insert(name.clone(), value.clone());
+        }
+        (indexed, stored)
+    }
+
+    /// Adds `other`'s values (and its payload, if it has one) to this document's.
+    pub fn merge(&mut self, other: Attributes) {
+        self.values.extend(other.values);
+        if other.payload.is_some() {
+            self.payload = other.payload;
+        }
+    }
+
+    /// Keeps only the fields `keep` accepts, and the payload only with `keep_payload`.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool, keep_payload: bool) {
+        self.values.retain(|name, _| keep(name));
+        if !keep_payload {
+            self.payload = None;
+        }
     }
 
     /// The document's bytes (layout in the module documentation).
@@ -477,7 +584,12 @@ impl Attributes {
     /// Appends the document's bytes to `out` (several documents can follow each other; read
     /// them back with [`Attributes::decode_prefix`]).
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        out.push(Attributes::ENCODING_VERSION);
+        let stored = self.has_stored();
+        out.push(if stored {
+            Attributes::ENCODING_VERSION_STORED
+        } else {
+            Attributes::ENCODING_VERSION
+        });
         put_varint(out, self.values.len() as u32);
         for (name, value) in &self.values {
             put_string(out, name);
@@ -501,6 +613,19 @@ impl Attributes {
                     out.push(Attributes::KIND_BOOL);
                     out.push(u8::from(*boolean));
                 }
+                Value::Text(text) => {
+                    out.push(Attributes::KIND_TEXT);
+                    put_string(out, text);
+                }
+            }
+        }
+        if stored {
+            match &self.payload {
+                Some(payload) => {
+                    out.push(1);
+                    put_string(out, payload);
+                }
+                None => out.push(0),
             }
         }
     }
@@ -522,7 +647,8 @@ impl Attributes {
 
     fn read(reader: &mut CompactReader<'_>) -> Result<Attributes, AttributeError> {
         let version = reader.u8("attributes version")?;
-        if version != Attributes::ENCODING_VERSION {
+        if version != Attributes::ENCODING_VERSION && version != Attributes::ENCODING_VERSION_STORED
+        {
             return Err(malformed(format!("unknown attributes version {version}")));
         }
         // Each field takes at least 3 bytes: name length, kind, and a value of 1 byte or more.
@@ -556,12 +682,23 @@ impl Attributes {
                     1 => Value::Bool(true),
                     other => return Err(malformed(format!("boolean byte {other}"))),
                 },
+                Attributes::KIND_TEXT if version == Attributes::ENCODING_VERSION_STORED => {
+                    Value::Text(reader.string("text")?)
+                }
                 other => return Err(malformed(format!("unknown attribute value kind {other}"))),
             };
             values.insert(name.clone(), value);
             previous_name = Some(name);
         }
-        Ok(Attributes { values })
+        let payload = match version {
+            Attributes::ENCODING_VERSION_STORED => match reader.u8("payload flag")? {
+                0 => None,
+                1 => Some(reader.string("payload")?),
+                other => return Err(malformed(format!("payload flag {other}"))),
+            },
+            _ => None,
+        };
+        Ok(Attributes { values, payload })
     }
 }
 
@@ -570,6 +707,7 @@ impl FromIterator<(String, Value)> for Attributes {
     fn from_iter<I: IntoIterator<Item = (String, Value)>>(iter: I) -> Attributes {
         Attributes {
             values: iter.into_iter().collect(),
+            payload: None,
         }
     }
 }
@@ -692,6 +830,7 @@ impl<'a> CompactReader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::filter::Filter;
     use rand::{Rng, SeedableRng};
 
     fn keyword(text: &str) -> Value {
@@ -710,6 +849,75 @@ mod tests {
             FieldSpec::new("essential", FieldType::Bool),
         ])
         .unwrap()
+    }
+
+    #[test]
+    fn text_values_and_payloads_encode_validate_and_split() {
+        let schema = example_schema()
+            .with_added(vec![FieldSpec::new("body", FieldType::Text)])
+            .unwrap();
+        let mut document = example_attributes();
+        // Without a text or a payload, the encoding stays version 1 (older readers read it).
+        assert_eq!(document.encode()[0], 1);
+        document.insert("body", Value::Text("Grüße, world".to_string()));
+        document.set_payload(Some(r#"{"url": "https://example.org"}"#.to_string()));
+        schema.validate(&document).unwrap();
+        let bytes = document.encode();
+        assert_eq!(bytes[0], 2);
+        assert_eq!(Attributes::decode(&bytes).unwrap(), document);
+        for len in 0..bytes.len() {
+            assert!(Attributes::decode(&bytes[..len]).is_err());
+        }
+        // A payload alone is a stored value too.
+        let mut payload_only = Attributes::new();
+        payload_only.set_payload(Some("null".to_string()));
+        assert!(!payload_only.is_empty() && payload_only.has_stored());
+        assert_eq!(
+            Attributes::decode(&payload_only.encode()).unwrap(),
+            payload_only
+        );
+
+        let (indexed, stored) = document.split_stored();
+        assert_eq!(indexed, example_attributes());
+        assert_eq!(stored.len(), 1);
+        assert_eq!(stored.payload(), document.payload());
+        let mut joined = indexed.clone();
+        joined.merge(stored);
+        assert_eq!(joined, document);
+
+        // Wrong types both ways, and the length limits, each naming what is wrong.
+        let mut wrong = Attributes::new();
+        wrong.insert("body", keyword("not text"));
+        assert_eq!(
+            schema.validate(&wrong).unwrap_err().to_string(),
+            "attributes: field \"body\" is declared TEXT but got a keyword"
+        );
+        let mut wrong = Attributes::new();
+        wrong.insert("section", Value::Text("text".to_string()));
+        assert_eq!(
+            schema.validate(&wrong).unwrap_err().to_string(),
+            "attributes: field \"section\" is declared KEYWORD but got a text"
+        );
+        let mut long = Attributes::new();
+        long.insert("body", Value::Text("x".repeat(Value::MAX_TEXT_BYTES + 1)));
+        assert_eq!(
+            schema.validate(&long).unwrap_err().to_string(),
+            "attributes: text field \"body\" has 1048577 bytes, at most 1048576 allowed"
+        );
+        let mut long = Attributes::new();
+        long.set_payload(Some("1".repeat(Value::MAX_TEXT_BYTES + 1)));
+        assert_eq!(
+            schema.validate(&long).unwrap_err().to_string(),
+            "attributes: the payload has 1048577 bytes, at most 1048576 allowed"
+        );
+        // Filters cannot use a TEXT field.
+        let error = Filter::Exists("body".to_string())
+            .validate(&schema)
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "filter: field \"body\" is a TEXT field, which filters cannot use"
+        );
     }
 
     fn example_attributes() -> Attributes {

@@ -60,7 +60,7 @@ impl SegmentFile {
             .map_err(|e| IndexError::io("evict cold vectors", &self.path, e.into()))
     }
 
-    fn read_exact_at(&self, buffer: &mut [u8], offset: u64) -> Result<()> {
+    pub(crate) fn read_exact_at(&self, buffer: &mut [u8], offset: u64) -> Result<()> {
         self.bytes_read
             .fetch_add(buffer.len() as u64, Ordering::Relaxed);
         self.file
@@ -68,7 +68,7 @@ impl SegmentFile {
             .map_err(|e| IndexError::io("read cold vectors", &self.path, e))
     }
 
-    fn corrupt(&self, reason: String) -> IndexError {
+    pub(crate) fn corrupt(&self, reason: String) -> IndexError {
         IndexError::Corrupt {
             path: self.path.clone(),
             reason,

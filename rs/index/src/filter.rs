@@ -141,7 +141,10 @@ impl Filter {
                 Some(Value::Number(number)) => range_holds(*number, *gt, *gte, *lt, *lte),
                 _ => false,
             },
-            Filter::Exists(field) => attributes.get(field).is_some(),
+            // TEXT values are not indexed (validation refuses filters on them).
+            Filter::Exists(field) => attributes
+                .get(field)
+                .is_some_and(|value| !matches!(value, Value::Text(_))),
         }
     }
 
@@ -318,13 +321,19 @@ fn count_node(depth: usize, n_nodes: &mut usize) -> Result<(), AttributeError> {
     Ok(())
 }
 
+/// The field's declared type; an error for an undeclared field and for a TEXT field (stored,
+/// not indexed: no filter applies to it).
 fn declared_type(schema: &Schema, field: &str) -> Result<FieldType, AttributeError> {
-    schema
-        .field_type(field)
-        .ok_or_else(|| AttributeError::UndeclaredField {
+    match schema.field_type(field) {
+        Some(FieldType::Text) => Err(AttributeError::FilterOnText {
+            field: shown(field),
+        }),
+        Some(field_type) => Ok(field_type),
+        None => Err(AttributeError::UndeclaredField {
             context: "filter",
             field: shown(field),
-        })
+        }),
+    }
 }
 
 fn validate_match(
@@ -384,6 +393,9 @@ fn validate_match(
         FieldType::Number => Err(problem(
             "is not possible: the field is NUMBER, use Range".to_string(),
         )),
+        FieldType::Text => Err(AttributeError::FilterOnText {
+            field: shown(field),
+        }),
     }
 }
 
@@ -428,7 +440,7 @@ fn value_matches(value: &Value, any_of: &[String], boolean: Option<bool>) -> boo
         Value::Keyword(keyword) => any_of.contains(keyword),
         Value::Keywords(keywords) => keywords.iter().any(|keyword| any_of.contains(keyword)),
         Value::Bool(value) => boolean == Some(*value),
-        Value::Number(_) => false,
+        Value::Number(_) | Value::Text(_) => false,
     }
 }
 

@@ -37,10 +37,13 @@ mod rabitq;
 mod sealed;
 mod search;
 pub mod simd;
+mod stored;
 mod visited;
 
 pub use attribute_index::{AttributeIndex, SlotSet};
-pub use attributes::{AttributeError, Attributes, FieldSpec, FieldType, Schema, Value};
+pub use attributes::{
+    shown as shown_name, AttributeError, Attributes, FieldSpec, FieldType, Schema, Value,
+};
 pub use builder::BuildConfig;
 pub use config::{HnswParams, IndexConfig};
 pub use error::{IndexError, Result};

@@ -23,6 +23,7 @@ use crate::attribute_index::{AttributeIndex, SlotSet};
 use crate::attributes::{AttributeError, Attributes, Schema};
 use crate::bitset::Bitset;
 use crate::config::IndexConfig;
+use crate::error::Result;
 use crate::filter::Filter;
 use crate::filtered::{filtered_top_k, plan};
 use crate::flat_graph::Candidate;
@@ -324,21 +325,44 @@ impl MutableSegment {
         Some(data.vectors[slot * dim..(slot + 1) * dim].to_vec())
     }
 
-    /// The stored vector and the attributes of a live document.
+    /// The stored vector and the attributes (stored values included) of a live document.
     pub fn get_with_attributes(
         &self,
         user_id: u128,
         doc_id: u128,
-    ) -> Option<(Vec<f32>, Attributes)> {
-        let partition = self.partition(user_id)?;
+    ) -> Result<Option<(Vec<f32>, Attributes)>> {
+        let Some(partition) = self.partition(user_id) else {
+            return Ok(None);
+        };
         let data = partition.data.read();
-        let slot = *data.by_doc.get(&doc_id)?;
+        let Some(&slot) = data.by_doc.get(&doc_id) else {
+            return Ok(None);
+        };
         let dim = self.config.dimension;
         let start = slot as usize * dim;
-        Some((
+        Ok(Some((
             data.vectors[start..start + dim].to_vec(),
-            data.attributes.attributes_of(slot),
-        ))
+            data.attributes.document_of(slot)?,
+        )))
+    }
+
+    /// The attributes of a live document, without its vector; its stored values (TEXT values,
+    /// payload) too with `stored`.
+    pub fn document(
+        &self,
+        user_id: u128,
+        doc_id: u128,
+        stored: bool,
+    ) -> Result<Option<Attributes>> {
+        let Some(partition) = self.partition(user_id) else {
+            return Ok(None);
+        };
+        let data = partition.data.read();
+        match data.by_doc.get(&doc_id) {
+            Some(&slot) if stored => data.attributes.document_of(slot).map(Some),
+            Some(&slot) => Ok(Some(data.attributes.attributes_of(slot))),
+            None => Ok(None),
+        }
     }
 
     /// The live documents of one tenant whose attributes match `filter`, in no order.

@@ -35,6 +35,7 @@ use crate::quantized::{Codes, Int8Codes, Quantization};
 use crate::rabitq::RabitqCodes;
 use crate::search::{exact_top_k, to_hits, Hit};
 use crate::simd::prefetch;
+use crate::stored::StoredColumn;
 
 const SEGMENT_MAGIC: &[u8; 8] = b"TARNSEG1";
 const TOMBSTONE_MAGIC: &[u8; 8] = b"TARNTMB1";
@@ -53,6 +54,12 @@ const SECTION_RABITQ: u16 = 3;
 /// Section flag: a reader that does not know the section's kind must refuse the file (the
 /// section changes what the partition means). Sections without it are skipped when unknown.
 const SECTION_REQUIRED: u16 = 1;
+/// Section kind 4: the partition's stored values (TEXT values and payloads; `stored.rs`).
+const SECTION_STORED: u16 = 4;
+/// Why sealing a mutable segment cannot fail where a rebuild of sealed ones can: the mutable
+/// segment's stored values are in memory, so carrying them reads no file.
+const IN_MEMORY: &str =
+    "a mutable segment's stored values are in memory: carrying them cannot fail";
 /// The most sections one partition may list.
 const MAX_SECTIONS: usize = 64;
 /// Cache lines of a vector prefetched before its distance is computed: all of it, up to 2 KiB
@@ -65,7 +72,13 @@ const PREFETCH_MAX_LINES: usize = 32;
 const HNSW_RS_INSERT_COST: f64 = 4.0;
 
 /// Where each partition's vectors start in a segment file: `(user_id, byte offset)`.
-type VectorOffsets = Vec<(u128, u64)>;
+/// Where things start in an encoded segment: each partition's vectors, and each stored
+/// section (tenant, offset, length).
+#[derive(Debug, Default)]
+struct FileOffsets {
+    vectors: Vec<(u128, u64)>,
+    stored: Vec<(u128, u64, usize)>,
+}
 
 /// One tenant's part of a sealed segment.
 #[derive(Debug)]
@@ -165,6 +178,7 @@ impl SealedPartition {
             + self.n_slots().div_ceil(8)
             + self.graph.as_ref().map_or(0, FlatGraph::memory_bytes)
             + self.codes.as_ref().map_or(0, Codes::memory_bytes)
+            + self.attributes.stored_memory_bytes()
     }
 
     /// Makes the codes `quantization` asks for when the partition has a graph and lacks them
@@ -386,7 +400,8 @@ impl SealedSegment {
                         })
                         .collect();
                     let schema = attributes.schema().clone();
-                    partitions.insert(user_id, build_partition(live, schema, &config, build));
+                    let partition = build_partition(live, schema, &config, build).expect(IN_MEMORY);
+                    partitions.insert(user_id, partition);
                     continue;
                 }
             }
@@ -424,7 +439,8 @@ impl SealedSegment {
                 }
                 None => compact_partition(&doc_index, &data.attributes, |slot| {
                     &data.vectors[slot as usize * dim..(slot as usize + 1) * dim]
-                }),
+                })
+                .expect(IN_MEMORY),
             };
             partitions.insert(user_id, sealed);
         }
@@ -477,10 +493,10 @@ impl SealedSegment {
             .into_iter()
             .filter(|(_, live)| !live.is_empty())
             .map(|(user_id, live)| {
-                let partition = build_partition(live, schema.clone(), &config, build);
-                (user_id, partition)
+                let partition = build_partition(live, schema.clone(), &config, build)?;
+                Ok((user_id, partition))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         Ok(SealedSegment::assemble(id, max_seq, config, partitions))
     }
 
@@ -684,7 +700,26 @@ impl SealedSegment {
             return Ok(None);
         };
         let vector = partition.vector(slot, self.config.dimension)?;
-        Ok(Some((vector, partition.attributes.attributes_of(slot))))
+        Ok(Some((vector, partition.attributes.document_of(slot)?)))
+    }
+
+    /// The attributes of a live document, without its vector (`None` when it is not live
+    /// here); its stored values (TEXT values, payload) too with `stored`, read from the file
+    /// for a written segment: an error when they cannot be read or fail their checksum.
+    pub fn document(
+        &self,
+        user_id: u128,
+        doc_id: u128,
+        stored: bool,
+    ) -> Result<Option<Attributes>> {
+        let Some(partition) = self.partitions.get(&user_id) else {
+            return Ok(None);
+        };
+        match partition.slot_of(doc_id) {
+            Some(slot) if stored => partition.attributes.document_of(slot).map(Some),
+            Some(slot) => Ok(Some(partition.attributes.attributes_of(slot))),
+            None => Ok(None),
+        }
     }
 
     /// The live documents of one tenant whose attributes match `filter`, in no order.
@@ -853,8 +888,8 @@ impl SealedSegment {
     /// `encode` in format `version`: 2, or 1 (no section table; for tests of old files, and
     /// only for segments without attributes). Also returns where each partition's vectors
     /// start in the bytes.
-    fn encode_version(&self, version: u32) -> Result<(Vec<u8>, VectorOffsets)> {
-        let mut vector_offsets = Vec::with_capacity(self.partitions.len());
+    fn encode_version(&self, version: u32) -> Result<(Vec<u8>, FileOffsets)> {
+        let mut offsets = FileOffsets::default();
         let mut out = ByteWriter::default();
         out.bytes.extend_from_slice(SEGMENT_MAGIC);
         out.u32(version);
@@ -870,7 +905,7 @@ impl SealedSegment {
             out.u128(*user_id);
             out.u32(p.n_slots() as u32);
             out.u32(p.doc_index.len() as u32);
-            vector_offsets.push((*user_id, out.bytes.len() as u64));
+            offsets.vectors.push((*user_id, out.bytes.len() as u64));
             out.f32s(&p.vectors.all()?);
             for doc_id in &p.doc_ids {
                 out.u128(*doc_id);
@@ -908,32 +943,67 @@ impl SealedSegment {
                 }
                 None => {}
             }
+            if p.attributes.has_stored() {
+                let section = p.attributes.encode_stored_section()?;
+                sections.push((SECTION_STORED, SECTION_REQUIRED, section));
+            }
             out.u32(sections.len() as u32);
             for (kind, flags, bytes) in &sections {
                 out.u16(*kind);
                 out.u16(*flags);
                 out.u64(bytes.len() as u64);
             }
-            for (_, _, bytes) in sections {
+            for (kind, _, bytes) in sections {
+                if kind == SECTION_STORED {
+                    offsets
+                        .stored
+                        .push((*user_id, out.bytes.len() as u64, bytes.len()));
+                }
                 out.bytes.extend_from_slice(&bytes);
             }
         }
         let crc = crc32fast::hash(&out.bytes);
         out.u32(crc);
-        Ok((out.bytes, vector_offsets))
+        Ok((out.bytes, offsets))
     }
 
     /// Writes the segment file durably (temp file, fsync, rename, directory fsync). With
     /// `config.vectors_on_disk`, the vectors of partitions that walk quantized codes are then
     /// left in the file (`cold.rs`) and their memory freed.
     pub fn write(&mut self, path: &Path) -> Result<u64> {
-        let (bytes, vector_offsets) = self.encode_version(FORMAT_VERSION)?;
+        let (bytes, offsets) = self.encode_version(FORMAT_VERSION)?;
         crate::fsutil::write_durably(path, &bytes)
             .map_err(|e| IndexError::io("write segment", path, e))?;
         if self.config.vectors_on_disk {
-            self.leave_vectors_in(path, &vector_offsets)?;
+            self.leave_vectors_in(path, &offsets.vectors)?;
         }
+        self.leave_stored_in(path, &bytes, &offsets.stored)?;
         Ok(bytes.len() as u64)
+    }
+
+    /// Leaves the stored values of every partition in the file just written at `path` (`bytes`
+    /// are its contents; `stored` where each partition's section is): what stays in memory is
+    /// their offsets and checksums.
+    fn leave_stored_in(
+        &mut self,
+        path: &Path,
+        bytes: &[u8],
+        stored: &[(u128, u64, usize)],
+    ) -> Result<()> {
+        if stored.is_empty() {
+            return Ok(());
+        }
+        let file = SegmentFile::open(path)?;
+        for &(user_id, offset, len) in stored {
+            let Some(partition) = self.partitions.get_mut(&user_id) else {
+                continue;
+            };
+            let section = &bytes[offset as usize..offset as usize + len];
+            let n_slots = partition.n_slots() as u32;
+            let column = StoredColumn::decode_section(section, n_slots, Some((&file, offset)))?;
+            partition.attributes.set_stored(column, n_slots);
+        }
+        Ok(())
     }
 
     /// Makes cold the in-memory vectors of the partitions that walk codes, which are at
@@ -958,11 +1028,10 @@ impl SealedSegment {
     /// in the file (the whole file is read once, to check it and to checksum each vector).
     pub fn open(path: &Path, config: IndexConfig) -> Result<SealedSegment> {
         let bytes = std::fs::read(path).map_err(|e| IndexError::io("read segment", path, e))?;
-        let file = match config.vectors_on_disk {
-            true => Some(SegmentFile::open(path)?),
-            false => None,
-        };
-        Self::decode_from(&bytes, config, file.as_ref()).map_err(|e| match e {
+        // Stored values always stay in the file; vectors only with `vectors_on_disk`.
+        let file = SegmentFile::open(path)?;
+        let vector_file = config.vectors_on_disk.then_some(&file);
+        Self::decode_from(&bytes, config, vector_file, Some(&file)).map_err(|e| match e {
             IndexError::Format(reason) => IndexError::Corrupt {
                 path: path.to_owned(),
                 reason,
@@ -977,15 +1046,16 @@ impl SealedSegment {
 
     /// Decodes a segment's bytes, its vectors in memory.
     pub fn decode(bytes: &[u8], config: IndexConfig) -> Result<SealedSegment> {
-        Self::decode_from(bytes, config, None)
+        Self::decode_from(bytes, config, None, None)
     }
 
-    /// `decode` of the bytes of `file` when given: the vectors of partitions that walk codes
-    /// then stay in it.
+    /// `decode` of the bytes of a segment file: with `file`, the vectors of partitions that walk
+    /// codes stay in it; with `stored_file`, the partitions' stored values do.
     fn decode_from(
         bytes: &[u8],
         config: IndexConfig,
         file: Option<&Arc<SegmentFile>>,
+        stored_file: Option<&Arc<SegmentFile>>,
     ) -> Result<SealedSegment> {
         let body = check_trailer(bytes)?;
         let mut input = ByteReader::new(body);
@@ -1050,7 +1120,7 @@ impl SealedSegment {
             let Sections { attributes, codes } = if version == FORMAT_VERSION_NO_SECTIONS {
                 Sections::default()
             } else {
-                read_sections(&mut input, n_slots, dimension)?
+                read_sections(&mut input, n_slots, dimension, stored_file)?
             };
             if codes.is_some() && graph.is_none() {
                 return Err(IndexError::Format(
@@ -1200,20 +1270,22 @@ fn build_partition(
     schema: Schema,
     config: &IndexConfig,
     build: &BuildConfig,
-) -> SealedPartition {
+) -> Result<SealedPartition> {
     live.sort_unstable_by_key(|document| document.doc_id);
     let doc_ids: Vec<u128> = live.iter().map(|document| document.doc_id).collect();
     let attributes = AttributeIndex::gather_slots(
         schema,
         live.iter()
             .map(|document| (document.attributes, document.slot)),
-    );
+    )?;
     if live.len() < config.graph_threshold {
         let vectors = live
             .iter()
             .flat_map(|document| document.vector.iter().copied())
             .collect();
-        return SealedPartition::new_live(vectors, doc_ids, None, attributes);
+        return Ok(SealedPartition::new_live(
+            vectors, doc_ids, None, attributes,
+        ));
     }
     let vectors = graph_vectors(
         live.iter().map(|document| document.vector),
@@ -1227,7 +1299,9 @@ fn build_partition(
         &config.hnsw,
         build,
     );
-    SealedPartition::new_live(vectors, doc_ids, graph, attributes)
+    Ok(SealedPartition::new_live(
+        vectors, doc_ids, graph, attributes,
+    ))
 }
 
 /// A partition without a graph: live documents only, renumbered in doc id order, with their
@@ -1236,7 +1310,7 @@ fn compact_partition<'a>(
     doc_index: &[(u128, u32)],
     attributes: &AttributeIndex,
     vector: impl Fn(u32) -> &'a [f32],
-) -> SealedPartition {
+) -> Result<SealedPartition> {
     let mut sorted = doc_index.to_vec();
     sorted.sort_unstable();
     let vectors = sorted
@@ -1245,7 +1319,12 @@ fn compact_partition<'a>(
         .collect();
     let doc_ids: Vec<u128> = sorted.iter().map(|(d, _)| *d).collect();
     let old_slots: Vec<u32> = sorted.iter().map(|(_, slot)| *slot).collect();
-    SealedPartition::new_live(vectors, doc_ids, None, attributes.remap(&old_slots))
+    Ok(SealedPartition::new_live(
+        vectors,
+        doc_ids,
+        None,
+        attributes.remap(&old_slots)?,
+    ))
 }
 
 /// What a partition's sections hold.
@@ -1266,7 +1345,12 @@ impl Default for Sections {
 
 /// Reads a partition's section table and sections (format version 2). Each kind at most once;
 /// an unknown kind is skipped unless flagged required, which refuses the file.
-fn read_sections(input: &mut ByteReader<'_>, n_slots: usize, dimension: usize) -> Result<Sections> {
+fn read_sections(
+    input: &mut ByteReader<'_>,
+    n_slots: usize,
+    dimension: usize,
+    stored_file: Option<&Arc<SegmentFile>>,
+) -> Result<Sections> {
     let n_sections = input.u32("section count")? as usize;
     if n_sections > MAX_SECTIONS {
         return Err(IndexError::Format(format!(
@@ -1286,11 +1370,17 @@ fn read_sections(input: &mut ByteReader<'_>, n_slots: usize, dimension: usize) -
         table.push((kind, flags, len));
     }
     let mut sections = Sections::default();
+    let mut stored = None;
     for (kind, flags, len) in table {
         let len = usize::try_from(len)
             .map_err(|_| IndexError::Format(format!("section length {len} overflows")))?;
+        let at = input.offset() as u64;
         let bytes = input.take(len, "section")?;
         match kind {
+            SECTION_STORED => {
+                let file = stored_file.map(|file| (file, at));
+                stored = Some(StoredColumn::decode_section(bytes, n_slots as u32, file)?);
+            }
             SECTION_ATTRIBUTES => {
                 let index =
                     AttributeIndex::decode_section(bytes, n_slots as u32).map_err(|error| {
@@ -1323,6 +1413,10 @@ fn read_sections(input: &mut ByteReader<'_>, n_slots: usize, dimension: usize) -
             }
             _ => {}
         }
+    }
+    // After the attribute section, wherever the table put it.
+    if let Some(stored) = stored {
+        sections.attributes.set_stored(stored, n_slots as u32);
     }
     Ok(sections)
 }
@@ -1519,6 +1613,121 @@ mod tests {
                 attributes(5)
             );
         }
+    }
+
+    fn text_schema() -> Schema {
+        Schema::new(vec![
+            FieldSpec::new("section", FieldType::Keyword),
+            FieldSpec::new("body", FieldType::Text),
+        ])
+        .unwrap()
+    }
+
+    /// Document `i`'s attributes with a TEXT value and a payload (every third has neither).
+    fn stored_document(i: usize) -> Attributes {
+        let mut document = Attributes::new();
+        document.insert("section", Value::Keyword(format!("s{}", i % 3)));
+        if !i.is_multiple_of(3) {
+            document.insert(
+                "body",
+                Value::Text(format!("the text of document {i} \u{e9}")),
+            );
+            document.set_payload(Some(format!("{{\"n\": {i}}}")));
+        }
+        document
+    }
+
+    #[test]
+    fn stored_values_survive_sealing_files_merges_and_stay_in_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let segment = MutableSegment::with_schema(config(), text_schema());
+        for i in 0..100 {
+            segment
+                .upsert_with_attributes(1, i as u128, &vector(i), &stored_document(i))
+                .unwrap();
+        }
+        // A replaced version's stored values are not the document's any more.
+        let mut replaced = stored_document(4);
+        replaced.set_payload(Some("\"new\"".to_string()));
+        segment
+            .upsert_with_attributes(1, 4, &vector(4), &replaced)
+            .unwrap();
+        assert_eq!(
+            segment.document(1, 4, true).unwrap(),
+            Some(replaced.clone())
+        );
+        let want = |i: usize| {
+            if i == 4 {
+                replaced.clone()
+            } else {
+                stored_document(i)
+            }
+        };
+        let check = |what: &str, sealed: &SealedSegment| {
+            for i in 0..100 {
+                assert_eq!(
+                    sealed.document(1, i as u128, true).unwrap(),
+                    Some(want(i)),
+                    "{what}: document {i}"
+                );
+            }
+            assert_eq!(sealed.document(1, 1000, true).unwrap(), None);
+            // The indexed columns know nothing of the text: a filter still counts exactly.
+            assert_eq!(found(sealed, 1, &section_s1()).len(), 33);
+        };
+        let mut sealed = SealedSegment::seal(&segment, 1, 1);
+        check("sealed", &sealed);
+        let in_memory = sealed.figures().memory_bytes;
+        let path = dir.path().join("a.tseg");
+        sealed.write(&path).unwrap();
+        check("written", &sealed);
+        assert!(sealed.figures().memory_bytes < in_memory);
+        let opened = SealedSegment::open(&path, config()).unwrap();
+        check("opened", &opened);
+        check(
+            "decoded",
+            &SealedSegment::decode(&std::fs::read(&path).unwrap(), config()).unwrap(),
+        );
+        let mut cold = config();
+        cold.vectors_on_disk = true;
+        check(
+            "opened, vectors on disk",
+            &SealedSegment::open(&path, cold).unwrap(),
+        );
+        // A merge with a segment that has no stored values, and a rebuild, carry them.
+        let other = MutableSegment::new(config());
+        other.upsert(1, 500, &vector(500));
+        let without = SealedSegment::seal(&other, 2, 2);
+        let merged =
+            SealedSegment::rebuild(&[&opened, &without], 3, config(), &BuildConfig::default())
+                .unwrap();
+        check("merged", &merged);
+        assert_eq!(
+            merged.document(1, 500, true).unwrap(),
+            Some(Attributes::new())
+        );
+
+        // Damage after opening (the whole-file checksum was checked then): the read that
+        // meets it fails its slot's checksum, naming the file.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let text = b"the text of document 98";
+        let at = bytes
+            .windows(text.len())
+            .position(|w| w == text)
+            .expect("the text is in the file");
+        bytes[at] ^= 0x20;
+        std::fs::write(&path, &bytes).unwrap();
+        let error = opened.document(1, 98, true).unwrap_err();
+        assert!(matches!(error, IndexError::Corrupt { .. }), "{error}");
+        assert_eq!(
+            opened.document(1, 97, true).unwrap(),
+            Some(stored_document(97))
+        );
+        // Without its stored values, the document reads nothing from the file.
+        let (indexed, _) = stored_document(98).split_stored();
+        assert_eq!(opened.document(1, 98, false).unwrap(), Some(indexed));
+        // Opening it again finds the damage at once.
+        assert!(SealedSegment::open(&path, config()).is_err());
     }
 
     #[test]

@@ -377,13 +377,14 @@ impl Tarn for TarnService {
                 exact: request.exact,
                 min_seq,
                 filter: request.filter.as_ref().map(convert::filter).transpose()?,
+                output: convert::search_selection(&request.output_fields, request.with_payload),
             };
             let hits = self
                 .router
                 .local_search_at(&request.collection, search, deadline, token_epoch)
                 .await?;
             Ok(pb::SearchResponse {
-                hits: convert::hits(hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score))),
+                hits: convert::search_hits(hits),
                 missing_shards: Vec::new(),
             })
         }
@@ -430,11 +431,14 @@ impl Tarn for TarnService {
                 }
                 None => {
                     let min_seq = local_position(request.min_seq_no, &request.read_token)?;
+                    let output =
+                        convert::get_selection(&request.output_fields, request.with_payload);
                     self.router
                         .local_get(
                             &request.collection,
                             user_id,
                             &doc_ids,
+                            &output,
                             min_seq,
                             token_epoch,
                             deadline,

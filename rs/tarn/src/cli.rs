@@ -39,6 +39,9 @@ pub enum Command {
         user_id: u128,
         #[arg(long = "doc-id", required = true)]
         doc_ids: Vec<u128>,
+        /// Also print each document's payload (a JSON text), after its fields.
+        #[arg(long)]
+        with_payload: bool,
     },
     /// Remove documents: listed ones (--doc-id), or every one matching --filter.
     Remove {

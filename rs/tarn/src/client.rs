@@ -236,6 +236,7 @@ fn json_value(field_type: FieldType, json: &serde_json::Value) -> Option<Value> 
             .map(Value::Keywords),
         (FieldType::Number, Json::Number(number)) => number.as_f64().map(Value::Number),
         (FieldType::Bool, Json::Bool(boolean)) => Some(Value::Bool(*boolean)),
+        (FieldType::Text, Json::String(text)) => Some(Value::Text(text.clone())),
         _ => None,
     }
 }
@@ -250,6 +251,7 @@ fn attributes_json(attributes: &Attributes) -> serde_json::Value {
                 Value::Keywords(list) => serde_json::json!(list),
                 Value::Number(number) => serde_json::json!(number),
                 Value::Bool(boolean) => serde_json::json!(boolean),
+                Value::Text(text) => serde_json::json!(text),
                 _ => serde_json::Value::Null,
             };
             (name.to_owned(), value)
@@ -640,22 +642,28 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             collection,
             user_id,
             doc_ids,
+            with_payload,
         } => {
             let docs = connect(&client)
                 .await?
-                .get(&collection, user_id, &doc_ids)
+                .get_selected(
+                    &collection,
+                    user_id,
+                    &doc_ids,
+                    &[],
+                    with_payload,
+                    &tarn_client::ReadToken::default(),
+                )
                 .await?;
             for doc in docs {
-                if doc.attributes.is_empty() {
-                    println!("{}\t{:?}", doc.doc_id, doc.vector);
-                } else {
-                    println!(
-                        "{}\t{:?}\t{}",
-                        doc.doc_id,
-                        doc.vector,
-                        attributes_json(&doc.attributes)
-                    );
+                let mut line = format!("{}\t{:?}", doc.doc_id, doc.vector);
+                if !doc.attributes.is_empty() {
+                    line += &format!("\t{}", attributes_json(&doc.attributes));
                 }
+                if let Some(payload) = doc.attributes.payload() {
+                    line += &format!("\t{payload}");
+                }
+                println!("{line}");
             }
         }
         Command::Remove {

@@ -171,6 +171,7 @@ fn version_attribute(version: u64) -> pb::Attributes {
     };
     pb::Attributes {
         values: [("version".to_string(), value)].into_iter().collect(),
+        ..Default::default()
     }
 }
 

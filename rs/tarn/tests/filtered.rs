@@ -76,7 +76,10 @@ fn wire_attributes(doc: &Doc) -> pb::Attributes {
             value(pb::value::Kind::Boolean(essential)),
         );
     }
-    pb::Attributes { values }
+    pb::Attributes {
+        values,
+        ..Default::default()
+    }
 }
 
 fn spec(name: &str, field_type: pb::FieldType) -> pb::FieldSpec {
@@ -445,6 +448,7 @@ fn bad_filtered_input_is_refused_naming_the_field_and_nothing_is_stored() {
             values: (0..65)
                 .map(|i| (format!("f{i}"), value(pb::value::Kind::Boolean(true))))
                 .collect(),
+            ..Default::default()
         };
         let cases: Vec<(Vec<pb::Attributes>, Vec<&str>)> = vec![
             (
@@ -739,6 +743,148 @@ fn remove_by_filter_add_fields_and_get_attributes_survive_a_restart() {
         search.filter = Some(any_of("priority", &["required"]));
         let hits = c.search(search).await.unwrap().into_inner().hits;
         assert_eq!(hits.len(), 1);
+    });
+}
+
+/// TEXT fields and payloads over gRPC: stored with inserts, returned by searches with
+/// `output_fields` / `with_payload` and by Get (every field by default, the payload on request),
+/// checked against the schema with the field named, and back after kill -9 and a restart.
+#[test]
+fn texts_and_payloads_come_back_with_hits_and_gets_and_survive_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let text_of = |doc: u128| format!("Package {doc}: a long description, with ünïcode.");
+    let payload_of =
+        |doc: u128| format!(r#"{{"doc":{doc},"tags":["a","b"],"nested":{{"x":1.5}}}}"#);
+    let documents = |docs: &[u128]| -> Vec<pb::Attributes> {
+        docs.iter()
+            .map(|&doc| {
+                let mut attributes = pb::Attributes {
+                    payload: payload_of(doc),
+                    ..Default::default()
+                };
+                attributes.values.insert(
+                    "section".into(),
+                    value(pb::value::Kind::Keyword(format!("s{}", doc % 2))),
+                );
+                attributes
+                    .values
+                    .insert("body".into(), value(pb::value::Kind::Text(text_of(doc))));
+                attributes
+            })
+            .collect()
+    };
+    let vector_of = |doc: u128| -> Vec<f32> { (0..DIM).map(|d| (doc as f32) + d as f32).collect() };
+    runtime().block_on(async {
+        let mut c = server.client().await;
+        let mut create = common::create("texts", DIM as u32, pb::Metric::L2);
+        create.fields = vec![
+            spec("section", pb::FieldType::Keyword),
+            spec("body", pb::FieldType::Text),
+        ];
+        c.create_collection(create).await.unwrap();
+        let docs: Vec<u128> = (1..=40).collect();
+        let vectors: Vec<f32> = docs.iter().flat_map(|&d| vector_of(d)).collect();
+        let mut insert = common::insert("texts", &docs, &[], vectors);
+        insert.attributes = documents(&docs);
+        let seq = c.insert(insert).await.unwrap().into_inner().seq_no;
+
+        let mut search = common::search("texts", &[], vector_of(7), 3);
+        search.min_seq_no = seq;
+        search.output_fields = vec!["body".into()];
+        search.with_payload = true;
+        let hits = c.search(search.clone()).await.unwrap().into_inner().hits;
+        assert_eq!(common_u128(hits[0].doc_id.as_ref()), 7);
+        let got = hits[0].attributes.clone().unwrap();
+        assert_eq!(got.payload, payload_of(7));
+        assert_eq!(got.values.len(), 1, "{got:?}");
+        assert_eq!(got.values["body"], value(pb::value::Kind::Text(text_of(7))));
+        // No selection: no values, as before.
+        search.output_fields.clear();
+        search.with_payload = false;
+        let hits = c.search(search.clone()).await.unwrap().into_inner().hits;
+        assert!(hits.iter().all(|h| h.attributes.is_none()), "{hits:?}");
+        // Get: every field by default, the payload only when asked.
+        let get = |with_payload: bool, output_fields: Vec<String>| pb::GetRequest {
+            collection: "texts".into(),
+            doc_ids: vec![id(3), id(99)],
+            with_payload,
+            output_fields,
+            ..Default::default()
+        };
+        let doc = c.get(get(false, vec![])).await.unwrap().into_inner().docs;
+        let attributes = doc[0].attributes.clone().unwrap();
+        assert_eq!((doc.len(), attributes.values.len()), (1, 2));
+        assert_eq!(attributes.payload, "");
+        let doc = c
+            .get(get(true, vec!["section".into()]))
+            .await
+            .unwrap()
+            .into_inner()
+            .docs;
+        let attributes = doc[0].attributes.clone().unwrap();
+        assert_eq!(attributes.values.len(), 1);
+        assert_eq!(attributes.payload, payload_of(3));
+
+        // Bad input, each naming its field; nothing is stored.
+        let mut bad = common::insert("texts", &[500], &[], vector_of(500));
+        bad.attributes = documents(&[500]);
+        bad.attributes[0].payload = "{\"unclosed\": ".into();
+        assert_refused(
+            c.insert(bad.clone()).await,
+            &["payload", "document 0", "JSON"],
+        );
+        bad.attributes[0].payload = format!("\"{}\"", "z".repeat(1 << 20));
+        assert_refused(
+            c.insert(bad.clone()).await,
+            &["attributes", "payload", "1048576"],
+        );
+        bad.attributes = documents(&[500]);
+        bad.attributes[0]
+            .values
+            .insert("section".into(), value(pb::value::Kind::Text("x".into())));
+        assert_refused(c.insert(bad).await, &["attributes", "section", "KEYWORD"]);
+        search.output_fields = vec!["missing".into()];
+        assert_refused(
+            c.search(search.clone()).await,
+            &["output_fields", "missing"],
+        );
+        search.output_fields.clear();
+        search.filter = Some(exists("body"));
+        assert_refused(c.search(search.clone()).await, &["filter", "body", "TEXT"]);
+        let mut nothing = get(true, vec![]);
+        nothing.doc_ids = vec![id(500)];
+        assert!(c.get(nothing).await.unwrap().into_inner().docs.is_empty());
+        let mut search = common::search("texts", &[], vector_of(500), 1);
+        search.exact = true;
+        let hits = c.search(search).await.unwrap().into_inner().hits;
+        assert_ne!(common_u128(hits[0].doc_id.as_ref()), 500);
+
+        // Half of them sealed (their values then stay in the segment file), half in the log.
+        c.flush(pb::FlushRequest {
+            collection: "texts".into(),
+        })
+        .await
+        .unwrap();
+        let more: Vec<u128> = (41..=60).collect();
+        let vectors: Vec<f32> = more.iter().flat_map(|&d| vector_of(d)).collect();
+        let mut insert = common::insert("texts", &more, &[], vectors);
+        insert.attributes = documents(&more);
+        c.insert(insert).await.unwrap();
+    });
+    server.kill();
+    let server = Server::start(dir.path(), &[]);
+    runtime().block_on(async {
+        let mut c = server.client().await;
+        for doc in [1u128, 40, 41, 60] {
+            let mut search = common::search("texts", &[], vector_of(doc), 1);
+            search.output_fields = vec!["*".into()];
+            search.with_payload = true;
+            let hits = c.search(search).await.unwrap().into_inner().hits;
+            assert_eq!(common_u128(hits[0].doc_id.as_ref()), doc);
+            let got = hits[0].attributes.clone().unwrap();
+            assert_eq!(got, documents(&[doc])[0], "doc {doc}");
+        }
     });
 }
 

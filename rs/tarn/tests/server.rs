@@ -250,6 +250,7 @@ fn every_rpc_and_every_error_code() {
             doc_ids: vec![id(3), id(99)],
             min_seq_no,
             read_token,
+            ..Default::default()
         };
         let docs = c
             .get(get(last_seq, Vec::new()))

@@ -16,6 +16,7 @@ use tarn_testkit::{brute_force_top_k, clustered_vectors, recall};
 mod attributes;
 mod quantized;
 mod snapshot;
+mod stored;
 mod visible;
 
 const DIM: usize = 16;

@@ -47,13 +47,15 @@ impl Router {
                                     exact: request.exact,
                                     min_seq,
                                     filter: filter.clone(),
+                                    output: convert::search_selection(
+                                        &request.output_fields,
+                                        request.with_payload,
+                                    ),
                                 };
                                 let hits = self
                                     .local_search_at(&name, search, Some(timeout), min_seq_epoch)
                                     .await?;
-                                Ok(fanout::shard_hits(
-                                    hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score)),
-                                ))
+                                Ok(convert::search_hits(hits))
                             }
                             Target::Remote(mut client, shard_ref) => {
                                 self.count_forwarded("Search");
@@ -67,23 +69,18 @@ impl Router {
                                         exact: request.exact,
                                         min_seq_no: min_seq,
                                         filter: request.filter.clone(),
+                                        output_fields: request.output_fields.clone(),
+                                        with_payload: request.with_payload,
                                         ..Default::default()
                                     }),
                                     min_seq_epoch,
                                 };
-                                let hits = client
+                                Ok(client
                                     .search(cluster.node_request(search, api_key, timeout))
                                     .await
                                     .map_err(|s| fanout::forwarded_status(&map, shard, s))?
                                     .into_inner()
-                                    .hits;
-                                Ok(fanout::shard_hits(hits.iter().map(|h| {
-                                    (
-                                        h.doc_id.as_ref().map_or(0, convert::id_to_u128),
-                                        h.user_id.as_ref().map_or(0, convert::id_to_u128),
-                                        h.score,
-                                    )
-                                })))
+                                    .hits)
                             }
                         }
                     }
@@ -93,9 +90,19 @@ impl Router {
             .await;
         let mut results = Vec::new();
         let mut missing_shards = Vec::new();
+        // A (tenant, document) lives on one shard: its values are looked up by that pair
+        // after the merge.
+        let mut values = std::collections::HashMap::new();
         for (shard, answer) in answers {
             match answer {
-                Ok(hits) => results.push(hits),
+                Ok(hits) => results.push(fanout::shard_hits(hits.into_iter().map(|hit| {
+                    let doc_id = hit.doc_id.as_ref().map_or(0, convert::id_to_u128);
+                    let user_id = hit.user_id.as_ref().map_or(0, convert::id_to_u128);
+                    if let Some(attributes) = hit.attributes {
+                        values.insert((user_id, doc_id), attributes);
+                    }
+                    (doc_id, user_id, hit.score)
+                }))),
                 Err(ApiError::ShardUnavailable { .. } | ApiError::DeadlineExceeded(_))
                     if request.allow_partial =>
                 {
@@ -106,7 +113,10 @@ impl Router {
         }
         let hits = fanout::merge(&map.def, results, top_k as usize);
         Ok(pb::SearchResponse {
-            hits: convert::hits(hits.into_iter().map(|h| (h.doc_id, h.user_id, h.score))),
+            hits: convert::hits(hits.into_iter().map(|h| {
+                let attributes = values.remove(&(h.user_id, h.doc_id));
+                (h.doc_id, h.user_id, h.score, attributes)
+            })),
             missing_shards,
         })
     }
@@ -138,10 +148,15 @@ impl Router {
                         not_given_up(&map, token, shard)?;
                         match target {
                             Target::Local(name) => {
+                                let output = convert::get_selection(
+                                    &request.output_fields,
+                                    request.with_payload,
+                                );
                                 self.local_get(
                                     &name,
                                     user_id,
                                     &part_docs,
+                                    &output,
                                     min_seq,
                                     min_seq_epoch,
                                     Some(timeout),
@@ -156,6 +171,8 @@ impl Router {
                                         user_id: Some(convert::u128_to_id(user_id)),
                                         doc_ids: convert::to_ids(&part_docs),
                                         min_seq_no: min_seq,
+                                        output_fields: request.output_fields.clone(),
+                                        with_payload: request.with_payload,
                                         ..Default::default()
                                     }),
                                     min_seq_epoch,
