@@ -2530,7 +2530,7 @@ fn shards_move_to_a_joining_node_and_off_a_drained_one_under_load() {
 /// attributes, and the collection still reports int8.
 #[test]
 fn moved_shards_keep_attributes_filters_and_quantization() {
-    use tarn_client::{Attributes, FieldType, Filter, Quantization};
+    use tarn_client::{Attributes, FieldType, Filter, Quantization, Value};
     let dir = tempfile::tempdir().unwrap();
     runtime().block_on(async {
         const DIM: usize = 8;
@@ -2549,14 +2549,19 @@ fn moved_shards_keep_attributes_filters_and_quantization() {
                     })
                     .vectors_on_disk(true)
                     .field("section", FieldType::Keyword)
-                    .field("size", FieldType::Number),
+                    .field("size", FieldType::Number)
+                    .field("body", FieldType::Text),
             )
             .await
             .unwrap();
+        // Every document with a TEXT value and a payload: stored values go with the move (in
+        // the sealed segments' files and in the log's tail).
         let attributes_of = |i: u128| {
             Attributes::new()
                 .with("section", ["python", "libs", "devel"][(i % 3) as usize])
                 .with("size", i as f64)
+                .with("body", Value::text(format!("the text of document {i}")))
+                .with_payload(format!(r#"{{"i":{i}}}"#))
         };
         let mut rng = rand::rngs::StdRng::seed_from_u64(31);
         let v = vectors(&mut rng, N as usize, DIM);
@@ -2574,6 +2579,18 @@ fn moved_shards_keep_attributes_filters_and_quantization() {
                 .unwrap();
         }
         client.flush("tagged").await.unwrap();
+        // A tail in the log only: 100 documents rewritten after the checkpoint.
+        let tail: Vec<u128> = (0..100).collect();
+        for user in [7u128, 8] {
+            client
+                .insert(
+                    Insert::new("tagged", tail.clone(), v[..100 * DIM].to_vec())
+                        .users([user])
+                        .attributes(tail.iter().map(|&i| attributes_of(i))),
+                )
+                .await
+                .unwrap();
+        }
         let filters = [
             Filter::field("section").eq("libs"),
             Filter::range("size").gte(100.0) & Filter::range("size").lt(400.0),
@@ -2637,9 +2654,10 @@ fn moved_shards_keep_attributes_filters_and_quantization() {
             before,
             "the same answers after the move"
         );
+        let no_token = tarn_client::ReadToken::default();
         for user in [7u128, 8] {
             let docs = client
-                .get("tagged", user, &[0, 1, 2, 777, 1499])
+                .get_selected("tagged", user, &[0, 1, 2, 777, 1499], &[], true, &no_token)
                 .await
                 .unwrap();
             assert_eq!(docs.len(), 5);
@@ -2651,6 +2669,25 @@ fn moved_shards_keep_attributes_filters_and_quantization() {
                     doc.doc_id
                 );
                 assert_eq!(doc.vector, v[doc.doc_id as usize * DIM..][..DIM].to_vec());
+            }
+            // A search's hits carry them too, from the moved copies.
+            for doc in [5u128, 1234] {
+                let hits = client
+                    .search(
+                        Search::new("tagged", v[doc as usize * DIM..][..DIM].to_vec())
+                            .users([user])
+                            .top_k(1)
+                            .exact(true)
+                            .output_fields(["body"])
+                            .with_payload(true),
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(hits[0].doc_id, doc);
+                let want = Attributes::new()
+                    .with("body", Value::text(format!("the text of document {doc}")))
+                    .with_payload(format!(r#"{{"i":{doc}}}"#));
+                assert_eq!(hits[0].attributes, want);
             }
         }
         let info = client.collection_info("tagged").await.unwrap();
