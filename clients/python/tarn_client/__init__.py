@@ -574,7 +574,8 @@ class Client:
         """The `top_k` nearest documents of the given tenants (tenant 0 when None), best first;
         with `filter`, only documents matching it (min(top_k, matches) hits). Each hit carries
         the fields `output_fields` names (`["*"]`: every field) and, with `with_payload`, the
-        document's payload: those of the version that was scored."""
+        document's payload, read right after the search (a write of the document in between
+        may show)."""
         query = _matrix(vector)
         if query.shape[0] != 1:
             raise ValueError("search takes one vector")

@@ -831,7 +831,7 @@ impl Search {
     }
 
     /// The declared fields each hit returns in [`Hit::attributes`] (`"*"`: every field; none
-    /// by default). The values are those of the version of the document that was scored.
+    /// by default), read right after the search (a write of the document in between may show).
     pub fn output_fields<S: Into<String>>(mut self, fields: impl IntoIterator<Item = S>) -> Search {
         self.output_fields = fields.into_iter().map(Into::into).collect();
         self

@@ -188,8 +188,8 @@ pub struct SearchHit {
     pub user_id: u128,
     /// Cosine similarity or dot product (higher is better), or Euclidean distance (lower).
     pub score: f32,
-    /// With a non-empty [`SearchRequest::output`]: the selected values of the document as it
-    /// was searched (the same version the score is of).
+    /// With a non-empty [`SearchRequest::output`]: the selected values of the document, read
+    /// right after the search from the segments it searched.
     pub fields: Option<Attributes>,
 }
 
@@ -818,7 +818,7 @@ impl Collection {
         let set = self.shared().segments();
         let mut found = Vec::with_capacity(doc_ids.len());
         for &doc_id in doc_ids {
-            if let Some((vector, attributes)) = set.get_with_attributes(user_id, doc_id)? {
+            if let Some((vector, attributes)) = set.get_with_attributes(user_id, doc_id, true)? {
                 found.push((doc_id, vector, attributes));
             }
         }
@@ -840,17 +840,18 @@ impl Collection {
         let set = self.shared().segments();
         let mut found = Vec::with_capacity(doc_ids.len());
         for &doc_id in doc_ids {
-            let Some(vector) = set.get(user_id, doc_id)? else {
-                continue;
-            };
-            let document = match output.is_empty() {
-                true => Attributes::new(),
+            // One lookup: the vector and the values of the same version.
+            let got = match output.is_empty() {
+                true => set
+                    .get(user_id, doc_id)?
+                    .map(|vector| (vector, Attributes::new())),
                 false => set
-                    .document(user_id, doc_id, stored)?
-                    .map(|document| output.apply(document))
-                    .unwrap_or_default(),
+                    .get_with_attributes(user_id, doc_id, stored)?
+                    .map(|(vector, document)| (vector, output.apply(document))),
             };
-            found.push((doc_id, vector, document));
+            if let Some((vector, document)) = got {
+                found.push((doc_id, vector, document));
+            }
         }
         Ok(found)
     }
@@ -860,18 +861,26 @@ impl Collection {
     /// applied meanwhile may or may not be included; call it on a collection that takes none.
     /// An item is an error when a vector left on disk cannot be read (as `get`).
     pub fn export_documents(&self) -> impl Iterator<Item = Result<(u128, u128, Vec<f32>)>> {
-        self.export_documents_with_attributes()
+        self.export(false)
             .map(|item| item.map(|(user_id, doc_id, vector, _)| (user_id, doc_id, vector)))
     }
 
-    /// `export_documents` with each document's attributes.
+    /// `export_documents` with each document's attributes, stored values included.
     pub fn export_documents_with_attributes(
         &self,
+    ) -> impl Iterator<Item = Result<(u128, u128, Vec<f32>, Attributes)>> {
+        self.export(true)
+    }
+
+    /// The export's documents, their stored values read only with `stored`.
+    fn export(
+        &self,
+        stored: bool,
     ) -> impl Iterator<Item = Result<(u128, u128, Vec<f32>, Attributes)>> {
         let set = self.shared().segments();
         let pairs = set.live_documents();
         pairs.into_iter().filter_map(move |(user_id, doc_id)| {
-            set.get_with_attributes(user_id, doc_id)
+            set.get_with_attributes(user_id, doc_id, stored)
                 .map(|found| {
                     found.map(|(vector, attributes)| (user_id, doc_id, vector, attributes))
                 })
@@ -1011,7 +1020,10 @@ impl Collection {
         if let Some(filter) = &request.filter {
             self.validate_filter(filter)?;
         }
-        request.output.validate(&self.schema())?;
+        // Names only: a search that selects none (most) does not read the schema for it.
+        if !request.output.fields.is_empty() {
+            request.output.validate(&self.schema())?;
+        }
         Ok(())
     }
 
@@ -1049,8 +1061,8 @@ impl Collection {
             request.exact,
             request.filter.as_ref(),
         )?;
-        // The hits' values come from the same segments the search read, so each is the
-        // version that was scored.
+        // The hits' values come from the segments the search read (an upsert of the same
+        // document applied meanwhile to the live mutable segment can show its newer values).
         let stored = !request.output.is_empty() && request.output.needs_stored(&self.schema());
         hits.into_iter()
             .map(|hit| {

@@ -156,69 +156,64 @@ impl SegmentSet {
         pairs
     }
 
-    /// A live document's vector (`None` when it is not live); an error when a sealed
-    /// segment's cold vector cannot be read or fails its checksum.
-    pub(crate) fn get(&self, user_id: u128, doc_id: u128) -> Result<Option<Vec<f32>>> {
-        if let Some(vector) = self.mutable.get(user_id, doc_id) {
-            return Ok(Some(vector));
-        }
-        for (_, frozen) in &self.frozen {
-            if let Some(vector) = frozen.get(user_id, doc_id) {
-                return Ok(Some(vector));
+    /// The first answer of the segments that hold a live version of a document, newest first
+    /// (the mutable segment, the frozen ones, then the sealed ones): `in_memory` asks a mutable
+    /// or frozen segment, `sealed` a sealed one.
+    fn newest<T>(
+        &self,
+        in_memory: impl Fn(&MutableSegment) -> Result<Option<T>>,
+        sealed: impl Fn(&SealedSegment) -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
+        let mutable = std::iter::once(&self.mutable).chain(self.frozen.iter().map(|(_, f)| f));
+        for segment in mutable {
+            if let Some(found) = in_memory(segment)? {
+                return Ok(Some(found));
             }
         }
-        for sealed in &self.sealed {
-            if let Some(vector) = sealed.get(user_id, doc_id)? {
-                return Ok(Some(vector));
+        for segment in &self.sealed {
+            if let Some(found) = sealed(segment)? {
+                return Ok(Some(found));
             }
         }
         Ok(None)
     }
 
+    /// A live document's vector (`None` when it is not live); an error when a sealed
+    /// segment's cold vector cannot be read or fails its checksum.
+    pub(crate) fn get(&self, user_id: u128, doc_id: u128) -> Result<Option<Vec<f32>>> {
+        self.newest(
+            |m| Ok(m.get(user_id, doc_id)),
+            |s| Ok(s.get(user_id, doc_id)?),
+        )
+    }
+
+    /// A live document's vector and attributes, its stored values (TEXT values, payload) too
+    /// with `stored`, from the segment holding it (the same version); an error when a sealed
+    /// segment's vector or stored values cannot be read or fail their checksum.
     pub(crate) fn get_with_attributes(
         &self,
         user_id: u128,
         doc_id: u128,
+        stored: bool,
     ) -> Result<Option<(Vec<f32>, Attributes)>> {
-        if let Some(found) = self.mutable.get_with_attributes(user_id, doc_id)? {
-            return Ok(Some(found));
-        }
-        for (_, frozen) in &self.frozen {
-            if let Some(found) = frozen.get_with_attributes(user_id, doc_id)? {
-                return Ok(Some(found));
-            }
-        }
-        for sealed in &self.sealed {
-            if let Some(found) = sealed.get_with_attributes(user_id, doc_id)? {
-                return Ok(Some(found));
-            }
-        }
-        Ok(None)
+        self.newest(
+            |m| Ok(m.get_with_attributes(user_id, doc_id, stored)?),
+            |s| Ok(s.get_with_attributes(user_id, doc_id, stored)?),
+        )
     }
 
-    /// A live document's attributes without its vector, its stored values (TEXT values,
-    /// payload) too with `stored` (`None` when it is not live); an error when a sealed
-    /// segment's stored values cannot be read or fail their checksum.
+    /// A live document's attributes without its vector, its stored values too with `stored`
+    /// (`None` when it is not live); errors as `get_with_attributes`.
     pub(crate) fn document(
         &self,
         user_id: u128,
         doc_id: u128,
         stored: bool,
     ) -> Result<Option<Attributes>> {
-        if let Some(found) = self.mutable.document(user_id, doc_id, stored)? {
-            return Ok(Some(found));
-        }
-        for (_, frozen) in &self.frozen {
-            if let Some(found) = frozen.document(user_id, doc_id, stored)? {
-                return Ok(Some(found));
-            }
-        }
-        for sealed in &self.sealed {
-            if let Some(found) = sealed.document(user_id, doc_id, stored)? {
-                return Ok(Some(found));
-            }
-        }
-        Ok(None)
+        self.newest(
+            |m| Ok(m.document(user_id, doc_id, stored)?),
+            |s| Ok(s.document(user_id, doc_id, stored)?),
+        )
     }
 
     /// The live `(user, doc)` pairs of the given tenants whose attributes match `filter`,

@@ -607,11 +607,11 @@ impl AttributeIndex {
         }
     }
 
-    /// One slot's whole document: [`AttributeIndex::attributes_of`] and
-    /// [`AttributeIndex::stored_of`] together.
-    pub fn document_of(&self, slot: u32) -> Result<Attributes> {
+    /// One slot's document: [`AttributeIndex::attributes_of`], and with `stored` its
+    /// [`AttributeIndex::stored_of`] too (only then can it fail).
+    pub fn document_of(&self, slot: u32, stored: bool) -> Result<Attributes> {
         let mut document = self.attributes_of(slot);
-        if !self.stored.is_empty() {
+        if stored && !self.stored.is_empty() {
             document.merge(self.stored_of(slot)?);
         }
         Ok(document)

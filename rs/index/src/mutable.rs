@@ -325,11 +325,13 @@ impl MutableSegment {
         Some(data.vectors[slot * dim..(slot + 1) * dim].to_vec())
     }
 
-    /// The stored vector and the attributes (stored values included) of a live document.
+    /// The stored vector and the attributes of a live document (its stored values too with
+    /// `stored`), read under one lock: the same version.
     pub fn get_with_attributes(
         &self,
         user_id: u128,
         doc_id: u128,
+        stored: bool,
     ) -> Result<Option<(Vec<f32>, Attributes)>> {
         let Some(partition) = self.partition(user_id) else {
             return Ok(None);
@@ -342,7 +344,7 @@ impl MutableSegment {
         let start = slot as usize * dim;
         Ok(Some((
             data.vectors[start..start + dim].to_vec(),
-            data.attributes.document_of(slot)?,
+            data.attributes.document_of(slot, stored)?,
         )))
     }
 
@@ -359,8 +361,7 @@ impl MutableSegment {
         };
         let data = partition.data.read();
         match data.by_doc.get(&doc_id) {
-            Some(&slot) if stored => data.attributes.document_of(slot).map(Some),
-            Some(&slot) => Ok(Some(data.attributes.attributes_of(slot))),
+            Some(&slot) => data.attributes.document_of(slot, stored).map(Some),
             None => Ok(None),
         }
     }

@@ -687,11 +687,13 @@ impl SealedSegment {
         partition.vector(slot, self.config.dimension).map(Some)
     }
 
-    /// The stored vector and the attributes of a live document (as `get`).
+    /// The stored vector and the attributes of a live document, its stored values too with
+    /// `stored` (as `get`).
     pub fn get_with_attributes(
         &self,
         user_id: u128,
         doc_id: u128,
+        stored: bool,
     ) -> Result<Option<(Vec<f32>, Attributes)>> {
         let Some(partition) = self.partitions.get(&user_id) else {
             return Ok(None);
@@ -700,7 +702,10 @@ impl SealedSegment {
             return Ok(None);
         };
         let vector = partition.vector(slot, self.config.dimension)?;
-        Ok(Some((vector, partition.attributes.document_of(slot)?)))
+        Ok(Some((
+            vector,
+            partition.attributes.document_of(slot, stored)?,
+        )))
     }
 
     /// The attributes of a live document, without its vector (`None` when it is not live
@@ -716,8 +721,7 @@ impl SealedSegment {
             return Ok(None);
         };
         match partition.slot_of(doc_id) {
-            Some(slot) if stored => partition.attributes.document_of(slot).map(Some),
-            Some(slot) => Ok(Some(partition.attributes.attributes_of(slot))),
+            Some(slot) => partition.attributes.document_of(slot, stored).map(Some),
             None => Ok(None),
         }
     }
@@ -1591,17 +1595,17 @@ mod tests {
                 .collect();
             assert_eq!(found(&sealed, 1, &section_s1()), expected, "n = {n}");
             assert_eq!(
-                sealed.get_with_attributes(1, 7).unwrap().unwrap().1,
+                sealed.get_with_attributes(1, 7, true).unwrap().unwrap().1,
                 attributes(8)
             );
             assert_eq!(
-                sealed.get_with_attributes(2, 1).unwrap().unwrap().1,
+                sealed.get_with_attributes(2, 1, true).unwrap().unwrap().1,
                 Attributes::new()
             );
             let decoded = SealedSegment::decode(&sealed.encode().unwrap(), config()).unwrap();
             assert_eq!(found(&decoded, 1, &section_s1()), expected);
             assert_eq!(
-                decoded.get_with_attributes(1, 7).unwrap().unwrap().1,
+                decoded.get_with_attributes(1, 7, true).unwrap().unwrap().1,
                 attributes(8)
             );
             assert!(found(&decoded, 2, &section_s1()).is_empty());
@@ -1609,7 +1613,7 @@ mod tests {
                 SealedSegment::rebuild(&[&decoded], 2, config(), &BuildConfig::default()).unwrap();
             assert_eq!(found(&rebuilt, 1, &section_s1()), expected);
             assert_eq!(
-                rebuilt.get_with_attributes(1, 5).unwrap().unwrap().1,
+                rebuilt.get_with_attributes(1, 5, true).unwrap().unwrap().1,
                 attributes(5)
             );
         }
@@ -1741,7 +1745,7 @@ mod tests {
                 .unwrap();
         assert_eq!(found(&merged, 1, &section_s1()), vec![1, 4]);
         assert_eq!(
-            merged.get_with_attributes(1, 100).unwrap().unwrap().1,
+            merged.get_with_attributes(1, 100, true).unwrap().unwrap().1,
             Attributes::new()
         );
         let not_s1 = Filter::Not(Box::new(section_s1()));
@@ -1894,15 +1898,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            built.get_with_attributes(1, 10).unwrap().unwrap().1,
+            built.get_with_attributes(1, 10, true).unwrap().unwrap().1,
             attributes(2)
         );
         assert_eq!(
-            built.get_with_attributes(1, 11).unwrap().unwrap().1,
+            built.get_with_attributes(1, 11, true).unwrap().unwrap().1,
             attributes(1)
         );
         assert_eq!(
-            built.get_with_attributes(2, 10).unwrap().unwrap().1,
+            built.get_with_attributes(2, 10, true).unwrap().unwrap().1,
             attributes(3)
         );
         let s2 = Filter::Match {

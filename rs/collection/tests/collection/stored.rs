@@ -1,5 +1,5 @@
 //! Stored values through the public API: TEXT fields and payloads come back with search hits
-//! and gets (the scored version, the selected fields only), through replay, checkpoints,
+//! and gets (the selected fields only), through replay, checkpoints,
 //! merges, reopening and a snapshot restore; bad input is refused naming its field with
 //! nothing logged.
 
@@ -69,7 +69,7 @@ fn selection(fields: &[&str], payload: bool) -> FieldSelection {
 }
 
 /// Every document's values by get, and by searches for its own vector (its hit carries the
-/// values of the version that was scored), under several selections.
+/// document's values), under several selections.
 fn check(c: &Collection, model: &Model, what: &str) {
     for ((user, doc), (vector, values)) in model {
         let everything = c

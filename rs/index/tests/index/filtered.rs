@@ -215,7 +215,7 @@ fn filtered_search_returns_min_k_matches_with_recall_1_on_the_exact_path_in_both
     });
     for (doc_id, (vector, attributes)) in model.iter().take(100) {
         assert_eq!(
-            rebuilt.get_with_attributes(7, *doc_id).unwrap(),
+            rebuilt.get_with_attributes(7, *doc_id, true).unwrap(),
             Some((vector.clone(), attributes.clone()))
         );
     }
