@@ -94,6 +94,29 @@ pub struct FieldSpec {
     pub name: String,
     /// The field's type.
     pub field_type: FieldType,
+    /// A TEXT field's analyzer options (Unicode words, lowercasing and ASCII folding always).
+    pub analyzer: TextAnalyzer,
+}
+
+/// What a TEXT field's analyzer adds to Unicode word segmentation, lowercasing and ASCII
+/// folding (the server's full-text index and its queries use it alike).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct TextAnalyzer {
+    /// Snowball's English stemmer ("indexing" and "indexes" match "index").
+    pub english_stemmer: bool,
+    /// Drops Lucene's 33 English stop words ("the", "of", ...).
+    pub english_stop_words: bool,
+}
+
+impl TextAnalyzer {
+    /// English: the stemmer and the stop words.
+    pub fn english() -> TextAnalyzer {
+        TextAnalyzer {
+            english_stemmer: true,
+            english_stop_words: true,
+        }
+    }
 }
 
 impl FieldSpec {
@@ -102,6 +125,15 @@ impl FieldSpec {
         FieldSpec {
             name: name.into(),
             field_type,
+            analyzer: TextAnalyzer::default(),
+        }
+    }
+
+    /// A TEXT field analysed by `analyzer`.
+    pub fn text(name: impl Into<String>, analyzer: TextAnalyzer) -> FieldSpec {
+        FieldSpec {
+            analyzer,
+            ..FieldSpec::new(name, FieldType::Text)
         }
     }
 
@@ -109,6 +141,10 @@ impl FieldSpec {
         pb::FieldSpec {
             name: self.name.clone(),
             r#type: self.field_type.to_wire(),
+            analyzer: (self.analyzer != TextAnalyzer::default()).then_some(pb::TextAnalyzer {
+                english_stemmer: self.analyzer.english_stemmer,
+                english_stop_words: self.analyzer.english_stop_words,
+            }),
         }
     }
 
@@ -121,6 +157,12 @@ impl FieldSpec {
                 FieldType::from_wire(spec.r#type).map(|field_type| FieldSpec {
                     name: spec.name,
                     field_type,
+                    analyzer: spec
+                        .analyzer
+                        .map_or_else(TextAnalyzer::default, |a| TextAnalyzer {
+                            english_stemmer: a.english_stemmer,
+                            english_stop_words: a.english_stop_words,
+                        }),
                 })
             })
             .collect()

@@ -42,7 +42,7 @@ mod filter;
 mod snapshot;
 mod types;
 
-pub use attributes::{Attributes, FieldSpec, FieldType, Value};
+pub use attributes::{Attributes, FieldSpec, FieldType, TextAnalyzer, Value};
 pub use client::{Client, ClientBuilder};
 pub use error::{retry_overloaded, Code, Error, Result, RETRY_AFTER_MS};
 pub use filter::{Field, Filter, Range};

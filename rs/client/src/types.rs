@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tarn_proto::v1 as pb;
 
-use crate::attributes::{Attributes, FieldSpec, FieldType};
+use crate::attributes::{Attributes, FieldSpec, FieldType, TextAnalyzer};
 use crate::error::{Error, Result};
 use crate::filter::Filter;
 
@@ -208,6 +208,7 @@ pub struct CollectionSpec {
     fields: Vec<FieldSpec>,
     quantization: Quantization,
     vectors_on_disk: bool,
+    bm25: Option<(f64, f64)>,
 }
 
 /// How a collection keeps its sealed vectors for the graph walk. Returned scores are always
@@ -328,7 +329,22 @@ impl CollectionSpec {
             fields: Vec::new(),
             quantization: Quantization::None,
             vectors_on_disk: false,
+            bm25: None,
         }
+    }
+
+    /// Declares a TEXT field analysed by `analyzer`: stored, returned on request and
+    /// full-text searched ([`Search::text`]).
+    pub fn text_field(mut self, name: impl Into<String>, analyzer: TextAnalyzer) -> CollectionSpec {
+        self.fields.push(FieldSpec::text(name, analyzer));
+        self
+    }
+
+    /// BM25's settings for full-text search: `k1` (0 to 10) and `b` (0 to 1); Lucene's 1.2 and
+    /// 0.75 unless set.
+    pub fn bm25(mut self, k1: f64, b: f64) -> CollectionSpec {
+        self.bm25 = Some((k1, b));
+        self
     }
 
     /// Quantized copies of sealed vectors for the graph walk (none unless set).
@@ -409,6 +425,10 @@ impl CollectionSpec {
             fields: self.fields.iter().map(FieldSpec::to_wire).collect(),
             quantization: self.quantization.to_wire(),
             vectors_on_disk: self.vectors_on_disk,
+            bm25: self.bm25.map(|(k1, b)| pb::Bm25Params {
+                k1: Some(k1),
+                b: Some(b),
+            }),
         }
     }
 }
@@ -748,9 +768,29 @@ pub struct Search {
     timeout: Option<Duration>,
     output_fields: Vec<String>,
     with_payload: bool,
+    text: Option<(String, String)>,
 }
 
 impl Search {
+    /// The 10 documents of a TEXT field with the best BM25 scores for `query` (analysed by the
+    /// field's analyzer); [`Hit::score`] is the BM25 score, higher is better. `ef` and `exact`
+    /// do not apply; filters, tenants and field selections do.
+    ///
+    /// ```
+    /// use tarn_client::Search;
+    /// let search = Search::text("debian", "description", "python library").top_k(5);
+    /// ```
+    pub fn text(
+        collection: impl Into<String>,
+        field: impl Into<String>,
+        query: impl Into<String>,
+    ) -> Search {
+        Search {
+            text: Some((field.into(), query.into())),
+            ..Search::new(collection, Vec::new())
+        }
+    }
+
     /// The 10 documents nearest to `vector`.
     pub fn new(collection: impl Into<String>, vector: impl Into<Vec<f32>>) -> Search {
         Search {
@@ -766,6 +806,7 @@ impl Search {
             timeout: None,
             output_fields: Vec::new(),
             with_payload: false,
+            text: None,
         }
     }
 
@@ -861,6 +902,9 @@ impl Search {
             filter: self.filter.as_ref().map(Filter::to_wire),
             output_fields: self.output_fields,
             with_payload: self.with_payload,
+            text: self
+                .text
+                .map(|(field, query)| pb::TextQuery { field, query }),
         };
         (request, self.timeout)
     }

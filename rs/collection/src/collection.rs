@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use tarn_index::{
-    AttributeError, Attributes, FieldSpec, Filter, Metric, MutableSegment, Schema, SealedSegment,
+    AttributeError, Attributes, FieldSpec, FieldType, Filter, Hit, Metric, MutableSegment, Schema,
+    SealedSegment,
 };
 use tarn_wal::{Durability, Wal, WalConfig};
 
@@ -283,6 +284,24 @@ pub struct SearchRequest {
     pub filter: Option<Filter>,
     /// The values each hit returns (none by default).
     pub output: FieldSelection,
+    /// A full-text query: ranks by BM25 on a TEXT field instead of by `vector` (which must
+    /// then be empty); `ef` and `exact` do not apply.
+    pub text: Option<TextQuery>,
+}
+
+/// A full-text query on one TEXT field: analysed by the field's analyzer, its terms ranked by
+/// BM25 with the collection's settings (`tarn_index::Bm25`). A term given twice counts twice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TextQuery {
+    pub field: String,
+    pub query: String,
+}
+
+impl TextQuery {
+    /// The longest query, in bytes.
+    pub const MAX_QUERY_BYTES: usize = 16 << 10;
+    /// The most terms a query may have after analysis.
+    pub const MAX_TERMS: usize = 1024;
 }
 
 /// Figures for `GetCollection` and metrics.
@@ -987,7 +1006,15 @@ impl Collection {
     /// Checks a search request. Call before `wait_applied` so a bad request fails at once.
     pub fn validate_search(&self, request: &SearchRequest) -> Result<()> {
         let dim = self.config().dimension;
-        if request.vector.len() != dim {
+        if let Some(text) = &request.text {
+            if !request.vector.is_empty() {
+                return Err(CollectionError::invalid(
+                    "vector",
+                    "a search with a text query ranks by BM25 and takes no vector",
+                ));
+            }
+            self.text_terms(text)?;
+        } else if request.vector.len() != dim {
             return Err(CollectionError::invalid(
                 "vector",
                 format!("expected dimension {dim}, got {}", request.vector.len()),
@@ -1039,6 +1066,19 @@ impl Collection {
                 applied,
             });
         }
+        if let Some(text) = &request.text {
+            let terms = self.text_terms(text)?;
+            let set = self.shared().segments();
+            let hits = set.text_search(
+                &request.user_ids,
+                &text.field,
+                &terms,
+                &self.config().bm25.index(),
+                request.top_k,
+                request.filter.as_ref(),
+            );
+            return self.with_values(&set, request, hits, |distance| -distance);
+        }
         let metric = self.config().metric();
         let mut query = request.vector.clone();
         if !metric.prepare(&mut query) {
@@ -1061,6 +1101,71 @@ impl Collection {
             request.exact,
             request.filter.as_ref(),
         )?;
+        self.with_values(&set, request, hits, |distance| metric.score(distance))
+    }
+
+    /// The terms of a text query, analysed by its field's analyzer; INVALID_ARGUMENT naming
+    /// `text.field` or `text.query` for a field that is not a declared TEXT field, a query
+    /// with no term, or one past the limits.
+    pub fn text_terms(&self, text: &TextQuery) -> Result<Vec<String>> {
+        let schema = self.schema();
+        let Some(spec) = schema.field(&text.field) else {
+            return Err(CollectionError::invalid(
+                "text.field",
+                format!(
+                    "{} is not a declared field",
+                    tarn_index::shown_name(&text.field)
+                ),
+            ));
+        };
+        if spec.field_type != FieldType::Text {
+            return Err(CollectionError::invalid(
+                "text.field",
+                format!(
+                    "{:?} is a {} field: full-text search needs a TEXT field",
+                    text.field, spec.field_type
+                ),
+            ));
+        }
+        if text.query.len() > TextQuery::MAX_QUERY_BYTES {
+            return Err(CollectionError::invalid(
+                "text.query",
+                format!(
+                    "{} bytes, at most {} allowed",
+                    text.query.len(),
+                    TextQuery::MAX_QUERY_BYTES
+                ),
+            ));
+        }
+        let terms = spec.analyzer.tokens(&text.query);
+        if terms.is_empty() {
+            return Err(CollectionError::invalid(
+                "text.query",
+                "has no searchable term (it is empty, or only punctuation or stop words)",
+            ));
+        }
+        if terms.len() > TextQuery::MAX_TERMS {
+            return Err(CollectionError::invalid(
+                "text.query",
+                format!(
+                    "{} terms, at most {} allowed",
+                    terms.len(),
+                    TextQuery::MAX_TERMS
+                ),
+            ));
+        }
+        Ok(terms)
+    }
+
+    /// A search's hits with the values the request selects, each hit's score from its
+    /// internal distance by `score`.
+    fn with_values(
+        &self,
+        set: &SegmentSet,
+        request: &SearchRequest,
+        hits: Vec<Hit>,
+        score: impl Fn(f32) -> f32,
+    ) -> Result<Vec<SearchHit>> {
         // The hits' values come from the segments the search read (an upsert of the same
         // document applied meanwhile to the live mutable segment can show its newer values).
         let stored = !request.output.is_empty() && request.output.needs_stored(&self.schema());
@@ -1075,7 +1180,7 @@ impl Collection {
                 Ok(SearchHit {
                     doc_id: hit.doc_id,
                     user_id: hit.user_id,
-                    score: metric.score(hit.distance),
+                    score: score(hit.distance),
                     fields,
                 })
             })

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tarn_index::{FieldSpec, HnswParams, IndexConfig, Metric, Quantization, Schema};
+use tarn_index::{Bm25, FieldSpec, HnswParams, IndexConfig, Metric, Quantization, Schema};
 use tarn_wal::Durability;
 
 use crate::error::{CollectionError, Result};
@@ -62,6 +62,42 @@ pub struct CollectionConfig {
     /// needs `quantization`). Left out when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub vectors_on_disk: bool,
+    /// BM25's settings for full-text search on TEXT fields (`{"k1": 1.2, "b": 0.75}`, Lucene's
+    /// defaults, left out when they are the defaults).
+    #[serde(default, skip_serializing_if = "Bm25Config::is_default")]
+    pub bm25: Bm25Config,
+}
+
+/// BM25's settings (`tarn_index::Bm25`, which knows nothing of serde).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Bm25Config {
+    /// Term-frequency saturation, from 0 to 10.
+    pub k1: f64,
+    /// Length normalisation, from 0 to 1.
+    pub b: f64,
+}
+
+impl Default for Bm25Config {
+    fn default() -> Self {
+        let bm25 = Bm25::default();
+        Bm25Config {
+            k1: bm25.k1,
+            b: bm25.b,
+        }
+    }
+}
+
+impl Bm25Config {
+    pub fn is_default(&self) -> bool {
+        *self == Bm25Config::default()
+    }
+
+    pub fn index(self) -> Bm25 {
+        Bm25 {
+            k1: self.k1,
+            b: self.b,
+        }
+    }
 }
 
 /// A collection's quantization (`tarn_index::Quantization`, which knows nothing of serde).
@@ -152,6 +188,7 @@ impl CollectionConfig {
             fields: Vec::new(),
             quantization: QuantizationConfig::None,
             vectors_on_disk: false,
+            bm25: Bm25Config::default(),
         }
     }
 
@@ -229,6 +266,18 @@ impl CollectionConfig {
                  and reads only the candidates it rescores",
             ));
         }
+        if !(0.0..=10.0).contains(&self.bm25.k1) {
+            return Err(CollectionError::invalid(
+                "bm25.k1",
+                format!("must be from 0 to 10, got {}", self.bm25.k1),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.bm25.b) {
+            return Err(CollectionError::invalid(
+                "bm25.b",
+                format!("must be from 0 to 1, got {}", self.bm25.b),
+            ));
+        }
         self.schema()?;
         Ok(())
     }
@@ -277,7 +326,7 @@ impl CollectionConfig {
 /// "bool"}` (`FieldSpec` lives in tarn-index, which knows nothing of serde).
 mod fields_json {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
-    use tarn_index::{FieldSpec, FieldType};
+    use tarn_index::{FieldSpec, FieldType, TextAnalyzer};
 
     #[derive(Serialize, Deserialize)]
     #[serde(rename_all = "lowercase")]
@@ -294,6 +343,11 @@ mod fields_json {
         name: String,
         #[serde(rename = "type")]
         field_type: TypeName,
+        /// A TEXT field's analyzer options, left out when none is on.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        english_stemmer: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        english_stop_words: bool,
     }
 
     pub(super) fn serialize<S: Serializer>(
@@ -311,6 +365,8 @@ mod fields_json {
                     FieldType::Bool => TypeName::Bool,
                     FieldType::Text => TypeName::Text,
                 },
+                english_stemmer: spec.analyzer.english_stemmer,
+                english_stop_words: spec.analyzer.english_stop_words,
             })
             .collect();
         fields.serialize(serializer)
@@ -330,7 +386,13 @@ mod fields_json {
                     TypeName::Bool => FieldType::Bool,
                     TypeName::Text => FieldType::Text,
                 };
-                FieldSpec::new(field.name, field_type)
+                FieldSpec {
+                    analyzer: TextAnalyzer {
+                        english_stemmer: field.english_stemmer,
+                        english_stop_words: field.english_stop_words,
+                    },
+                    ..FieldSpec::new(field.name, field_type)
+                }
             })
             .collect())
     }

@@ -23,11 +23,12 @@ mod triggers;
 mod wal_tail;
 
 pub use collection::{
-    Collection, CollectionStats, FieldSelection, SearchHit, SearchRequest, MAX_PAIRS_PER_REQUEST,
+    Collection, CollectionStats, FieldSelection, SearchHit, SearchRequest, TextQuery,
+    MAX_PAIRS_PER_REQUEST,
 };
 pub use config::{
-    CollectionConfig, DurabilityName, HnswConfig, MetricName, QuantizationConfig, MAX_DIMENSION,
-    MAX_TOP_K,
+    Bm25Config, CollectionConfig, DurabilityName, HnswConfig, MetricName, QuantizationConfig,
+    MAX_DIMENSION, MAX_TOP_K,
 };
 pub use error::{CollectionError, ErrorKind, Result};
 pub use failure::ThreadFailure;
@@ -36,8 +37,8 @@ pub use restore::{remove_interrupted_restores, verify_snapshot, SnapshotRestore}
 pub use snapshot::Snapshot;
 pub use snapshot_format::SnapshotInfo;
 pub use tarn_index::{
-    AttributeError, Attributes, FieldSpec, FieldType, Filter, Quantization, Schema, Value,
-    FILTER_EXACT_SCAN_MAX_MATCHES,
+    AttributeError, Attributes, FieldSpec, FieldType, Filter, Quantization, Schema, TextAnalyzer,
+    Value, FILTER_EXACT_SCAN_MAX_MATCHES,
 };
 pub use tarn_wal::Durability;
 pub use wal_tail::WalTail;

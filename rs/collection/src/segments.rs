@@ -12,7 +12,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use tarn_index::{Attributes, Filter, Hit, MutableSegment, SealedSegment};
+use tarn_index::{Attributes, Bm25, Filter, Hit, MutableSegment, SealedSegment, TextStats};
 
 use crate::error::Result;
 use crate::op::Operation;
@@ -299,14 +299,59 @@ impl SegmentSet {
                 }
             }
         }
-        hits.sort_by(|a, b| {
-            a.distance
-                .total_cmp(&b.distance)
-                .then(a.user_id.cmp(&b.user_id))
-                .then(a.doc_id.cmp(&b.doc_id))
-        });
+        sort_hits(&mut hits);
         hits.truncate(k);
         Ok(hits)
+    }
+
+    /// The `k` best live documents over the given tenants for an analysed text query on the
+    /// TEXT field `field`, by BM25 (`tarn_index::Bm25`), whose attributes match `filter`, best
+    /// first, each `(user, doc)` once; a hit's distance is its negated score. Two passes: the
+    /// statistics of the searched tenants' live documents over every segment, then each
+    /// segment's partitions scored with them, so the scores do not depend on how the
+    /// documents are split into segments.
+    pub(crate) fn text_search(
+        &self,
+        user_ids: &[u128],
+        field: &str,
+        terms: &[String],
+        bm25: &Bm25,
+        k: usize,
+        filter: Option<&Filter>,
+    ) -> Vec<Hit> {
+        let mut tenants: Vec<u128> = Operation::tenants(user_ids).to_vec();
+        tenants.sort_unstable();
+        tenants.dedup();
+        let in_memory = || std::iter::once(&self.mutable).chain(self.frozen.iter().map(|(_, f)| f));
+        let mut stats = TextStats::default();
+        for &user_id in &tenants {
+            for segment in in_memory() {
+                stats.add(&segment.text_stats(user_id, field, terms));
+            }
+            for segment in &self.sealed {
+                stats.add(&segment.text_stats(user_id, field, terms));
+            }
+        }
+        let Some(weights) = bm25.weigh(&stats) else {
+            return Vec::new();
+        };
+        let mut seen: HashSet<(u128, u128)> = HashSet::new();
+        let mut hits = Vec::new();
+        for &user_id in &tenants {
+            let found = in_memory()
+                .flat_map(|segment| segment.text_search(user_id, field, terms, &weights, k, filter))
+                .chain(self.sealed.iter().flat_map(|segment| {
+                    segment.text_search(user_id, field, terms, &weights, k, filter)
+                }));
+            for hit in found {
+                if seen.insert((hit.user_id, hit.doc_id)) {
+                    hits.push(hit);
+                }
+            }
+        }
+        sort_hits(&mut hits);
+        hits.truncate(k);
+        hits
     }
 
     /// Stored vectors waiting for a graph: the mutable segment's and the frozen ones'
@@ -339,4 +384,14 @@ impl SegmentSet {
     pub(crate) fn sort_sealed(sealed: &mut [Arc<SealedSegment>]) {
         sealed.sort_by(|a, b| b.max_seq().cmp(&a.max_seq()).then(b.id().cmp(&a.id())));
     }
+}
+
+/// Best first: by distance, ties by tenant then document.
+fn sort_hits(hits: &mut [Hit]) {
+    hits.sort_by(|a, b| {
+        a.distance
+            .total_cmp(&b.distance)
+            .then(a.user_id.cmp(&b.user_id))
+            .then(a.doc_id.cmp(&b.doc_id))
+    });
 }

@@ -3,7 +3,8 @@
 
 use tarn_collection::{
     Attributes, CollectionConfig, CollectionStats, DurabilityName, FieldSelection, FieldSpec,
-    FieldType, Filter, HnswConfig, MetricName, Quantization, QuantizationConfig, SearchHit, Value,
+    FieldType, Filter, HnswConfig, MetricName, Quantization, QuantizationConfig, SearchHit,
+    TextAnalyzer, TextQuery, Value,
 };
 use tarn_proto::v1 as pb;
 use tarn_wal::Durability;
@@ -118,6 +119,10 @@ pub fn collection_config(
     config.quantization = quantization(request.quantization.as_ref())?;
     // Without a quantization: refused by `validate`, naming vectors_on_disk.
     config.vectors_on_disk = request.vectors_on_disk;
+    if let Some(bm25) = &request.bm25 {
+        config.bm25.k1 = bm25.k1.unwrap_or(config.bm25.k1);
+        config.bm25.b = bm25.b.unwrap_or(config.bm25.b);
+    }
     // Bad rescores are refused by `validate` when the collection is created.
     // Bad names, repeats, too many fields: refused here, before a cluster records the config.
     config.schema()?;
@@ -232,6 +237,10 @@ pub fn collection_info(
         memory_bytes: stats.memory_bytes,
         vectors_on_disk: config.vectors_on_disk,
         cold_bytes: stats.cold_bytes,
+        bm25: Some(pb::Bm25Params {
+            k1: Some(config.bm25.k1),
+            b: Some(config.bm25.b),
+        }),
     }
 }
 
@@ -281,9 +290,27 @@ pub fn field_specs(fields: &[pb::FieldSpec]) -> Result<Vec<FieldSpec>, ApiError>
                     ))
                 }
             };
-            Ok(FieldSpec::new(spec.name.clone(), field_type))
+            let analyzer = spec
+                .analyzer
+                .as_ref()
+                .map_or_else(TextAnalyzer::default, |a| TextAnalyzer {
+                    english_stemmer: a.english_stemmer,
+                    english_stop_words: a.english_stop_words,
+                });
+            Ok(FieldSpec {
+                analyzer,
+                ..FieldSpec::new(spec.name.clone(), field_type)
+            })
         })
         .collect()
+}
+
+/// A search's full-text query from the wire.
+pub fn text_query(text: &Option<pb::TextQuery>) -> Option<TextQuery> {
+    text.as_ref().map(|text| TextQuery {
+        field: text.field.clone(),
+        query: text.query.clone(),
+    })
 }
 
 pub fn field_type_to_wire(field_type: FieldType) -> pb::FieldType {
@@ -302,6 +329,10 @@ pub fn fields_to_wire(fields: &[FieldSpec]) -> Vec<pb::FieldSpec> {
         .map(|spec| pb::FieldSpec {
             name: spec.name.clone(),
             r#type: field_type_to_wire(spec.field_type) as i32,
+            analyzer: (!spec.analyzer.is_default()).then_some(pb::TextAnalyzer {
+                english_stemmer: spec.analyzer.english_stemmer,
+                english_stop_words: spec.analyzer.english_stop_words,
+            }),
         })
         .collect()
 }
@@ -596,6 +627,7 @@ mod tests {
         let spec = |name: &str, r#type: i32| pb::FieldSpec {
             name: name.into(),
             r#type,
+            ..Default::default()
         };
         let fields = field_specs(&[
             spec("section", 1),

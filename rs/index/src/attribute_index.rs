@@ -49,10 +49,11 @@
 
 use std::collections::HashMap;
 
-use crate::attributes::{AttributeError, Attributes, FieldType, Schema, Value};
+use crate::attributes::{AttributeError, Attributes, FieldSpec, FieldType, Schema, Value};
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::error::{IndexError, Result};
 use crate::filter::{range_holds, Filter};
+use crate::fulltext::TextColumn;
 use crate::stored::StoredColumn;
 use std::sync::Arc;
 
@@ -318,18 +319,19 @@ enum Column {
     Keywords(KeywordsColumn),
     Number(NumberColumn),
     Bool(BoolColumn),
-    /// A TEXT field: its values are stored values (the index's [`StoredColumn`]), not here.
-    Text,
+    /// A TEXT field: its values are stored values (the index's [`StoredColumn`]); here is
+    /// its inverted index (`fulltext.rs`).
+    Text(TextColumn),
 }
 
 impl Column {
-    fn new(field_type: FieldType) -> Column {
-        match field_type {
+    fn new(spec: &FieldSpec) -> Column {
+        match spec.field_type {
             FieldType::Keyword => Column::Keyword(KeywordColumn::default()),
             FieldType::Keywords => Column::Keywords(KeywordsColumn::default()),
             FieldType::Number => Column::Number(NumberColumn::default()),
             FieldType::Bool => Column::Bool(BoolColumn::default()),
-            FieldType::Text => Column::Text,
+            FieldType::Text => Column::Text(TextColumn::new(spec.analyzer)),
         }
     }
 
@@ -375,6 +377,7 @@ impl Column {
                     column.false_slots.insert(slot);
                 }
             }
+            (Column::Text(column), Value::Text(text)) => column.append(slot, text),
             _ => {}
         }
     }
@@ -389,7 +392,7 @@ impl Column {
                 .true_slots
                 .clipped(n_slots)
                 .or(&column.false_slots.clipped(n_slots)),
-            Column::Text => SlotSet::empty(n_slots),
+            Column::Text(_) => SlotSet::empty(n_slots),
         }
     }
 
@@ -429,7 +432,7 @@ impl Column {
                     None
                 }
             }
-            Column::Text => None,
+            Column::Text(_) => None,
         }
     }
 
@@ -443,7 +446,7 @@ impl Column {
                 Some(false) => column.false_slots.clipped(n_slots),
                 None => SlotSet::empty(n_slots),
             },
-            Column::Number(_) | Column::Text => SlotSet::empty(n_slots),
+            Column::Number(_) | Column::Text(_) => SlotSet::empty(n_slots),
         }
     }
 
@@ -513,11 +516,7 @@ impl AttributeIndex {
 
     /// An index of no slots over the fields of `schema`.
     pub fn new(schema: Schema) -> AttributeIndex {
-        let columns = schema
-            .fields()
-            .iter()
-            .map(|spec| Column::new(spec.field_type))
-            .collect();
+        let columns = schema.fields().iter().map(Column::new).collect();
         AttributeIndex {
             schema,
             n_slots: 0,
@@ -545,7 +544,7 @@ impl AttributeIndex {
             });
         }
         for spec in &schema.fields()[self.schema.len()..] {
-            self.columns.push(Column::new(spec.field_type));
+            self.columns.push(Column::new(spec));
         }
         self.schema = schema;
         Ok(())
@@ -760,11 +759,106 @@ impl AttributeIndex {
                 index.append(new_slot, &part.attributes_of(old_slot));
             }
             if let Some(blob) = part.stored.get(old_slot)? {
+                index.index_texts(new_slot, &blob)?;
                 index.stored.push(new_slot, blob);
             }
             index.n_slots = new_slot + 1;
         }
         Ok(index)
+    }
+
+    /// Indexes the TEXT values of one slot's stored blob (a slot carried from another index,
+    /// whose TEXT values are not among its indexed attributes).
+    fn index_texts(&mut self, slot: u32, blob: &[u8]) -> Result<()> {
+        if !self.has_text_fields() {
+            return Ok(());
+        }
+        let stored = Attributes::decode(blob)
+            .map_err(|error| bad(format!("the stored values of slot {slot}: {error}")))?;
+        for (name, value) in stored.iter() {
+            if let (Some(field_idx), Value::Text(text)) = (self.schema.field_index(name), value) {
+                if let Column::Text(column) = &mut self.columns[field_idx as usize] {
+                    column.append(slot, text);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// True when the schema declares a TEXT field.
+    pub fn has_text_fields(&self) -> bool {
+        self.columns.iter().any(|c| matches!(c, Column::Text(_)))
+    }
+
+    /// The inverted index of the TEXT field of this name.
+    pub(crate) fn text_column(&self, field: &str) -> Option<&TextColumn> {
+        match self.column(field)? {
+            Column::Text(column) => Some(column),
+            _ => None,
+        }
+    }
+
+    /// Bytes of memory the TEXT fields' inverted indexes take.
+    pub fn text_memory_bytes(&self) -> usize {
+        self.columns
+            .iter()
+            .map(|column| match column {
+                Column::Text(column) => column.memory_bytes(),
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// The TEXT fields' inverted indexes as a sealed-segment section: per TEXT field in
+    /// declaration order, its postings (`TextColumn::encode`).
+    /// `n_slots` is the partition's (at least the index's).
+    pub(crate) fn encode_postings_section(&self, n_slots: u32) -> Vec<u8> {
+        let mut writer = ByteWriter::default();
+        for column in &self.columns {
+            if let Column::Text(column) = column {
+                column.encode(n_slots.max(self.n_slots), &mut writer);
+            }
+        }
+        writer.bytes
+    }
+
+    /// Adopts the inverted indexes of a postings section written for this index's schema and
+    /// slot count; damage is an [`IndexError::Format`].
+    pub(crate) fn decode_postings_section(&mut self, bytes: &[u8]) -> Result<()> {
+        let mut reader = ByteReader::new(bytes);
+        let n_slots = self.n_slots;
+        for column in &mut self.columns {
+            if let Column::Text(column) = column {
+                *column = TextColumn::decode(&mut reader, column.analyzer(), n_slots)?;
+            }
+        }
+        if reader.remaining() != 0 {
+            return Err(bad(format!(
+                "{} trailing bytes after the postings section",
+                reader.remaining()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Builds the TEXT fields' inverted indexes from the stored values (a segment written
+    /// before postings existed): reads every slot's stored values, from the file for a
+    /// written segment.
+    pub(crate) fn rebuild_postings(&mut self) -> Result<()> {
+        if !self.has_text_fields() {
+            return Ok(());
+        }
+        for column in &mut self.columns {
+            if let Column::Text(column) = column {
+                *column = TextColumn::new(column.analyzer());
+            }
+        }
+        for slot in 0..self.n_slots {
+            if let Some(blob) = self.stored.get(slot)? {
+                self.index_texts(slot, &blob)?;
+            }
+        }
+        Ok(())
     }
 
     /// The index as a sealed-segment section (layout in the module documentation).
@@ -807,7 +901,7 @@ impl AttributeIndex {
                     writer.u64s(column.true_slots.clipped(self.n_slots).words());
                 }
                 // Its values are in the stored section; its presence bitmap is empty.
-                Column::Text => {}
+                Column::Text(_) => {}
             }
         }
         writer.bytes
@@ -907,7 +1001,7 @@ impl AttributeIndex {
                     column.false_slots = true_slots.clone().not(recorded_n_slots).and(&present);
                     column.true_slots = true_slots;
                 }
-                Column::Text => {
+                Column::Text(_) => {
                     if !present.is_empty() {
                         return Err(bad(format!(
                             "TEXT field {:?} has values in the attribute section",

@@ -16,13 +16,15 @@
 //!               kind 5 text:     varint len, UTF-8 bytes (version 2 only)
 //!             version 2 (written only when a document has a text value or a payload) then
 //!             ends with u8 0 (no payload) or 1 and the payload (varint len, UTF-8 JSON text)
-//! schema:     u8 version (1), varint n_fields, then per field in declaration order:
+//! schema:     u8 version (1 or 2), varint n_fields, then per field in declaration order:
 //!             varint name_len, name, u8 field type (1 KEYWORD, 2 KEYWORDS, 3 NUMBER, 4 BOOL,
-//!             5 TEXT)
+//!             5 TEXT); version 2 (written only when a TEXT field's analyzer is not the
+//!             default) follows a TEXT field's type with u8 analyzer flags (bit 0 English
+//!             stemmer, bit 1 English stop words)
 //! ```
 //!
 //! TEXT values and the payload are *stored* values: kept with the document and returned on
-//! request, never indexed for filters. A partition keeps them apart from its indexed columns
+//! request, never indexed for filters (a TEXT field is full-text indexed: `fulltext.rs`). A partition keeps them apart from its indexed columns
 //! (`stored.rs`: by slot, in memory in the mutable segment, in the segment file once sealed).
 //!
 //! Decoding never panics: every length and count is checked against the bytes left before
@@ -33,6 +35,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+
+use crate::fulltext::TextAnalyzer;
 
 /// Invalid attributes, schemas or filters, and malformed attribute bytes.
 ///
@@ -202,6 +206,8 @@ impl fmt::Display for FieldType {
 pub struct FieldSpec {
     pub name: String,
     pub field_type: FieldType,
+    /// How a TEXT field's values become terms (the default for every other type).
+    pub analyzer: TextAnalyzer,
 }
 
 impl FieldSpec {
@@ -212,6 +218,15 @@ impl FieldSpec {
         FieldSpec {
             name: name.into(),
             field_type,
+            analyzer: TextAnalyzer::default(),
+        }
+    }
+
+    /// A TEXT field analysed by `analyzer`.
+    pub fn text(name: impl Into<String>, analyzer: TextAnalyzer) -> FieldSpec {
+        FieldSpec {
+            analyzer,
+            ..FieldSpec::new(name, FieldType::Text)
         }
     }
 
@@ -249,6 +264,8 @@ impl Schema {
     pub const MAX_FIELDS: usize = 256;
 
     const ENCODING_VERSION: u8 = 1;
+    /// Adds each TEXT field's analyzer.
+    const ENCODING_VERSION_ANALYZERS: u8 = 2;
 
     /// A schema of these fields, refusing invalid names, duplicates and more than 256 fields.
     pub fn new(fields: Vec<FieldSpec>) -> Result<Schema, AttributeError> {
@@ -261,6 +278,14 @@ impl Schema {
         let mut index_by_name = HashMap::with_capacity(fields.len());
         for (field_idx, spec) in fields.iter().enumerate() {
             FieldSpec::validate_name(&spec.name)?;
+            if spec.field_type != FieldType::Text && !spec.analyzer.is_default() {
+                return Err(AttributeError::SchemaMismatch {
+                    problem: format!(
+                        "field {:?} is a {} field: only a TEXT field has an analyzer",
+                        spec.name, spec.field_type
+                    ),
+                });
+            }
             // At most 256 fields, so the index fits a u16.
             let field_idx = field_idx as u16;
             if index_by_name.insert(spec.name.clone(), field_idx).is_some() {
@@ -374,11 +399,19 @@ impl Schema {
 
     /// The schema's bytes (layout in the module documentation).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = vec![Schema::ENCODING_VERSION];
+        let with_analyzers = self.fields.iter().any(|spec| !spec.analyzer.is_default());
+        let version = match with_analyzers {
+            true => Schema::ENCODING_VERSION_ANALYZERS,
+            false => Schema::ENCODING_VERSION,
+        };
+        let mut out = vec![version];
         put_varint(&mut out, self.fields.len() as u32);
         for spec in &self.fields {
             put_string(&mut out, &spec.name);
             out.push(spec.field_type.code());
+            if with_analyzers && spec.field_type == FieldType::Text {
+                out.push(spec.analyzer.flags());
+            }
         }
         out
     }
@@ -388,7 +421,7 @@ impl Schema {
     pub fn decode(bytes: &[u8]) -> Result<Schema, AttributeError> {
         let mut reader = CompactReader::new(bytes);
         let version = reader.u8("schema version")?;
-        if version != Schema::ENCODING_VERSION {
+        if version != Schema::ENCODING_VERSION && version != Schema::ENCODING_VERSION_ANALYZERS {
             return Err(malformed(format!("unknown schema version {version}")));
         }
         // Each field takes at least 2 bytes (an empty name's length and a type).
@@ -399,7 +432,17 @@ impl Schema {
             let code = reader.u8("schema field type")?;
             let field_type = FieldType::from_code(code)
                 .ok_or_else(|| malformed(format!("unknown field type {code}")))?;
-            fields.push(FieldSpec { name, field_type });
+            let mut analyzer = TextAnalyzer::default();
+            if version == Schema::ENCODING_VERSION_ANALYZERS && field_type == FieldType::Text {
+                let flags = reader.u8("schema text analyzer")?;
+                analyzer = TextAnalyzer::from_flags(flags)
+                    .ok_or_else(|| malformed(format!("unknown text analyzer flags {flags:#x}")))?;
+            }
+            fields.push(FieldSpec {
+                name,
+                field_type,
+                analyzer,
+            });
         }
         reader.finish("schema")?;
         Schema::new(fields)

@@ -27,6 +27,7 @@ use crate::error::Result;
 use crate::filter::Filter;
 use crate::filtered::{filtered_top_k, plan};
 use crate::flat_graph::Candidate;
+use crate::fulltext::{text_hits, TermWeights, TextStats};
 use crate::hnsw_graph::HnswGraph;
 use crate::search::{exact_top_k, to_hits, Hit};
 
@@ -450,6 +451,49 @@ impl MutableSegment {
             _ => exact_top_k(data.by_doc.values().copied(), k, distance),
         };
         to_hits(user_id, candidates, &data.doc_ids)
+    }
+
+    /// BM25 statistics of one tenant's live documents here for the TEXT field `field` and the
+    /// analysed query `terms` (`fulltext.rs`); nothing for a tenant or field not here.
+    pub fn text_stats(&self, user_id: u128, field: &str, terms: &[String]) -> TextStats {
+        let Some(partition) = self.partition(user_id) else {
+            return TextStats::default();
+        };
+        let data = partition.data.read();
+        let Some(column) = data.attributes.text_column(field) else {
+            return TextStats::default();
+        };
+        let dead = SlotSet::from_words(data.tombstones.words().to_vec());
+        column.stats(terms, dead.iter(), |slot| {
+            data.tombstones.get(slot as usize)
+        })
+    }
+
+    /// The `k` live documents of one tenant with the best BM25 scores for `terms` in `field`
+    /// whose attributes match `filter`, best first; `weights` come from the statistics of
+    /// every segment searched. A hit's distance is its negated score.
+    pub fn text_search(
+        &self,
+        user_id: u128,
+        field: &str,
+        terms: &[String],
+        weights: &TermWeights,
+        k: usize,
+        filter: Option<&Filter>,
+    ) -> Vec<Hit> {
+        let Some(partition) = self.partition(user_id) else {
+            return Vec::new();
+        };
+        let data = partition.data.read();
+        let Some(column) = data.attributes.text_column(field) else {
+            return Vec::new();
+        };
+        let matches = filter.map(|filter| data.live_matches(filter));
+        let accept = |slot: u32| match &matches {
+            Some(matches) => matches.contains(slot),
+            None => !data.tombstones.get(slot as usize),
+        };
+        text_hits(user_id, column, terms, weights, k, accept, &data.doc_ids)
     }
 
     /// Live documents per tenant.

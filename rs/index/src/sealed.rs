@@ -29,6 +29,7 @@ use crate::error::{IndexError, Result};
 use crate::filter::Filter;
 use crate::filtered::{filtered_top_k, plan};
 use crate::flat_graph::{Candidate, FlatGraph, Walk, WalkDensity};
+use crate::fulltext::{text_hits, TermWeights, TextStats};
 use crate::metric::Metric;
 use crate::mutable::MutableSegment;
 use crate::quantized::{Codes, Int8Codes, Quantization};
@@ -56,6 +57,10 @@ const SECTION_RABITQ: u16 = 3;
 const SECTION_REQUIRED: u16 = 1;
 /// Section kind 4: the partition's stored values (TEXT values and payloads; `stored.rs`).
 const SECTION_STORED: u16 = 4;
+/// Section kind 5: the inverted indexes of the partition's TEXT fields (`fulltext.rs`).
+/// Optional: a partition without it (written before full text existed) builds them from its
+/// stored values when it opens.
+const SECTION_POSTINGS: u16 = 5;
 /// Why sealing a mutable segment cannot fail where a rebuild of sealed ones can: the mutable
 /// segment's stored values are in memory, so carrying them reads no file.
 const IN_MEMORY: &str =
@@ -822,6 +827,47 @@ impl SealedSegment {
         failure.into_result(to_hits(user_id, candidates, &partition.doc_ids))
     }
 
+    /// BM25 statistics of one tenant's live documents here (as `MutableSegment::text_stats`).
+    pub fn text_stats(&self, user_id: u128, field: &str, terms: &[String]) -> TextStats {
+        let Some(partition) = self.partitions.get(&user_id) else {
+            return TextStats::default();
+        };
+        let Some(column) = partition.attributes.text_column(field) else {
+            return TextStats::default();
+        };
+        let dead = SlotSet::from_words(partition.tombstones.snapshot());
+        column.stats(terms, dead.iter(), |slot| {
+            partition.tombstones.get(slot as usize)
+        })
+    }
+
+    /// The best live documents of one tenant for a text query (as
+    /// `MutableSegment::text_search`).
+    pub fn text_search(
+        &self,
+        user_id: u128,
+        field: &str,
+        terms: &[String],
+        weights: &TermWeights,
+        k: usize,
+        filter: Option<&Filter>,
+    ) -> Vec<Hit> {
+        let Some(partition) = self.partitions.get(&user_id) else {
+            return Vec::new();
+        };
+        let Some(column) = partition.attributes.text_column(field) else {
+            return Vec::new();
+        };
+        let matches = filter.map(|filter| partition.live_matches(filter));
+        // Tombstones set since the matches were taken count too.
+        let accept = |slot: u32| {
+            matches.as_ref().is_none_or(|m| m.contains(slot))
+                && !partition.tombstones.get(slot as usize)
+        };
+        let doc_ids = &partition.doc_ids;
+        text_hits(user_id, column, terms, weights, k, accept, doc_ids)
+    }
+
     pub fn live_counts(&self) -> HashMap<u128, u64> {
         self.partitions
             .iter()
@@ -950,6 +996,10 @@ impl SealedSegment {
             if p.attributes.has_stored() {
                 let section = p.attributes.encode_stored_section()?;
                 sections.push((SECTION_STORED, SECTION_REQUIRED, section));
+            }
+            if p.attributes.has_text_fields() {
+                let section = p.attributes.encode_postings_section(p.n_slots() as u32);
+                sections.push((SECTION_POSTINGS, 0, section));
             }
             out.u32(sections.len() as u32);
             for (kind, flags, bytes) in &sections {
@@ -1375,6 +1425,7 @@ fn read_sections(
     }
     let mut sections = Sections::default();
     let mut stored = None;
+    let mut postings = None;
     for (kind, flags, len) in table {
         let len = usize::try_from(len)
             .map_err(|_| IndexError::Format(format!("section length {len} overflows")))?;
@@ -1385,6 +1436,7 @@ fn read_sections(
                 let file = stored_file.map(|file| (file, at));
                 stored = Some(StoredColumn::decode_section(bytes, n_slots as u32, file)?);
             }
+            SECTION_POSTINGS => postings = Some(bytes),
             SECTION_ATTRIBUTES => {
                 let index =
                     AttributeIndex::decode_section(bytes, n_slots as u32).map_err(|error| {
@@ -1421,6 +1473,15 @@ fn read_sections(
     // After the attribute section, wherever the table put it.
     if let Some(stored) = stored {
         sections.attributes.set_stored(stored, n_slots as u32);
+    }
+    match postings {
+        Some(bytes) => sections
+            .attributes
+            .decode_postings_section(bytes)
+            .map_err(|error| {
+                IndexError::Format(format!("postings section: {}", format_reason(error)))
+            })?,
+        None => sections.attributes.rebuild_postings()?,
     }
     Ok(sections)
 }
@@ -1522,8 +1583,14 @@ mod tests {
                 .upsert_with_attributes(1, i as u128, &base[i * D..(i + 1) * D], &attributes)
                 .unwrap();
         }
-        while mutable.index_pending(N) > 0 {}
-        let sealed = SealedSegment::seal(&mutable, 1, 1);
+        // Nothing indexed by hnsw_rs (whose level draws are not seeded): the seal builds the
+        // graph with tarn's builder on one thread and a fixed seed, so the recall below is the
+        // same on every run and under any parallel load.
+        let build = BuildConfig {
+            threads: 1,
+            seed: 21,
+        };
+        let sealed = SealedSegment::seal_compacting(&mutable, 1, 1, f64::INFINITY, &build);
         let filter = Filter::Match {
             field: "mark".to_string(),
             any_of: vec!["quarter".to_string()],

@@ -378,6 +378,7 @@ impl Tarn for TarnService {
                 min_seq,
                 filter: request.filter.as_ref().map(convert::filter).transpose()?,
                 output: convert::search_selection(&request.output_fields, request.with_payload),
+                text: convert::text_query(&request.text),
             };
             let hits = self
                 .router

@@ -431,6 +431,7 @@ fn crash_loop(
                 request.fields = vec![pb::FieldSpec {
                     name: "version".into(),
                     r#type: pb::FieldType::Number as i32,
+                    ..Default::default()
                 }];
                 configure(&mut request);
                 client.create_collection(request).await.unwrap();

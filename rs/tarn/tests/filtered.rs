@@ -86,6 +86,7 @@ fn spec(name: &str, field_type: pb::FieldType) -> pb::FieldSpec {
     pb::FieldSpec {
         name: name.into(),
         r#type: field_type as i32,
+        ..Default::default()
     }
 }
 
@@ -402,6 +403,7 @@ fn bad_filtered_input_is_refused_naming_the_field_and_nothing_is_stored() {
                 vec![pb::FieldSpec {
                     name: "size".into(),
                     r#type: 42,
+                    ..Default::default()
                 }],
                 &["fields", "\"size\"", "42"],
             ),
@@ -886,6 +888,156 @@ fn texts_and_payloads_come_back_with_hits_and_gets_and_survive_kill_9() {
             assert_eq!(got, documents(&[doc])[0], "doc {doc}");
         }
     });
+}
+
+/// Full-text search over gRPC: a TEXT field with an English analyzer and BM25 settings given at
+/// creation (reported back by GetCollection), hits ranked by BM25 with a filter and the
+/// selected values, bad queries refused naming the field, and the same hits and scores after
+/// a checkpoint, more writes, kill -9 and a restart.
+#[test]
+fn full_text_search_ranks_by_bm25_and_gives_the_same_answer_after_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let texts = [
+        "Python library for parsing configuration files",
+        "Python python tools",
+        "Kernel modules and firmware",
+        "The libraries of Debian",
+        "A daemon with no relevant words",
+    ];
+    let attributes = |doc: usize| {
+        let mut attributes = pb::Attributes::default();
+        attributes.values.insert(
+            "section".into(),
+            value(pb::value::Kind::Keyword(format!("s{}", doc % 2))),
+        );
+        attributes.values.insert(
+            "body".into(),
+            value(pb::value::Kind::Text(texts[doc % texts.len()].to_string())),
+        );
+        attributes
+    };
+    let text_search = |query: &str| pb::SearchRequest {
+        collection: "docs".into(),
+        top_k: 10,
+        text: Some(pb::TextQuery {
+            field: "body".into(),
+            query: query.into(),
+        }),
+        ..Default::default()
+    };
+    let ranked = |hits: Vec<pb::Hit>| -> Vec<(u128, f32)> {
+        hits.iter()
+            .map(|h| (common_u128(h.doc_id.as_ref()), h.score))
+            .collect()
+    };
+    let before = runtime().block_on(async {
+        let mut c = server.client().await;
+        let mut create = common::create("docs", DIM as u32, pb::Metric::L2);
+        let mut body = spec("body", pb::FieldType::Text);
+        body.analyzer = Some(pb::TextAnalyzer {
+            english_stemmer: true,
+            english_stop_words: true,
+        });
+        create.fields = vec![spec("section", pb::FieldType::Keyword), body];
+        create.bm25 = Some(pb::Bm25Params {
+            k1: Some(0.9),
+            b: None,
+        });
+        c.create_collection(create).await.unwrap();
+        let info = c
+            .get_collection(pb::GetCollectionRequest {
+                name: "docs".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .collection
+            .unwrap();
+        assert_eq!(
+            info.bm25,
+            Some(pb::Bm25Params {
+                k1: Some(0.9),
+                b: Some(0.75)
+            })
+        );
+        let analyzer = info.fields[1].analyzer.unwrap();
+        assert!(analyzer.english_stemmer && analyzer.english_stop_words);
+
+        let docs: Vec<u128> = (0..10).collect();
+        let vectors = vec![0.5f32; DIM * docs.len()];
+        let mut insert = common::insert("docs", &docs, &[], vectors);
+        insert.attributes = (0..docs.len()).map(attributes).collect();
+        let seq = c.insert(insert).await.unwrap().into_inner().seq_no;
+        let mut search = text_search("python libraries");
+        search.min_seq_no = seq;
+        search.output_fields = vec!["body".into()];
+        let hits = c.search(search.clone()).await.unwrap().into_inner().hits;
+        // Docs 0 and 5 hold both terms ("library" and "libraries" stem alike), 1 and 6
+        // "python" twice, 3 and 8 "libraries".
+        let found: Vec<u128> = ranked(hits.clone()).iter().map(|h| h.0).collect();
+        assert_eq!(found.len(), 6, "{found:?}");
+        assert_eq!(found[..2], [0, 5], "{found:?}");
+        assert!(hits.windows(2).all(|w| w[0].score >= w[1].score));
+        let body = &hits[0].attributes.as_ref().unwrap().values["body"];
+        assert_eq!(body, &value(pb::value::Kind::Text(texts[0].into())));
+        // A filter keeps the matching ones, with the same scores.
+        search.filter = Some(node(pb::filter::Kind::Match(pb::Match {
+            field: "section".into(),
+            any_of: vec!["s1".into()],
+            ..Default::default()
+        })));
+        search.output_fields.clear();
+        let filtered = ranked(c.search(search).await.unwrap().into_inner().hits);
+        let odd: Vec<(u128, f32)> = ranked(hits).into_iter().filter(|h| h.0 % 2 == 1).collect();
+        assert_eq!(filtered, odd);
+
+        // Bad queries, each naming its field.
+        let mut bad = text_search("python");
+        bad.text.as_mut().unwrap().field = "section".into();
+        assert_refused(c.search(bad).await, &["text.field", "KEYWORD"]);
+        assert_refused(
+            c.search(text_search("the of")).await,
+            &["text.query", "no searchable term"],
+        );
+        let mut bad = text_search("python");
+        bad.vector = vec![0.5; DIM];
+        assert_refused(c.search(bad).await, &["vector", "no vector"]);
+        let mut bad_create = common::create("bad", DIM as u32, pb::Metric::L2);
+        bad_create.bm25 = Some(pb::Bm25Params {
+            k1: Some(-1.0),
+            b: None,
+        });
+        assert_refused(c.create_collection(bad_create).await, &["bm25.k1"]);
+
+        c.flush(pb::FlushRequest {
+            collection: "docs".into(),
+        })
+        .await
+        .unwrap();
+        let more: Vec<u128> = (10..20).collect();
+        let mut insert = common::insert("docs", &more, &[], vec![0.5f32; DIM * more.len()]);
+        insert.attributes = (10..20).map(attributes).collect();
+        let seq = c.insert(insert).await.unwrap().into_inner().seq_no;
+        let mut search = text_search("kernel python");
+        search.min_seq_no = seq;
+        ranked(c.search(search).await.unwrap().into_inner().hits)
+    });
+    // "kernel" in 4 documents, "python" in 8: the best 10.
+    assert_eq!(before.len(), 10, "{before:?}");
+    server.kill();
+    let server = Server::start(dir.path(), &[]);
+    let after = runtime().block_on(async {
+        let mut c = server.client().await;
+        ranked(
+            c.search(text_search("kernel python"))
+                .await
+                .unwrap()
+                .into_inner()
+                .hits,
+        )
+    });
+    assert_eq!(after, before);
 }
 
 /// The CLI: `collection create --field`, `collection add-field`, `insert --attributes` from a

@@ -17,6 +17,7 @@ mod attributes;
 mod quantized;
 mod snapshot;
 mod stored;
+mod text;
 mod visible;
 
 const DIM: usize = 16;

@@ -51,6 +51,7 @@ impl Router {
                                         &request.output_fields,
                                         request.with_payload,
                                     ),
+                                    text: convert::text_query(&request.text),
                                 };
                                 let hits = self
                                     .local_search_at(&name, search, Some(timeout), min_seq_epoch)
@@ -71,6 +72,7 @@ impl Router {
                                         filter: request.filter.clone(),
                                         output_fields: request.output_fields.clone(),
                                         with_payload: request.with_payload,
+                                        text: request.text.clone(),
                                         ..Default::default()
                                     }),
                                     min_seq_epoch,
@@ -111,7 +113,11 @@ impl Router {
                 Err(error) => return Err(error),
             }
         }
-        let hits = fanout::merge(&map.def, results, top_k as usize);
+        // BM25 scores are higher-is-better whatever the metric.
+        let hits = match request.text {
+            Some(_) => tarn_cluster::merge_top_k(results, top_k as usize, true),
+            None => fanout::merge(&map.def, results, top_k as usize),
+        };
         Ok(pb::SearchResponse {
             hits: convert::hits(hits.into_iter().map(|h| {
                 let attributes = values.remove(&(h.user_id, h.doc_id));
