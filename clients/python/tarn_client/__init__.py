@@ -131,17 +131,43 @@ _FIELD_TYPES = {
 _FIELD_TYPE_NAMES = {v: k for k, v in _FIELD_TYPES.items()}
 
 
+# A TEXT field's analyzer by name: what it adds to Unicode words, lowercasing and ASCII folding.
+_ANALYZERS = {
+    "text": (False, False),
+    "text:english": (True, True),
+    "text:stem": (True, False),
+    "text:stop": (False, True),
+}
+
+
 def _field_specs(fields) -> list:
-    """`{"name": "keyword", ...}` or `[("name", "keyword"), ...]` as FieldSpec messages."""
+    """`{"name": "keyword", ...}` or `[("name", "keyword"), ...]` as FieldSpec messages. A TEXT
+    field is "text", or "text:english" (English stemmer and stop words), "text:stem" or
+    "text:stop"."""
     if fields is None:
         return []
     items = fields.items() if isinstance(fields, dict) else fields
     specs = []
     for name, kind in items:
+        if kind in _ANALYZERS:
+            stemmer, stop_words = _ANALYZERS[kind]
+            analyzer = tarn_pb2.TextAnalyzer(english_stemmer=stemmer, english_stop_words=stop_words)
+            specs.append(tarn_pb2.FieldSpec(name=name, type=tarn_pb2.FIELD_TYPE_TEXT, analyzer=analyzer))
+            continue
         if kind not in _FIELD_TYPES:
-            raise ValueError(f"field {name!r}: type {kind!r} is not one of {sorted(_FIELD_TYPES)}")
+            known = sorted(set(_FIELD_TYPES) | set(_ANALYZERS))
+            raise ValueError(f"field {name!r}: type {kind!r} is not one of {known}")
         specs.append(tarn_pb2.FieldSpec(name=name, type=_FIELD_TYPES[kind]))
     return specs
+
+
+def _field_name(spec) -> str:
+    """A declared field's type as `_field_specs` takes it."""
+    kind = _FIELD_TYPE_NAMES.get(spec.type, "unspecified")
+    if kind == "text":
+        options = (spec.analyzer.english_stemmer, spec.analyzer.english_stop_words)
+        return next(name for name, value in _ANALYZERS.items() if value == options)
+    return kind
 
 
 def _value(field: str, value) -> Optional[tarn_pb2.Value]:
@@ -253,6 +279,25 @@ class Hit:
     attributes: dict = dc_field(default_factory=dict)
     # The document's payload (decoded JSON) with `with_payload`, else None.
     payload: Any = None
+    # Hybrid searches: (rank from 1, that side's score) on the vector and on the text side, or
+    # None where that side did not retrieve the hit.
+    vector_side: Optional[tuple] = None
+    text_side: Optional[tuple] = None
+
+
+def _hit(h) -> Hit:
+    side = lambda s: (s.rank, s.score)  # noqa: E731
+    return Hit(
+        from_id(h.doc_id),
+        from_id(h.user_id),
+        h.score,
+        *_from_attributes(h.attributes),
+        vector_side=side(h.vector_side) if h.HasField("vector_side") else None,
+        text_side=side(h.text_side) if h.HasField("text_side") else None,
+    )
+
+
+_FUSIONS = {"rrf": tarn_pb2.FUSION_METHOD_RRF, "relative_score": tarn_pb2.FUSION_METHOD_RELATIVE_SCORE}
 
 
 @dataclass(frozen=True)
@@ -291,7 +336,8 @@ class CollectionInfo:
     # Copies of each shard and how many must be in sync for writes (1 and 1 on one node).
     replication_factor: int = 1
     min_in_sync: int = 1
-    # The declared attribute fields: name -> "keyword" | "keywords" | "number" | "bool".
+    # The declared attribute fields: name -> "keyword" | "keywords" | "number" | "bool" |
+    # "text" (or "text:english", "text:stem", "text:stop": its analyzer).
     fields: dict = dc_field(default_factory=dict)
     # "none", "int8" or "rabitq", RaBitQ's bits per dimension (0 otherwise), and the candidates
     # per result rescored on the full vectors (0 for none).
@@ -305,6 +351,8 @@ class CollectionInfo:
     # their bytes (of bytes_on_disk, not in memory).
     vectors_on_disk: bool = False
     cold_bytes: int = 0
+    # Full-text search's BM25 settings (k1, b).
+    bm25: tuple = (1.2, 0.75)
 
     @staticmethod
     def from_pb(info: tarn_pb2.CollectionInfo) -> "CollectionInfo":
@@ -321,7 +369,7 @@ class CollectionInfo:
             n_unindexed=info.n_unindexed,
             replication_factor=info.replication_factor,
             min_in_sync=info.min_in_sync,
-            fields={f.name: _FIELD_TYPE_NAMES.get(f.type, "unspecified") for f in info.fields},
+            fields={f.name: _field_name(f) for f in info.fields},
             quantization=_QUANTIZATION_NAMES.get(info.quantization.kind, "unspecified"),
             rescore=info.quantization.rescore,
             bits=info.quantization.bits,
@@ -329,6 +377,7 @@ class CollectionInfo:
             bytes_on_disk=info.bytes_on_disk,
             vectors_on_disk=info.vectors_on_disk,
             cold_bytes=info.cold_bytes,
+            bm25=(info.bm25.k1, info.bm25.b),
         )
 
 
@@ -414,6 +463,7 @@ class Client:
         rescore: int = 0,
         vectors_on_disk: bool = False,
         bits: int = 0,
+        bm25: Optional[tuple] = None,
     ) -> CollectionInfo:
         """Creates a collection. In cluster mode, `shards` (0: 8) and `shard_key` ("user": a
         tenant's documents on one shard; "doc": spread by document) say how it is split, and
@@ -424,7 +474,10 @@ class Client:
         walk (int8: a byte per dimension; rabitq: `bits` per dimension, 0 = 1), `rescore`
         candidates per result (0: the server's default) rescored on the full vectors: scores
         stay exact. `vectors_on_disk` (with a quantization) leaves the sealed
-        full vectors in the segment files, read only for rescoring and `get`."""
+        full vectors in the segment files, read only for rescoring and `get`. TEXT fields
+        ("text", or "text:english" for the English stemmer and stop words) are stored and
+        full-text indexed (`search_text`), ranked by BM25 with `bm25=(k1, b)` (Lucene's
+        (1.2, 0.75) unless given)."""
         if quantization.lower() not in _QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {sorted(_QUANTIZATIONS)}, got {quantization!r}")
         request = tarn_pb2.CreateCollectionRequest(
@@ -442,6 +495,7 @@ class Client:
                 kind=_QUANTIZATIONS[quantization.lower()], bits=bits, rescore=rescore
             ),
             vectors_on_disk=vectors_on_disk,
+            bm25=tarn_pb2.Bm25Params(k1=bm25[0], b=bm25[1]) if bm25 is not None else None,
         )
         return CollectionInfo.from_pb(self._call(self.stub.CreateCollection, request).collection)
 
@@ -570,15 +624,39 @@ class Client:
         filter=None,
         output_fields: Optional[Sequence[str]] = None,
         with_payload: bool = False,
+        text: Optional[tuple] = None,
+        fusion: str = "rrf",
+        rrf_k: float = 0,
+        depth: int = 0,
+        weights: Optional[tuple] = None,
     ) -> list:
         """The `top_k` nearest documents of the given tenants (tenant 0 when None), best first;
         with `filter`, only documents matching it (min(top_k, matches) hits). Each hit carries
         the fields `output_fields` names (`["*"]`: every field) and, with `with_payload`, the
         document's payload, read right after the search (a write of the document in between
-        may show)."""
+        may show).
+
+        With `text=(field, query)` too, a hybrid search: the nearest documents and those with the
+        best BM25 scores for `query` in the TEXT field (`depth` candidates each, 0: max(top_k,
+        100); filters apply to both), fused by `fusion` ("rrf", with `rrf_k` 0 meaning 60, or
+        "relative_score") with `weights=(vector, text)` (1 and 1 unless given). Each hit's
+        `score` is then the fused score, and `vector_side` / `text_side` are (rank, score)."""
         query = _matrix(vector)
         if query.shape[0] != 1:
             raise ValueError("search takes one vector")
+        hybrid = {}
+        if text is not None:
+            field, text_query = text
+            if fusion not in _FUSIONS:
+                raise ValueError(f"fusion must be one of {sorted(_FUSIONS)}, got {fusion!r}")
+            vector_weight, text_weight = weights if weights is not None else (None, None)
+            hybrid = dict(
+                text=tarn_pb2.TextQuery(field=field, query=text_query),
+                fusion=tarn_pb2.Fusion(
+                    method=_FUSIONS[fusion], rrf_k=rrf_k, depth=depth,
+                    vector_weight=vector_weight, text_weight=text_weight,
+                ),
+            )
         request = tarn_pb2.SearchRequest(
             collection=collection,
             user_ids=_ids(user_ids),
@@ -592,12 +670,43 @@ class Client:
             filter=to_filter(filter) if filter is not None else None,
             output_fields=list(output_fields or ()),
             with_payload=with_payload,
+            **hybrid,
         )
         response = self._call(self.stub.Search, request)
-        return [
-            Hit(from_id(h.doc_id), from_id(h.user_id), h.score, *_from_attributes(h.attributes))
-            for h in response.hits
-        ]
+        return [_hit(h) for h in response.hits]
+
+    def search_text(
+        self,
+        collection: str,
+        field: str,
+        query: str,
+        top_k: int = 10,
+        user_ids: Optional[Ids] = None,
+        min_seq_no: int = 0,
+        read_token: bytes = b"",
+        allow_partial: bool = False,
+        filter=None,
+        output_fields: Optional[Sequence[str]] = None,
+        with_payload: bool = False,
+    ) -> list:
+        """Full-text search: the `top_k` documents of the given tenants with the best BM25
+        scores for `query` in the TEXT field `field` (analysed by the field's analyzer), best
+        first; `Hit.score` is the BM25 score. Filters, tenants and field selections work as in
+        `search`."""
+        request = tarn_pb2.SearchRequest(
+            collection=collection,
+            user_ids=_ids(user_ids),
+            top_k=top_k,
+            min_seq_no=min_seq_no,
+            read_token=read_token,
+            allow_partial=allow_partial,
+            filter=to_filter(filter) if filter is not None else None,
+            output_fields=list(output_fields or ()),
+            with_payload=with_payload,
+            text=tarn_pb2.TextQuery(field=field, query=query),
+        )
+        response = self._call(self.stub.Search, request)
+        return [_hit(h) for h in response.hits]
 
     def get(
         self,

@@ -351,6 +351,54 @@ def test_texts_and_payloads_come_back_with_hits_and_gets(client):
     client.drop_collection(name)
 
 
+def test_full_text_search_ranks_by_bm25_with_filters_and_selected_fields(client):
+    rng = np.random.default_rng(17)
+    name = "py_text"
+    info = client.create_collection(
+        name, dimension=8, fields={"section": "keyword", "body": "text:english"}, bm25=(0.9, 0.6)
+    )
+    assert info.fields == {"section": "keyword", "body": "text:english"}
+    assert info.bm25 == pytest.approx((0.9, 0.6))
+    texts = [
+        "Python library for parsing configuration files",
+        "Python python tools",
+        "Kernel modules and firmware",
+        "The libraries of Debian",
+    ]
+    n = 40
+    attributes = [{"section": f"s{i % 2}", "body": Text(texts[i % 4])} for i in range(n)]
+    seq = client.insert(name, doc_ids=range(n), vectors=unit_rows(rng, n, 8), attributes=attributes)
+    hits = client.search_text(name, "body", "python libraries", top_k=40, min_seq_no=seq, output_fields=["body"])
+    # "library" and "libraries" stem alike: the documents with both terms come first.
+    assert len(hits) == 30
+    assert {h.doc_id % 4 for h in hits[:10]} == {0}
+    assert all(a.score >= b.score for a, b in zip(hits, hits[1:]))
+    assert hits[0].attributes == {"body": texts[0]}
+    odd = client.search_text(name, "body", "python libraries", top_k=40, filter={"section": "s1"})
+    assert [(h.doc_id, h.score) for h in odd] == [(h.doc_id, h.score) for h in hits if h.doc_id % 2 == 1]
+    # Hybrid: the nearest documents and the best by BM25, fused; each hit says its ranks.
+    query = unit_rows(rng, 1, 8)[0]
+    fused = client.search(name, query, top_k=5, text=("body", "python libraries"), depth=20)
+    assert len(fused) == 5 and all(h.vector_side or h.text_side for h in fused)
+    assert any(h.text_side for h in fused) and any(h.vector_side for h in fused)
+    rank, score = next(h.text_side for h in fused if h.text_side)
+    assert rank >= 1 and score > 0
+    relative = client.search(name, query, top_k=5, text=("body", "python"), fusion="relative_score", weights=(0.2, 0.8))
+    assert all(0 <= h.score <= 1.0 + 1e-6 for h in relative)
+    with pytest.raises(ValueError):
+        client.search(name, query, text=("body", "python"), fusion="borda")
+    with pytest.raises(grpc.RpcError) as err:
+        client.search(name, query, text=("body", "python"), weights=(0.0, 0.0))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "fusion" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        client.search_text(name, "section", "python")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "text.field" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        client.search_text(name, "body", "the of")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "text.query" in err.value.details()
+    client.drop_collection(name)
+
+
 def test_int8_quantized_collection_reports_its_settings_and_scores_exactly(client):
     rng = np.random.default_rng(29)
     name = "py_int8"

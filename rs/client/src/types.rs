@@ -769,9 +769,90 @@ pub struct Search {
     output_fields: Vec<String>,
     with_payload: bool,
     text: Option<(String, String)>,
+    fusion: Option<pb::Fusion>,
+}
+
+/// How a hybrid search ([`Search::hybrid`]) fuses its vector and text sides.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Fusion {
+    /// Reciprocal rank fusion: `Σ weight / (k + rank)` over the sides (k 60 by default).
+    Rrf {
+        /// At least 1; 60 is the paper's and every peer's default.
+        k: f64,
+    },
+    /// Relative score fusion: each side's scores min-max normalised to 0..1, weighted and
+    /// summed.
+    RelativeScore,
+}
+
+/// Where one side of a hybrid search ranked a hit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct SideScore {
+    /// From 1.
+    pub rank: u32,
+    /// That side's own score: the metric's, or BM25.
+    pub score: f32,
 }
 
 impl Search {
+    /// A hybrid search: the documents nearest to `vector` and those with the best BM25 scores
+    /// for `query` in the TEXT field `field`, each side retrieving its candidates (filters and
+    /// tenants apply to both), fused by reciprocal rank fusion (k 60) unless
+    /// [`Search::fusion`] says otherwise. [`Hit::score`] is the fused score;
+    /// [`Hit::vector_side`] and [`Hit::text_side`] say where each side ranked the hit.
+    ///
+    /// ```
+    /// use tarn_client::{Fusion, Search};
+    /// let search = Search::hybrid("debian", vec![0.0f32; 384], "description", "python library")
+    ///     .fusion(Fusion::RelativeScore)
+    ///     .weights(0.7, 0.3)
+    ///     .depth(50);
+    /// ```
+    pub fn hybrid(
+        collection: impl Into<String>,
+        vector: impl Into<Vec<f32>>,
+        field: impl Into<String>,
+        query: impl Into<String>,
+    ) -> Search {
+        Search {
+            text: Some((field.into(), query.into())),
+            ..Search::new(collection, vector)
+        }
+    }
+
+    fn fusion_mut(&mut self) -> &mut pb::Fusion {
+        self.fusion.get_or_insert_with(pb::Fusion::default)
+    }
+
+    /// A hybrid search's fusion (RRF with k 60 unless set).
+    pub fn fusion(mut self, fusion: Fusion) -> Search {
+        let wire = self.fusion_mut();
+        match fusion {
+            Fusion::Rrf { k } => {
+                wire.method = pb::FusionMethod::Rrf as i32;
+                wire.rrf_k = k;
+            }
+            Fusion::RelativeScore => wire.method = pb::FusionMethod::RelativeScore as i32,
+        }
+        self
+    }
+
+    /// A hybrid search's candidates per side (0: `max(top_k, 100)`).
+    pub fn depth(mut self, depth: u32) -> Search {
+        self.fusion_mut().depth = depth;
+        self
+    }
+
+    /// A hybrid search's weight of each side (1 and 1 unless set).
+    pub fn weights(mut self, vector_weight: f64, text_weight: f64) -> Search {
+        let wire = self.fusion_mut();
+        wire.vector_weight = Some(vector_weight);
+        wire.text_weight = Some(text_weight);
+        self
+    }
+
     /// The 10 documents of a TEXT field with the best BM25 scores for `query` (analysed by the
     /// field's analyzer); [`Hit::score`] is the BM25 score, higher is better. `ef` and `exact`
     /// do not apply; filters, tenants and field selections do.
@@ -807,6 +888,7 @@ impl Search {
             output_fields: Vec::new(),
             with_payload: false,
             text: None,
+            fusion: None,
         }
     }
 
@@ -905,6 +987,7 @@ impl Search {
             text: self
                 .text
                 .map(|(field, query)| pb::TextQuery { field, query }),
+            fusion: self.fusion,
         };
         (request, self.timeout)
     }
@@ -924,6 +1007,11 @@ pub struct Hit {
     /// The values [`Search::output_fields`] and [`Search::with_payload`] selected (empty
     /// otherwise).
     pub attributes: Attributes,
+    /// A hybrid search's hit: where the vector side ranked it (`None`: it did not retrieve
+    /// it, or the search was not hybrid).
+    pub vector_side: Option<SideScore>,
+    /// A hybrid search's hit: where the text side ranked it.
+    pub text_side: Option<SideScore>,
 }
 
 impl Hit {
@@ -933,6 +1021,14 @@ impl Hit {
             user_id: id_from_wire(hit.user_id.as_ref()),
             score: hit.score,
             attributes: Attributes::from_wire(hit.attributes.clone()),
+            vector_side: hit.vector_side.map(|s| SideScore {
+                rank: s.rank,
+                score: s.score,
+            }),
+            text_side: hit.text_side.map(|s| SideScore {
+                rank: s.rank,
+                score: s.score,
+            }),
         }
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use tarn_index::{
-    AttributeError, Attributes, FieldSpec, FieldType, Filter, Hit, Metric, MutableSegment, Schema,
+    AttributeError, Attributes, FieldSpec, FieldType, Filter, Metric, MutableSegment, Schema,
     SealedSegment,
 };
 use tarn_wal::{Durability, Wal, WalConfig};
@@ -22,6 +22,7 @@ use crate::config::{CollectionConfig, MAX_TOP_K};
 use crate::error::{CollectionError, Result};
 use crate::failure::{run_guarded, ThreadFailure};
 use crate::flush::{batch_result, Joined};
+use crate::fusion::{fuse, Fused, Hybrid, SideRank};
 use crate::indexer::{run_indexer, IndexerSignal};
 use crate::ingestion::{IngestFeeder, IngestSignal, IngestWorker};
 use crate::manifest::{self, Manifest, SegmentEntry, CONFIG_FILE};
@@ -192,6 +193,10 @@ pub struct SearchHit {
     /// With a non-empty [`SearchRequest::output`]: the selected values of the document, read
     /// right after the search from the segments it searched.
     pub fields: Option<Attributes>,
+    /// A hybrid search's hit: its rank and score on the vector side and on the text side
+    /// (`None` where that side did not retrieve it; both `None` outside hybrid searches).
+    pub vector_side: Option<SideRank>,
+    pub text_side: Option<SideRank>,
 }
 
 /// Which of a document's values a search or a get returns: declared fields by name (`"*"`:
@@ -284,9 +289,12 @@ pub struct SearchRequest {
     pub filter: Option<Filter>,
     /// The values each hit returns (none by default).
     pub output: FieldSelection,
-    /// A full-text query: ranks by BM25 on a TEXT field instead of by `vector` (which must
-    /// then be empty); `ef` and `exact` do not apply.
+    /// A full-text query: ranks by BM25 on a TEXT field instead of by `vector` when `vector`
+    /// is empty (`ef` and `exact` then do not apply); with a vector too, a hybrid search
+    /// fused by `hybrid`.
     pub text: Option<TextQuery>,
+    /// How a search with both a vector and a text query fuses its two sides.
+    pub hybrid: Hybrid,
 }
 
 /// A full-text query on one TEXT field: analysed by the field's analyzer, its terms ranked by
@@ -1007,13 +1015,13 @@ impl Collection {
     pub fn validate_search(&self, request: &SearchRequest) -> Result<()> {
         let dim = self.config().dimension;
         if let Some(text) = &request.text {
-            if !request.vector.is_empty() {
-                return Err(CollectionError::invalid(
-                    "vector",
-                    "a search with a text query ranks by BM25 and takes no vector",
-                ));
-            }
             self.text_terms(text)?;
+            if !request.vector.is_empty() {
+                request.hybrid.validate()?;
+            }
+        }
+        if request.text.is_some() && request.vector.is_empty() {
+            // Full text alone.
         } else if request.vector.len() != dim {
             return Err(CollectionError::invalid(
                 "vector",
@@ -1066,19 +1074,62 @@ impl Collection {
                 applied,
             });
         }
-        if let Some(text) = &request.text {
+        let set = self.shared().segments();
+        let text_hits = |text: &TextQuery, k: usize| -> Result<Vec<(u128, u128, f32)>> {
             let terms = self.text_terms(text)?;
-            let set = self.shared().segments();
             let hits = set.text_search(
                 &request.user_ids,
                 &text.field,
                 &terms,
                 &self.config().bm25.index(),
-                request.top_k,
+                k,
                 request.filter.as_ref(),
             );
-            return self.with_values(&set, request, hits, |distance| -distance);
-        }
+            Ok(hits
+                .into_iter()
+                .map(|hit| (hit.user_id, hit.doc_id, -hit.distance))
+                .collect())
+        };
+        let fused = match &request.text {
+            Some(text) if request.vector.is_empty() => text_hits(text, request.top_k)?
+                .into_iter()
+                .map(|(user_id, doc_id, score)| Fused {
+                    user_id,
+                    doc_id,
+                    score,
+                    vector: None,
+                    text: None,
+                })
+                .collect(),
+            Some(text) => {
+                let depth = request.hybrid.depth_for(request.top_k);
+                let vector = self.vector_hits(&set, request, depth)?;
+                let text = text_hits(text, depth)?;
+                let higher = self.config().metric().higher_is_better();
+                fuse(&vector, higher, &text, &request.hybrid, request.top_k)
+            }
+            None => self
+                .vector_hits(&set, request, request.top_k)?
+                .into_iter()
+                .map(|(user_id, doc_id, score)| Fused {
+                    user_id,
+                    doc_id,
+                    score,
+                    vector: None,
+                    text: None,
+                })
+                .collect(),
+        };
+        self.with_values(&set, request, fused)
+    }
+
+    /// The `k` nearest documents to the request's vector as `(user, doc, score)`, best first.
+    fn vector_hits(
+        &self,
+        set: &SegmentSet,
+        request: &SearchRequest,
+        k: usize,
+    ) -> Result<Vec<(u128, u128, f32)>> {
         let metric = self.config().metric();
         let mut query = request.vector.clone();
         if !metric.prepare(&mut query) {
@@ -1092,16 +1143,18 @@ impl Collection {
         } else {
             request.ef
         };
-        let set = self.shared().segments();
         let hits = set.search(
             &request.user_ids,
             &query,
-            request.top_k,
-            ef.max(request.top_k),
+            k,
+            ef.max(k),
             request.exact,
             request.filter.as_ref(),
         )?;
-        self.with_values(&set, request, hits, |distance| metric.score(distance))
+        Ok(hits
+            .into_iter()
+            .map(|hit| (hit.user_id, hit.doc_id, metric.score(hit.distance)))
+            .collect())
     }
 
     /// The terms of a text query, analysed by its field's analyzer; INVALID_ARGUMENT naming
@@ -1157,14 +1210,12 @@ impl Collection {
         Ok(terms)
     }
 
-    /// A search's hits with the values the request selects, each hit's score from its
-    /// internal distance by `score`.
+    /// A search's hits with the values the request selects.
     fn with_values(
         &self,
         set: &SegmentSet,
         request: &SearchRequest,
-        hits: Vec<Hit>,
-        score: impl Fn(f32) -> f32,
+        hits: Vec<Fused>,
     ) -> Result<Vec<SearchHit>> {
         // The hits' values come from the segments the search read (an upsert of the same
         // document applied meanwhile to the live mutable segment can show its newer values).
@@ -1180,8 +1231,10 @@ impl Collection {
                 Ok(SearchHit {
                     doc_id: hit.doc_id,
                     user_id: hit.user_id,
-                    score: score(hit.distance),
+                    score: hit.score,
                     fields,
+                    vector_side: hit.vector,
+                    text_side: hit.text,
                 })
             })
             .collect()

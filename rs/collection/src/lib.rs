@@ -8,6 +8,7 @@ mod config;
 mod error;
 mod failure;
 mod flush;
+mod fusion;
 mod indexer;
 mod ingestion;
 mod lineage;
@@ -32,6 +33,7 @@ pub use config::{
 };
 pub use error::{CollectionError, ErrorKind, Result};
 pub use failure::ThreadFailure;
+pub use fusion::{fuse, Fused, FusionMethod, Hybrid, SideHits, SideRank};
 pub use lineage::{cut_log_after, CutError, COMMITTED_FILE, EPOCHS_FILE};
 pub use restore::{remove_interrupted_restores, verify_snapshot, SnapshotRestore};
 pub use snapshot::Snapshot;

@@ -3,8 +3,8 @@
 
 use tarn_collection::{
     Attributes, CollectionConfig, CollectionStats, DurabilityName, FieldSelection, FieldSpec,
-    FieldType, Filter, HnswConfig, MetricName, Quantization, QuantizationConfig, SearchHit,
-    TextAnalyzer, TextQuery, Value,
+    FieldType, Filter, FusionMethod, HnswConfig, Hybrid, MetricName, Quantization,
+    QuantizationConfig, SearchHit, SideRank, TextAnalyzer, TextQuery, Value,
 };
 use tarn_proto::v1 as pb;
 use tarn_wal::Durability;
@@ -29,19 +29,62 @@ pub fn hits(hits: impl Iterator<Item = (u128, u128, f32, Option<pb::Attributes>)
         user_id: Some(u128_to_id(user_id)),
         score,
         attributes,
+        ..Default::default()
     })
     .collect()
 }
 
 /// A local search's hits as the wire sends them.
 pub fn search_hits(hits: Vec<SearchHit>) -> Vec<pb::Hit> {
-    self::hits(hits.into_iter().map(|hit| {
-        let attributes = hit
-            .fields
-            .as_ref()
-            .map(|f| attributes_to_wire(f).unwrap_or_default());
-        (hit.doc_id, hit.user_id, hit.score, attributes)
-    }))
+    hits.into_iter()
+        .map(|hit| pb::Hit {
+            doc_id: Some(u128_to_id(hit.doc_id)),
+            user_id: Some(u128_to_id(hit.user_id)),
+            score: hit.score,
+            attributes: hit
+                .fields
+                .as_ref()
+                .map(|f| attributes_to_wire(f).unwrap_or_default()),
+            vector_side: hit.vector_side.map(side_to_wire),
+            text_side: hit.text_side.map(side_to_wire),
+        })
+        .collect()
+}
+
+pub fn side_to_wire(side: SideRank) -> pb::SideScore {
+    pb::SideScore {
+        rank: side.rank,
+        score: side.score,
+    }
+}
+
+/// A hybrid search's fusion settings from the wire (unset: RRF with k 60, weights 1); the
+/// collection checks their ranges, naming `fusion.*`.
+pub fn hybrid(fusion: Option<&pb::Fusion>) -> Result<Hybrid, ApiError> {
+    let Some(fusion) = fusion else {
+        return Ok(Hybrid::default());
+    };
+    let method = match pb::FusionMethod::try_from(fusion.method) {
+        Ok(pb::FusionMethod::Unspecified | pb::FusionMethod::Rrf) => FusionMethod::Rrf {
+            k: match fusion.rrf_k {
+                0.0 => Hybrid::DEFAULT_RRF_K,
+                k => k,
+            },
+        },
+        Ok(pb::FusionMethod::RelativeScore) => FusionMethod::RelativeScore,
+        Err(_) => {
+            return Err(ApiError::invalid(
+                "fusion.method",
+                format!("unknown value {}", fusion.method),
+            ))
+        }
+    };
+    Ok(Hybrid {
+        method,
+        depth: fusion.depth as usize,
+        vector_weight: fusion.vector_weight.unwrap_or(1.0),
+        text_weight: fusion.text_weight.unwrap_or(1.0),
+    })
 }
 
 /// What a search's hits return (`output_fields`, `with_payload`): nothing by default.

@@ -379,6 +379,7 @@ impl Tarn for TarnService {
                 filter: request.filter.as_ref().map(convert::filter).transpose()?,
                 output: convert::search_selection(&request.output_fields, request.with_payload),
                 text: convert::text_query(&request.text),
+                hybrid: convert::hybrid(request.fusion.as_ref())?,
             };
             let hits = self
                 .router

@@ -965,8 +965,11 @@ fn full_text_search_ranks_by_bm25_and_gives_the_same_answer_after_kill_9() {
         assert!(analyzer.english_stemmer && analyzer.english_stop_words);
 
         let docs: Vec<u128> = (0..10).collect();
-        let vectors = vec![0.5f32; DIM * docs.len()];
-        let mut insert = common::insert("docs", &docs, &[], vectors);
+        // Document d's vector is d everywhere: the vector side ranks by id from the origin.
+        let vectors_of = |docs: &[u128]| -> Vec<f32> {
+            docs.iter().flat_map(|&d| vec![d as f32; DIM]).collect()
+        };
+        let mut insert = common::insert("docs", &docs, &[], vectors_of(&docs));
         insert.attributes = (0..docs.len()).map(attributes).collect();
         let seq = c.insert(insert).await.unwrap().into_inner().seq_no;
         let mut search = text_search("python libraries");
@@ -1000,9 +1003,30 @@ fn full_text_search_ranks_by_bm25_and_gives_the_same_answer_after_kill_9() {
             c.search(text_search("the of")).await,
             &["text.query", "no searchable term"],
         );
-        let mut bad = text_search("python");
-        bad.vector = vec![0.5; DIM];
-        assert_refused(c.search(bad).await, &["vector", "no vector"]);
+        // With a vector too: a hybrid search, each hit saying where each side ranked it.
+        let mut hybrid = text_search("python");
+        hybrid.vector = vec![0.0; DIM];
+        hybrid.top_k = 3;
+        hybrid.fusion = Some(pb::Fusion {
+            depth: 4,
+            ..Default::default()
+        });
+        let hits = c.search(hybrid.clone()).await.unwrap().into_inner().hits;
+        let ids: Vec<u128> = hits
+            .iter()
+            .map(|h| common_u128(h.doc_id.as_ref()))
+            .collect();
+        // Docs 0 and 1 are on both sides (the nearest, and python in their texts): doc 1 is
+        // second nearest but first by BM25 ("python" twice in a shorter text), doc 0 third.
+        assert_eq!(ids[..2], [1, 0], "{hits:?}");
+        let (vector_side, text_side) = (hits[0].vector_side.unwrap(), hits[0].text_side.unwrap());
+        assert_eq!((vector_side.rank, text_side.rank), (2, 1));
+        assert_eq!(hits[0].score, 1.0 / 62.0 + 1.0 / 61.0);
+        hybrid.fusion = Some(pb::Fusion {
+            method: 99,
+            ..Default::default()
+        });
+        assert_refused(c.search(hybrid).await, &["fusion.method"]);
         let mut bad_create = common::create("bad", DIM as u32, pb::Metric::L2);
         bad_create.bm25 = Some(pb::Bm25Params {
             k1: Some(-1.0),
@@ -1016,7 +1040,7 @@ fn full_text_search_ranks_by_bm25_and_gives_the_same_answer_after_kill_9() {
         .await
         .unwrap();
         let more: Vec<u128> = (10..20).collect();
-        let mut insert = common::insert("docs", &more, &[], vec![0.5f32; DIM * more.len()]);
+        let mut insert = common::insert("docs", &more, &[], vectors_of(&more));
         insert.attributes = (10..20).map(attributes).collect();
         let seq = c.insert(insert).await.unwrap().into_inner().seq_no;
         let mut search = text_search("kernel python");

@@ -9,8 +9,8 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tarn_collection::{
-    Attributes, Bm25Config, Collection, CollectionConfig, CollectionError, FieldSpec, FieldType,
-    Filter, SearchRequest, TextAnalyzer, TextQuery, Value,
+    fuse, Attributes, Bm25Config, Collection, CollectionConfig, CollectionError, FieldSpec,
+    FieldType, Filter, FusionMethod, Hybrid, SearchRequest, TextAnalyzer, TextQuery, Value,
 };
 
 use crate::attributes::random_vector;
@@ -281,12 +281,6 @@ fn bad_text_queries_are_refused_naming_the_field() {
         "text.query",
         "at most 16384",
     );
-    refused(
-        query("body", "kernel"),
-        vec![0.5; DIM],
-        "vector",
-        "takes no vector",
-    );
     // An empty collection answers no hit.
     let hits = c
         .search(&SearchRequest {
@@ -301,4 +295,139 @@ fn bad_text_queries_are_refused_naming_the_field() {
     config.bm25.b = 1.5;
     let error = Collection::create(&dir.path().join("d"), config).unwrap_err();
     assert!(error.to_string().contains("bm25.b"), "{error}");
+}
+
+#[test]
+fn hybrid_searches_fuse_the_two_sides_with_filters_and_report_each_sides_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let mut rng = StdRng::seed_from_u64(47);
+    let mut model = Model::new();
+    let c = Collection::create(&dir.path().join("c"), text_config()).unwrap();
+    rt.block_on(async {
+        insert(&c, &mut model, &mut rng, 1, &(0..120).collect::<Vec<_>>()).await;
+        c.flush().await.unwrap();
+        insert(&c, &mut model, &mut rng, 1, &(120..200).collect::<Vec<_>>()).await;
+    });
+    let vector = random_vector(&mut rng);
+    let text = TextQuery {
+        field: "body".to_string(),
+        query: "python kernel tools".to_string(),
+    };
+    let filter = Filter::Match {
+        field: "section".to_string(),
+        any_of: vec!["s0".to_string()],
+        boolean: None,
+    };
+    let side = |vector: Vec<f32>, text: Option<TextQuery>, depth: usize| {
+        c.search(&SearchRequest {
+            user_ids: vec![1],
+            vector,
+            top_k: depth,
+            exact: true,
+            filter: Some(filter.clone()),
+            text,
+            ..Default::default()
+        })
+        .unwrap()
+        .into_iter()
+        .map(|hit| (hit.user_id, hit.doc_id, hit.score))
+        .collect::<Vec<_>>()
+    };
+    for method in [FusionMethod::Rrf { k: 60.0 }, FusionMethod::RelativeScore] {
+        let hybrid = Hybrid {
+            method,
+            depth: 30,
+            vector_weight: 0.7,
+            text_weight: 1.3,
+        };
+        let hits = c
+            .search(&SearchRequest {
+                user_ids: vec![1],
+                vector: vector.clone(),
+                top_k: 10,
+                exact: true,
+                filter: Some(filter.clone()),
+                text: Some(text.clone()),
+                hybrid,
+                output: tarn_collection::FieldSelection {
+                    fields: vec!["section".to_string()],
+                    payload: false,
+                },
+                ..Default::default()
+            })
+            .unwrap();
+        // The same as fusing each side searched alone at the depth, filter applied to both.
+        let vector_side = side(vector.clone(), None, 30);
+        let text_side = side(Vec::new(), Some(text.clone()), 30);
+        let want = fuse(&vector_side, false, &text_side, &hybrid, 10);
+        assert_eq!(hits.len(), 10);
+        for (hit, want) in hits.iter().zip(&want) {
+            assert_eq!(
+                (hit.doc_id, hit.score),
+                (want.doc_id, want.score),
+                "{method:?}"
+            );
+            assert_eq!(hit.vector_side, want.vector);
+            assert_eq!(hit.text_side, want.text);
+            assert_eq!(hit.doc_id % 2, 0, "the filter applies");
+            let section = hit.fields.as_ref().unwrap().get("section").cloned();
+            assert_eq!(section, Some(Value::Keyword("s0".to_string())));
+        }
+        // Both sides contribute: some hit comes from each.
+        assert!(hits.iter().any(|h| h.text_side.is_some()));
+        assert!(hits.iter().any(|h| h.vector_side.is_some()));
+    }
+    // Bad fusion settings name their field.
+    let bad = |hybrid: Hybrid, field: &str| {
+        let error = c
+            .search(&SearchRequest {
+                vector: vector.clone(),
+                top_k: 5,
+                text: Some(text.clone()),
+                hybrid,
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert!(error.to_string().contains(field), "{error}");
+    };
+    let base = Hybrid::default();
+    bad(
+        Hybrid {
+            depth: 20_000,
+            ..base
+        },
+        "fusion.depth",
+    );
+    bad(
+        Hybrid {
+            method: FusionMethod::Rrf { k: 0.5 },
+            ..base
+        },
+        "fusion.rrf_k",
+    );
+    bad(
+        Hybrid {
+            text_weight: -1.0,
+            ..base
+        },
+        "fusion.text_weight",
+    );
+    bad(
+        Hybrid {
+            vector_weight: 0.0,
+            text_weight: 0.0,
+            ..base
+        },
+        "fusion.vector_weight",
+    );
+    let error = c
+        .search(&SearchRequest {
+            vector: vec![0.5; DIM - 1],
+            top_k: 5,
+            text: Some(text.clone()),
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(error.to_string().contains("vector"), "{error}");
 }

@@ -12,6 +12,11 @@ impl Router {
         api_key: Option<&str>,
     ) -> Result<pb::SearchResponse, ApiError> {
         let map = cluster.map(&request.collection).await?;
+        if request.text.is_some() && !request.vector.is_empty() {
+            return self
+                .routed_hybrid(cluster, request, deadline, api_key, &map)
+                .await;
+        }
         let user_ids = convert::ids(&request.user_ids);
         // Checked for its structure here; every shard checks it against the fields and filters.
         let filter = request.filter.as_ref().map(convert::filter).transpose()?;
@@ -52,6 +57,7 @@ impl Router {
                                         request.with_payload,
                                     ),
                                     text: convert::text_query(&request.text),
+                                    hybrid: Default::default(),
                                 };
                                 let hits = self
                                     .local_search_at(&name, search, Some(timeout), min_seq_epoch)
@@ -123,6 +129,75 @@ impl Router {
                 let attributes = values.remove(&(h.user_id, h.doc_id));
                 (h.doc_id, h.user_id, h.score, attributes)
             })),
+            missing_shards,
+        })
+    }
+
+    /// A hybrid search: each side searched over every shard and merged globally (as a search
+    /// with only that side), then fused here with the single node's function, so a cluster
+    /// and one node give the same answer on the same data.
+    async fn routed_hybrid(
+        &self,
+        cluster: &ClusterNode,
+        request: pb::SearchRequest,
+        deadline: Option<Duration>,
+        api_key: Option<&str>,
+        map: &CollectionMap,
+    ) -> Result<pb::SearchResponse, ApiError> {
+        let hybrid = convert::hybrid(request.fusion.as_ref())?;
+        hybrid.validate()?;
+        let top_k = request.top_k as usize;
+        let depth = hybrid.depth_for(top_k) as u32;
+        let vector_side = pb::SearchRequest {
+            text: None,
+            fusion: None,
+            top_k: depth,
+            ..request.clone()
+        };
+        let text_side = pb::SearchRequest {
+            vector: Vec::new(),
+            fusion: None,
+            top_k: depth,
+            ..request
+        };
+        let (vector, text) = tokio::join!(
+            Box::pin(self.routed_search(cluster, vector_side, deadline, api_key)),
+            Box::pin(self.routed_search(cluster, text_side, deadline, api_key)),
+        );
+        let (vector, text) = (vector?, text?);
+        let mut values = std::collections::HashMap::new();
+        let mut side = |hits: Vec<pb::Hit>| -> Vec<(u128, u128, f32)> {
+            hits.into_iter()
+                .map(|hit| {
+                    let doc_id = hit.doc_id.as_ref().map_or(0, convert::id_to_u128);
+                    let user_id = hit.user_id.as_ref().map_or(0, convert::id_to_u128);
+                    if let Some(attributes) = hit.attributes {
+                        values.insert((user_id, doc_id), attributes);
+                    }
+                    (user_id, doc_id, hit.score)
+                })
+                .collect()
+        };
+        let vector_hits = side(vector.hits);
+        let text_hits = side(text.hits);
+        let higher = fanout::higher_is_better(&map.def);
+        let fused = tarn_collection::fuse(&vector_hits, higher, &text_hits, &hybrid, top_k);
+        let mut missing_shards = vector.missing_shards;
+        missing_shards.extend(text.missing_shards);
+        missing_shards.sort_unstable();
+        missing_shards.dedup();
+        Ok(pb::SearchResponse {
+            hits: fused
+                .into_iter()
+                .map(|hit| pb::Hit {
+                    doc_id: Some(convert::u128_to_id(hit.doc_id)),
+                    user_id: Some(convert::u128_to_id(hit.user_id)),
+                    score: hit.score,
+                    attributes: values.remove(&(hit.user_id, hit.doc_id)),
+                    vector_side: hit.vector.map(convert::side_to_wire),
+                    text_side: hit.text.map(convert::side_to_wire),
+                })
+                .collect(),
             missing_shards,
         })
     }
