@@ -984,9 +984,11 @@ impl Search {
             filter: self.filter.as_ref().map(Filter::to_wire),
             output_fields: self.output_fields,
             with_payload: self.with_payload,
-            text: self
-                .text
-                .map(|(field, query)| pb::TextQuery { field, query }),
+            text: self.text.map(|(field, query)| pb::TextQuery {
+                field,
+                query,
+                ..Default::default()
+            }),
             fusion: self.fusion,
         };
         (request, self.timeout)

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use tarn_index::{
     AttributeError, Attributes, FieldSpec, FieldType, Filter, Metric, MutableSegment, Schema,
-    SealedSegment,
+    SealedSegment, TextStats,
 };
 use tarn_wal::{Durability, Wal, WalConfig};
 
@@ -303,6 +303,11 @@ pub struct SearchRequest {
 pub struct TextQuery {
     pub field: String,
     pub query: String,
+    /// Statistics to score with instead of this collection's own: a cluster's router sums
+    /// every shard's ([`Collection::text_stats`]) in a first phase, so that the scores are
+    /// those of one node holding every shard (Elasticsearch's `dfs_query_then_fetch`). One
+    /// document frequency per analysed term, in order.
+    pub stats: Option<TextStats>,
 }
 
 impl TextQuery {
@@ -1084,6 +1089,7 @@ impl Collection {
                 &self.config().bm25.index(),
                 k,
                 request.filter.as_ref(),
+                text.stats.as_ref(),
             );
             Ok(hits
                 .into_iter()
@@ -1157,6 +1163,16 @@ impl Collection {
             .collect())
     }
 
+    /// The BM25 statistics of a text query over the live documents of `user_ids` (the first
+    /// phase of a cluster's full-text search; [`TextQuery::stats`]). Errors as `text_terms`.
+    pub fn text_stats(&self, user_ids: &[u128], text: &TextQuery) -> Result<TextStats> {
+        let terms = self.text_terms(text)?;
+        Ok(self
+            .shared()
+            .segments()
+            .text_stats(user_ids, &text.field, &terms))
+    }
+
     /// The terms of a text query, analysed by its field's analyzer; INVALID_ARGUMENT naming
     /// `text.field` or `text.query` for a field that is not a declared TEXT field, a query
     /// with no term, or one past the limits.
@@ -1206,6 +1222,20 @@ impl Collection {
                     TextQuery::MAX_TERMS
                 ),
             ));
+        }
+        if let Some(stats) = &text.stats {
+            let consistent = stats.doc_freqs.len() == terms.len()
+                && stats.doc_freqs.iter().all(|&df| df <= stats.n_docs);
+            if !consistent {
+                return Err(CollectionError::invalid(
+                    "text.stats",
+                    format!(
+                        "{} document frequencies (at most n_docs each) for a query of {} terms",
+                        stats.doc_freqs.len(),
+                        terms.len()
+                    ),
+                ));
+            }
         }
         Ok(terms)
     }

@@ -40,7 +40,7 @@ pub use snapshot::Snapshot;
 pub use snapshot_format::SnapshotInfo;
 pub use tarn_index::{
     AttributeError, Attributes, FieldSpec, FieldType, Filter, Quantization, Schema, TextAnalyzer,
-    Value, FILTER_EXACT_SCAN_MAX_MATCHES,
+    TextStats, Value, FILTER_EXACT_SCAN_MAX_MATCHES,
 };
 pub use tarn_wal::Durability;
 pub use wal_tail::WalTail;

@@ -310,6 +310,9 @@ impl SegmentSet {
     /// statistics of the searched tenants' live documents over every segment, then each
     /// segment's partitions scored with them, so the scores do not depend on how the
     /// documents are split into segments.
+    /// `stats`, when given, replace the local statistics (a cluster's global ones, from a
+    /// first phase over every shard: `text_stats`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn text_search(
         &self,
         user_ids: &[u128],
@@ -318,21 +321,19 @@ impl SegmentSet {
         bm25: &Bm25,
         k: usize,
         filter: Option<&Filter>,
+        stats: Option<&TextStats>,
     ) -> Vec<Hit> {
-        let mut tenants: Vec<u128> = Operation::tenants(user_ids).to_vec();
-        tenants.sort_unstable();
-        tenants.dedup();
+        let tenants = sorted_tenants(user_ids);
         let in_memory = || std::iter::once(&self.mutable).chain(self.frozen.iter().map(|(_, f)| f));
-        let mut stats = TextStats::default();
-        for &user_id in &tenants {
-            for segment in in_memory() {
-                stats.add(&segment.text_stats(user_id, field, terms));
+        let local;
+        let stats = match stats {
+            Some(stats) => stats,
+            None => {
+                local = self.text_stats(user_ids, field, terms);
+                &local
             }
-            for segment in &self.sealed {
-                stats.add(&segment.text_stats(user_id, field, terms));
-            }
-        }
-        let Some(weights) = bm25.weigh(&stats) else {
+        };
+        let Some(weights) = bm25.weigh(stats) else {
             return Vec::new();
         };
         let mut seen: HashSet<(u128, u128)> = HashSet::new();
@@ -352,6 +353,26 @@ impl SegmentSet {
         sort_hits(&mut hits);
         hits.truncate(k);
         hits
+    }
+
+    /// BM25 statistics of the live documents of the given tenants over every segment, for an
+    /// analysed query on the TEXT field `field`.
+    pub(crate) fn text_stats(&self, user_ids: &[u128], field: &str, terms: &[String]) -> TextStats {
+        let mut stats = TextStats {
+            doc_freqs: vec![0; terms.len()],
+            ..TextStats::default()
+        };
+        let in_memory = std::iter::once(&self.mutable).chain(self.frozen.iter().map(|(_, f)| f));
+        let in_memory: Vec<&Arc<MutableSegment>> = in_memory.collect();
+        for user_id in sorted_tenants(user_ids) {
+            for segment in &in_memory {
+                stats.add(&segment.text_stats(user_id, field, terms));
+            }
+            for segment in &self.sealed {
+                stats.add(&segment.text_stats(user_id, field, terms));
+            }
+        }
+        stats
     }
 
     /// Stored vectors waiting for a graph: the mutable segment's and the frozen ones'
@@ -384,6 +405,14 @@ impl SegmentSet {
     pub(crate) fn sort_sealed(sealed: &mut [Arc<SealedSegment>]) {
         sealed.sort_by(|a, b| b.max_seq().cmp(&a.max_seq()).then(b.id().cmp(&a.id())));
     }
+}
+
+/// The tenants a search names (tenant 0 for none), sorted, each once.
+fn sorted_tenants(user_ids: &[u128]) -> Vec<u128> {
+    let mut tenants: Vec<u128> = Operation::tenants(user_ids).to_vec();
+    tenants.sort_unstable();
+    tenants.dedup();
+    tenants
 }
 
 /// Best first: by distance, ties by tenant then document.

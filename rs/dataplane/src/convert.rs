@@ -4,7 +4,7 @@
 use tarn_collection::{
     Attributes, CollectionConfig, CollectionStats, DurabilityName, FieldSelection, FieldSpec,
     FieldType, Filter, FusionMethod, HnswConfig, Hybrid, MetricName, Quantization,
-    QuantizationConfig, SearchHit, SideRank, TextAnalyzer, TextQuery, Value,
+    QuantizationConfig, SearchHit, SideRank, TextAnalyzer, TextQuery, TextStats, Value,
 };
 use tarn_proto::v1 as pb;
 use tarn_wal::Durability;
@@ -353,7 +353,20 @@ pub fn text_query(text: &Option<pb::TextQuery>) -> Option<TextQuery> {
     text.as_ref().map(|text| TextQuery {
         field: text.field.clone(),
         query: text.query.clone(),
+        stats: text.stats.as_ref().map(|stats| TextStats {
+            n_docs: stats.n_docs,
+            total_len: stats.total_len,
+            doc_freqs: stats.doc_freqs.clone(),
+        }),
     })
+}
+
+pub fn text_stats_to_wire(stats: &TextStats) -> pb::TextStats {
+    pb::TextStats {
+        n_docs: stats.n_docs,
+        total_len: stats.total_len,
+        doc_freqs: stats.doc_freqs.clone(),
+    }
 }
 
 pub fn field_type_to_wire(field_type: FieldType) -> pb::FieldType {

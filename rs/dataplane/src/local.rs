@@ -296,6 +296,24 @@ impl Router {
         .map_err(ApiError::from)
     }
 
+    /// The BM25 statistics of `search`'s text query over a local collection (the first phase of
+    /// a cluster's full-text search), once the position it asks for is applied.
+    pub async fn local_text_stats_at(
+        &self,
+        name: &str,
+        search: SearchRequest,
+        deadline: Option<Duration>,
+        token_epoch: u64,
+    ) -> Result<tarn_collection::TextStats, ApiError> {
+        let collection = self.resolve(name).await?;
+        self.await_position(name, &collection, search.min_seq, token_epoch, deadline)
+            .await?;
+        let Some(text) = &search.text else {
+            return Err(ApiError::invalid("text", "statistics need a text query"));
+        };
+        Ok(collection.text_stats(&search.user_ids, text)?)
+    }
+
     /// Waits (a little less than `deadline`) until `collection` has applied position `min_seq`
     /// (0: nothing to wait for), then, for a read token's position acknowledged at
     /// `token_epoch` (0: none), checks the copy may answer for it ([`Router::check_token_epoch`]).

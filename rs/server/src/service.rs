@@ -381,13 +381,23 @@ impl Tarn for TarnService {
                 text: convert::text_query(&request.text),
                 hybrid: convert::hybrid(request.fusion.as_ref())?,
             };
+            if request.text.as_ref().is_some_and(|text| text.stats_only) {
+                let stats = self
+                    .router
+                    .local_text_stats_at(&request.collection, search, deadline, token_epoch)
+                    .await?;
+                return Ok(pb::SearchResponse {
+                    text_stats: Some(convert::text_stats_to_wire(&stats)),
+                    ..Default::default()
+                });
+            }
             let hits = self
                 .router
                 .local_search_at(&request.collection, search, deadline, token_epoch)
                 .await?;
             Ok(pb::SearchResponse {
                 hits: convert::search_hits(hits),
-                missing_shards: Vec::new(),
+                ..Default::default()
             })
         }
         .await;

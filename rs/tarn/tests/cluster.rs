@@ -2524,6 +2524,120 @@ fn shards_move_to_a_joining_node_and_off_a_drained_one_under_load() {
     });
 }
 
+/// Full-text and hybrid search over shards answer exactly as one shard holding every document
+/// does: a collection split by document over 4 shards on 2 nodes scores with the statistics of
+/// all of them (a first phase sums each shard's, then every shard scores with the sum), and a
+/// hybrid search fuses each side's global merge. Checked against the same data in a collection
+/// of one shard, hit for hit and score for score, through removes.
+#[test]
+fn full_text_and_hybrid_search_over_shards_answer_as_one_shard_does() {
+    use tarn_client::{Attributes, Filter, Fusion, TextAnalyzer, Value};
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        const DIM: usize = 8;
+        const N: u128 = 400;
+        let (servers, _store) = memory_cluster(dir.path(), 2).await;
+        let client = Client::connect(servers[0].grpc_addr()).await.unwrap();
+        for (name, shards, key) in [("spread", 4, ShardKey::Doc), ("whole", 1, ShardKey::User)] {
+            client
+                .create_collection(
+                    CollectionSpec::new(name, DIM as u32)
+                        .metric(Metric::L2)
+                        .shards(shards, key)
+                        .replicas(1, 0)
+                        .field("section", tarn_client::FieldType::Keyword)
+                        .text_field("body", TextAnalyzer::english())
+                        .bm25(1.1, 0.7),
+                )
+                .await
+                .unwrap();
+        }
+        let words = [
+            "python",
+            "library",
+            "libraries",
+            "kernel",
+            "module",
+            "daemon",
+            "the",
+            "tools",
+            "debian",
+            "parser",
+            "network",
+            "firmware",
+        ];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(37);
+        let texts: Vec<String> = (0..N)
+            .map(|_| {
+                let len = rng.random_range(1..12);
+                (0..len)
+                    .map(|_| words[rng.random_range(0..words.len())])
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        let v = vectors(&mut rng, N as usize, DIM);
+        let ids: Vec<u128> = (0..N).collect();
+        let attributes = |i: u128| {
+            Attributes::new()
+                .with("section", ["a", "b"][(i % 2) as usize])
+                .with("body", Value::text(texts[i as usize].clone()))
+        };
+        let removed: Vec<u128> = (0..N).step_by(9).collect();
+        for name in ["spread", "whole"] {
+            client
+                .insert(
+                    Insert::new(name, ids.clone(), v.clone())
+                        .attributes(ids.iter().map(|&i| attributes(i))),
+                )
+                .await
+                .unwrap();
+            client.flush(name).await.unwrap();
+            client
+                .remove(Remove::new(name, removed.clone()))
+                .await
+                .unwrap();
+        }
+        let queries = [
+            "python libraries",
+            "kernel firmware module",
+            "the tools",
+            "network",
+        ];
+        let query_vector = vectors(&mut rng, 1, DIM);
+        let searches = |name: &str, query: &str| {
+            [
+                Search::text(name, "body", query).top_k(20),
+                Search::text(name, "body", query)
+                    .top_k(20)
+                    .filter(Filter::field("section").eq("b")),
+                Search::hybrid(name, query_vector.clone(), "body", query)
+                    .top_k(15)
+                    .depth(40),
+                Search::hybrid(name, query_vector.clone(), "body", query)
+                    .top_k(15)
+                    .fusion(Fusion::RelativeScore)
+                    .weights(0.4, 0.6),
+            ]
+        };
+        for query in queries {
+            for (spread, whole) in searches("spread", query)
+                .into_iter()
+                .zip(searches("whole", query))
+            {
+                let spread = client.search(spread).await.unwrap();
+                let whole = client.search(whole).await.unwrap();
+                assert!(!whole.is_empty(), "{query:?}");
+                assert_eq!(spread, whole, "{query:?}");
+                assert!(spread.iter().all(|hit| !removed.contains(&hit.doc_id)));
+            }
+        }
+        for server in servers {
+            server.shutdown().await.unwrap();
+        }
+    });
+}
+
 /// Shards that move carry their documents' attributes and their quantization: a drain moves
 /// every shard of an int8 collection with attributes off a node, and afterwards filtered
 /// searches (exact and through the graph) answer exactly as before, Get returns the same

@@ -923,6 +923,7 @@ fn full_text_search_ranks_by_bm25_and_gives_the_same_answer_after_kill_9() {
         text: Some(pb::TextQuery {
             field: "body".into(),
             query: query.into(),
+            ..Default::default()
         }),
         ..Default::default()
     };

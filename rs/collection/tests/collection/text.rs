@@ -131,6 +131,7 @@ fn text_search(
         text: Some(TextQuery {
             field: "body".to_string(),
             query: query.to_string(),
+            stats: None,
         }),
         ..Default::default()
     })
@@ -249,6 +250,7 @@ fn bad_text_queries_are_refused_naming_the_field() {
     let query = |field: &str, query: &str| TextQuery {
         field: field.to_string(),
         query: query.to_string(),
+        stats: None,
     };
     refused(
         query("nope", "kernel"),
@@ -313,6 +315,7 @@ fn hybrid_searches_fuse_the_two_sides_with_filters_and_report_each_sides_rank() 
     let text = TextQuery {
         field: "body".to_string(),
         query: "python kernel tools".to_string(),
+        stats: None,
     };
     let filter = Filter::Match {
         field: "section".to_string(),

@@ -7,7 +7,7 @@ impl Router {
     pub async fn routed_search(
         &self,
         cluster: &ClusterNode,
-        request: pb::SearchRequest,
+        mut request: pb::SearchRequest,
         deadline: Option<Duration>,
         api_key: Option<&str>,
     ) -> Result<pb::SearchResponse, ApiError> {
@@ -18,6 +18,31 @@ impl Router {
                 .await;
         }
         let user_ids = convert::ids(&request.user_ids);
+        // A full-text search over several shards scores with the statistics of all of them
+        // (summed in a first phase), so that it ranks as one node holding every shard would.
+        let spans_shards = fanout::search_shards(&map.def, &user_ids).len() > 1;
+        if let Some(text) = request
+            .text
+            .as_ref()
+            .filter(|t| !t.stats_only && t.stats.is_none())
+        {
+            if spans_shards {
+                let first_phase = pb::SearchRequest {
+                    text: Some(pb::TextQuery {
+                        stats_only: true,
+                        ..text.clone()
+                    }),
+                    ..request.clone()
+                };
+                let stats = Box::pin(self.routed_search(cluster, first_phase, deadline, api_key))
+                    .await?
+                    .text_stats;
+                if let Some(text) = request.text.as_mut() {
+                    text.stats = Some(stats.unwrap_or_default());
+                }
+            }
+        }
+        let stats_only = request.text.as_ref().is_some_and(|t| t.stats_only);
         // Checked for its structure here; every shard checks it against the fields and filters.
         let filter = request.filter.as_ref().map(convert::filter).transpose()?;
         let timeout = fanout::forward_deadline(deadline);
@@ -59,10 +84,24 @@ impl Router {
                                     text: convert::text_query(&request.text),
                                     hybrid: Default::default(),
                                 };
+                                if stats_only {
+                                    let stats = self
+                                        .local_text_stats_at(
+                                            &name,
+                                            search,
+                                            Some(timeout),
+                                            min_seq_epoch,
+                                        )
+                                        .await?;
+                                    return Ok((
+                                        Vec::new(),
+                                        Some(convert::text_stats_to_wire(&stats)),
+                                    ));
+                                }
                                 let hits = self
                                     .local_search_at(&name, search, Some(timeout), min_seq_epoch)
                                     .await?;
-                                Ok(convert::search_hits(hits))
+                                Ok((convert::search_hits(hits), None))
                             }
                             Target::Remote(mut client, shard_ref) => {
                                 self.count_forwarded("Search");
@@ -83,12 +122,12 @@ impl Router {
                                     }),
                                     min_seq_epoch,
                                 };
-                                Ok(client
+                                let response = client
                                     .search(cluster.node_request(search, api_key, timeout))
                                     .await
                                     .map_err(|s| fanout::forwarded_status(&map, shard, s))?
-                                    .into_inner()
-                                    .hits)
+                                    .into_inner();
+                                Ok((response.hits, response.text_stats))
                             }
                         }
                     }
@@ -101,9 +140,28 @@ impl Router {
         // A (tenant, document) lives on one shard: its values are looked up by that pair
         // after the merge.
         let mut values = std::collections::HashMap::new();
+        let mut stats: Option<pb::TextStats> = None;
         for (shard, answer) in answers {
             match answer {
-                Ok(hits) => results.push(fanout::shard_hits(hits.into_iter().map(|hit| {
+                Ok((_, Some(shard_stats))) if stats_only => {
+                    let sum = stats.get_or_insert_with(|| pb::TextStats {
+                        doc_freqs: vec![0; shard_stats.doc_freqs.len()],
+                        ..Default::default()
+                    });
+                    if sum.doc_freqs.len() != shard_stats.doc_freqs.len() {
+                        return Err(ApiError::Internal(format!(
+                            "shard {shard} analysed the query into {} terms, another into {}",
+                            shard_stats.doc_freqs.len(),
+                            sum.doc_freqs.len()
+                        )));
+                    }
+                    sum.n_docs += shard_stats.n_docs;
+                    sum.total_len += shard_stats.total_len;
+                    for (total, df) in sum.doc_freqs.iter_mut().zip(&shard_stats.doc_freqs) {
+                        *total += df;
+                    }
+                }
+                Ok((hits, _)) => results.push(fanout::shard_hits(hits.into_iter().map(|hit| {
                     let doc_id = hit.doc_id.as_ref().map_or(0, convert::id_to_u128);
                     let user_id = hit.user_id.as_ref().map_or(0, convert::id_to_u128);
                     if let Some(attributes) = hit.attributes {
@@ -119,6 +177,13 @@ impl Router {
                 Err(error) => return Err(error),
             }
         }
+        if stats_only {
+            return Ok(pb::SearchResponse {
+                text_stats: stats,
+                missing_shards,
+                ..Default::default()
+            });
+        }
         // BM25 scores are higher-is-better whatever the metric.
         let hits = match request.text {
             Some(_) => tarn_cluster::merge_top_k(results, top_k as usize, true),
@@ -130,6 +195,7 @@ impl Router {
                 (h.doc_id, h.user_id, h.score, attributes)
             })),
             missing_shards,
+            text_stats: None,
         })
     }
 
@@ -199,6 +265,7 @@ impl Router {
                 })
                 .collect(),
             missing_shards,
+            text_stats: None,
         })
     }
 
