@@ -125,6 +125,12 @@ pub mod fuzzing {
             let _ = segment.figures();
             for (user_id, _) in segment.live_documents().take(2) {
                 let _ = segment.search(user_id, &[0.5, -1.0, 2.0, 0.0], 5, 16, false);
+                // A TEXT field "t"'s postings, when the segment has one.
+                let terms = ["common".to_string(), "word1".to_string()];
+                let stats = segment.text_stats(user_id, "t", &terms);
+                if let Some(weights) = tarn_index::Bm25::default().weigh(&stats) {
+                    let _ = segment.text_search(user_id, "t", &terms, &weights, 5, None);
+                }
             }
             true
         })
@@ -223,11 +229,22 @@ mod tests {
         let vectors: Vec<f32> = (0..n * 4).map(|i| ((i * 37) % 23) as f32 - 11.0).collect();
         let doc_ids: Vec<u128> = (0..n as u128).collect();
         let user_ids = vec![9u128; n];
-        let schema = Schema::new(vec![FieldSpec::new("f", FieldType::Keyword)]).unwrap();
+        // A keyword (attribute section), a TEXT field (stored values and postings sections)
+        // and payloads.
+        let schema = Schema::new(vec![
+            FieldSpec::new("f", FieldType::Keyword),
+            FieldSpec::new("t", FieldType::Text),
+        ])
+        .unwrap();
         let rows: Vec<Attributes> = (0..n)
             .map(|i| {
                 let mut row = Attributes::new();
                 row.insert("f", Value::Keyword(format!("k{}", i % 3)));
+                row.insert(
+                    "t",
+                    Value::Text(format!("word{} common word{}", i % 5, i % 2)),
+                );
+                row.set_payload(Some(format!("{{\"i\": {i}}}")));
                 row
             })
             .collect();
@@ -251,6 +268,18 @@ mod tests {
         let encoded = segment.encode().unwrap();
         let body = &encoded[..encoded.len() - 4];
         assert!(super::fuzzing::decode_segment(body));
+        // The valid body carries postings: its text search finds every document.
+        let decoded = tarn_index::SealedSegment::decode(&encoded, config).unwrap();
+        let terms = ["common".to_string()];
+        let weights = tarn_index::Bm25::default()
+            .weigh(&decoded.text_stats(9, "t", &terms))
+            .unwrap();
+        assert_eq!(
+            decoded
+                .text_search(9, "t", &terms, &weights, 100, None)
+                .len(),
+            n
+        );
         let mut rng = StdRng::seed_from_u64(29);
         let mut refused = 0;
         for _ in 0..3_000 {

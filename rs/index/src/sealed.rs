@@ -1708,6 +1708,67 @@ mod tests {
         document
     }
 
+    /// Every document's BM25 score for "text" and "document" in a segment's partition 1.
+    fn text_scores(segment: &SealedSegment) -> Vec<(u128, f32)> {
+        let terms = ["text".to_string(), "document".to_string()];
+        let weights = crate::fulltext::Bm25::default()
+            .weigh(&segment.text_stats(1, "body", &terms))
+            .unwrap();
+        let hits = segment.text_search(1, "body", &terms, &weights, 1000, None);
+        hits.iter().map(|h| (h.doc_id, h.distance)).collect()
+    }
+
+    #[test]
+    fn postings_are_written_and_a_segment_without_them_builds_them_from_its_stored_values() {
+        let segment = MutableSegment::with_schema(config(), text_schema());
+        for i in 0..60 {
+            segment
+                .upsert_with_attributes(1, i as u128, &vector(i), &stored_document(i))
+                .unwrap();
+        }
+        segment.remove(1, 7);
+        let sealed = SealedSegment::seal(&segment, 1, 1);
+        let want = text_scores(&sealed);
+        // Every document with a text (two in three), but the removed one.
+        assert_eq!(want.len(), 39);
+        let bytes = sealed.encode().unwrap();
+        assert_eq!(
+            text_scores(&SealedSegment::decode(&bytes, config()).unwrap()),
+            want
+        );
+        // The same file with its postings section relabelled as an unknown optional kind, as a
+        // segment written before postings existed: they are rebuilt from the stored values.
+        let partition = &sealed.partitions[&1];
+        let section_len = partition
+            .attributes
+            .encode_postings_section(partition.n_slots() as u32)
+            .len() as u64;
+        let mut entry = SECTION_POSTINGS.to_le_bytes().to_vec();
+        entry.extend_from_slice(&0u16.to_le_bytes());
+        entry.extend_from_slice(&section_len.to_le_bytes());
+        let at = bytes
+            .windows(entry.len())
+            .position(|w| w == entry.as_slice())
+            .unwrap();
+        let mut old = bytes[..bytes.len() - 4].to_vec();
+        old[at..at + 2].copy_from_slice(&99u16.to_le_bytes());
+        let crc = crc32fast::hash(&old);
+        old.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            text_scores(&SealedSegment::decode(&old, config()).unwrap()),
+            want
+        );
+        // A damaged postings section (the one partition's last section: its analyzer byte
+        // flipped) is refused with its name.
+        let mut damaged = bytes[..bytes.len() - 4].to_vec();
+        let section_start = damaged.len() - section_len as usize;
+        damaged[section_start + 1] ^= 0x3;
+        let crc = crc32fast::hash(&damaged);
+        damaged.extend_from_slice(&crc.to_le_bytes());
+        let error = SealedSegment::decode(&damaged, config()).unwrap_err();
+        assert!(error.to_string().contains("postings"), "{error}");
+    }
+
     #[test]
     fn stored_values_survive_sealing_files_merges_and_stay_in_the_file() {
         let dir = tempfile::tempdir().unwrap();
