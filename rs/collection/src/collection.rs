@@ -337,6 +337,8 @@ pub struct CollectionStats {
     pub memory_bytes: u64,
     /// Of `memory_bytes`, the sealed segments' quantized codes (with their ranges).
     pub quantized_bytes: u64,
+    /// Of `memory_bytes`, the TEXT fields' inverted indexes (full-text search).
+    pub text_index_bytes: u64,
     /// Full vectors left in the sealed segment files (`vectors_on_disk`), not in memory.
     pub cold_bytes: u64,
     pub n_ingest_errors: u64,
@@ -1341,6 +1343,10 @@ impl Collection {
             n_unindexed: set.n_unindexed() as u64,
             n_vectors_built: shared.n_vectors_built.load(Ordering::Relaxed),
             build_seconds: shared.build_micros.load(Ordering::Relaxed) as f64 / 1e6,
+            text_index_bytes: std::iter::once(&set.mutable)
+                .chain(set.frozen.iter().map(|(_, f)| f))
+                .map(|m| m.text_memory_bytes() as u64)
+                .sum(),
             ..CollectionStats::default()
         };
         for segment in &set.sealed {
@@ -1348,6 +1354,7 @@ impl Collection {
             stats.n_removed_not_compacted += figures.n_tombstoned as u64;
             stats.memory_bytes += figures.memory_bytes as u64;
             stats.quantized_bytes += figures.quantized_bytes as u64;
+            stats.text_index_bytes += figures.text_index_bytes as u64;
             stats.cold_bytes += figures.cold_bytes as u64;
         }
         stats

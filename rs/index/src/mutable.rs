@@ -527,7 +527,17 @@ impl MutableSegment {
         self.n_slots() * (2 * dim * 4 + 16 + 32 + self.config.hnsw.m * 2 * 40)
     }
 
-    /// Bytes held: vectors, ids and maps (the hnsw_rs graph's own copy is estimated).
+    /// Of `memory_bytes`, the TEXT fields' inverted indexes.
+    pub fn text_memory_bytes(&self) -> usize {
+        self.partitions
+            .read()
+            .values()
+            .map(|p| p.data.read().attributes.text_memory_bytes())
+            .sum()
+    }
+
+    /// Bytes held: vectors, ids and maps (the hnsw_rs graph's own copy is estimated), and the
+    /// TEXT fields' inverted indexes.
     pub fn memory_bytes(&self) -> usize {
         let dim = self.config.dimension;
         self.partitions
@@ -540,6 +550,7 @@ impl MutableSegment {
                 n * (dim * 4 + 16)
                     + data.by_doc.len() * 32
                     + graph_points * (dim * 4 + self.config.hnsw.m * 2 * 40)
+                    + data.attributes.text_memory_bytes()
             })
             .sum()
     }

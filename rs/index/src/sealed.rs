@@ -184,6 +184,7 @@ impl SealedPartition {
             + self.graph.as_ref().map_or(0, FlatGraph::memory_bytes)
             + self.codes.as_ref().map_or(0, Codes::memory_bytes)
             + self.attributes.stored_memory_bytes()
+            + self.attributes.text_memory_bytes()
     }
 
     /// Makes the codes `quantization` asks for when the partition has a graph and lacks them
@@ -309,6 +310,8 @@ pub struct SegmentFigures {
     pub index_bytes: usize,
     /// Of `memory_bytes`, the quantized codes with their ranges and corrections.
     pub quantized_bytes: usize,
+    /// Of `memory_bytes`, the TEXT fields' inverted indexes.
+    pub text_index_bytes: usize,
     /// Bytes of full vectors left in the segment file (`vectors_on_disk`), not in memory.
     pub cold_bytes: usize,
 }
@@ -885,6 +888,7 @@ impl SealedSegment {
             figures.n_tombstoned += partition.tombstones.count();
             figures.memory_bytes += partition.memory_bytes();
             figures.quantized_bytes += partition.codes.as_ref().map_or(0, Codes::memory_bytes);
+            figures.text_index_bytes += partition.attributes.text_memory_bytes();
             figures.cold_bytes += partition.vectors.cold_bytes();
             if !partition.vectors.is_cold() {
                 vector_bytes += partition.vectors.n_values() * 4;
