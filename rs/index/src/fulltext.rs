@@ -293,23 +293,54 @@ impl TextColumn {
         stats
     }
 
-    /// The BM25 score of every slot `accept`ed that holds a query term.
+    /// The BM25 score of every slot `accept`ed that holds a query term, as `(slot, score)` in
+    /// no order. Scores accumulate in an array over the partition's slots when the postings
+    /// are many (a long query, common terms: no hashing per posting), in a map otherwise.
     pub(crate) fn scores(
         &self,
         terms: &[String],
         weights: &TermWeights,
         accept: impl Fn(u32) -> bool,
-    ) -> HashMap<u32, f64> {
-        let mut scores: HashMap<u32, f64> = HashMap::new();
-        for (term_idx, term) in terms.iter().enumerate() {
-            for posting in self.postings_of(term) {
-                if accept(posting.slot) {
-                    let score = weights.term_score(term_idx, posting.tf, self.len_of(posting.slot));
-                    *scores.entry(posting.slot).or_default() += score;
+    ) -> Vec<(u32, f64)> {
+        let n_postings: usize = terms.iter().map(|term| self.postings_of(term).len()).sum();
+        let dense = n_postings.saturating_mul(8) >= self.lengths.len();
+        self.scores_into(terms, weights, accept, dense)
+    }
+
+    /// `scores`, accumulating in an array over the slots (`dense`) or in a map.
+    fn scores_into(
+        &self,
+        terms: &[String],
+        weights: &TermWeights,
+        accept: impl Fn(u32) -> bool,
+        dense: bool,
+    ) -> Vec<(u32, f64)> {
+        let postings: Vec<&[Posting]> = terms.iter().map(|term| self.postings_of(term)).collect();
+        let add = |scores: &mut dyn FnMut(u32, f64)| {
+            for (term_idx, postings) in postings.iter().enumerate() {
+                for posting in *postings {
+                    if accept(posting.slot) {
+                        let len = self.len_of(posting.slot);
+                        scores(posting.slot, weights.term_score(term_idx, posting.tf, len));
+                    }
                 }
             }
+        };
+        if dense {
+            // Every term's contribution is positive (idf > 0 since n(t) <= N, tf >= 1), so
+            // 0 marks a slot no accepted posting reached.
+            let mut dense = vec![0.0f64; self.lengths.len()];
+            add(&mut |slot, score| dense[slot as usize] += score);
+            return dense
+                .into_iter()
+                .enumerate()
+                .filter(|(_, score)| *score > 0.0)
+                .map(|(slot, score)| (slot as u32, score))
+                .collect();
         }
-        scores
+        let mut sparse: HashMap<u32, f64> = HashMap::new();
+        add(&mut |slot, score| *sparse.entry(slot).or_default() += score);
+        sparse.into_iter().collect()
     }
 
     /// Bytes of memory the index takes (an estimate: terms, postings and lengths).
@@ -461,7 +492,7 @@ pub(crate) fn text_hits(
 /// The `k` best `(score, slot)` of `scores`, best first; ties go to the smaller `key` (the
 /// document id), so the answer does not depend on hashing.
 pub(crate) fn top_k_scores(
-    scores: HashMap<u32, f64>,
+    scores: Vec<(u32, f64)>,
     k: usize,
     key: impl Fn(u32) -> u128,
 ) -> Vec<(f64, u32)> {
@@ -591,14 +622,20 @@ mod tests {
                 assert!(live_docs.iter().all(Vec::is_empty), "round {round}");
                 continue;
             };
-            let scores = column.scores(&query, &weights, |s| !dead[s as usize]);
             let expected = naive(&live_docs, &query, bm25);
-            for (slot, want) in expected.iter().enumerate() {
-                let got = scores.get(&(slot as u32)).copied().unwrap_or(0.0);
-                assert!(
-                    (got - want).abs() <= 1e-9 * want.abs().max(1.0),
-                    "round {round} slot {slot}: {got} against {want}"
-                );
+            // Both ways of accumulating, whichever `scores` would pick.
+            for dense in [true, false] {
+                let scores: HashMap<u32, f64> = column
+                    .scores_into(&query, &weights, |s| !dead[s as usize], dense)
+                    .into_iter()
+                    .collect();
+                for (slot, want) in expected.iter().enumerate() {
+                    let got = scores.get(&(slot as u32)).copied().unwrap_or(0.0);
+                    assert!(
+                        (got - want).abs() <= 1e-9 * want.abs().max(1.0),
+                        "round {round} slot {slot} (dense {dense}): {got} against {want}"
+                    );
+                }
             }
         }
     }
@@ -636,7 +673,7 @@ mod tests {
 
     #[test]
     fn top_k_breaks_ties_by_key() {
-        let scores: HashMap<u32, f64> = [(0, 1.0), (1, 2.0), (2, 1.0), (3, 1.0)].into();
+        let scores = vec![(0, 1.0), (1, 2.0), (2, 1.0), (3, 1.0)];
         let key = |slot: u32| [30u128, 10, 20, 5][slot as usize];
         assert_eq!(top_k_scores(scores.clone(), 2, key), [(2.0, 1), (1.0, 3)]);
         assert_eq!(

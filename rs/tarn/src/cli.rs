@@ -450,9 +450,23 @@ pub struct SearchArgs {
     pub client: ClientArgs,
     #[arg(long)]
     pub collection: String,
-    /// fvecs file of queries.
+    /// fvecs file of queries (a full-text search, --text alone, needs none).
+    #[arg(long, required_unless_present = "text")]
+    pub fvecs: Option<PathBuf>,
+    /// A full-text query (BM25) on the TEXT field --text-field; it prints its hits, one per
+    /// line (doc id, tenant, score, and the fields --output-field selects as JSON). With
+    /// --fvecs too, each query vector's search is a hybrid one, fused with this text (RRF).
+    #[arg(long, requires = "text_field")]
+    pub text: Option<String>,
+    /// The TEXT field --text searches.
+    #[arg(long, requires = "text")]
+    pub text_field: Option<String>,
+    /// Fields each printed hit shows ("*": every field); repeatable.
+    #[arg(long = "output-field")]
+    pub output_fields: Vec<String>,
+    /// Each printed hit shows its payload too.
     #[arg(long)]
-    pub fvecs: PathBuf,
+    pub with_payload: bool,
     /// ivecs ground truth (row i: the true nearest doc ids of query i, best first).
     #[arg(long)]
     pub ivecs: Option<PathBuf>,

@@ -801,8 +801,41 @@ async fn wait_until_indexed(client: &Client, collection: &str) -> anyhow::Result
     Ok(())
 }
 
+/// One hit as `tarn search --text` prints it: doc id, tenant, score, the selected fields as
+/// JSON, the payload.
+fn print_hit(hit: &tarn_client::Hit) {
+    let mut line = format!("{}\t{}\t{}", hit.doc_id, hit.user_id, hit.score);
+    if !hit.attributes.is_empty() {
+        line += &format!("\t{}", attributes_json(&hit.attributes));
+    }
+    if let Some(payload) = hit.attributes.payload() {
+        line += &format!("\t{payload}");
+    }
+    println!("{line}");
+}
+
 async fn search(args: SearchArgs) -> anyhow::Result<()> {
-    let (dim, words) = read_vecs_rows(&args.fvecs, args.limit)?;
+    let text = args.text.clone().zip(args.text_field.clone());
+    let Some(fvecs) = &args.fvecs else {
+        // A full-text search (clap requires --text without --fvecs).
+        let Some((query, field)) = text else {
+            bail!("--fvecs or --text is needed");
+        };
+        let client = connect(&args.client).await?;
+        let mut search = Search::text(args.collection.as_str(), field, query)
+            .users(args.user_ids.clone())
+            .top_k(args.top_k)
+            .output_fields(args.output_fields.clone())
+            .with_payload(args.with_payload);
+        if let Some(text) = &args.filter {
+            search = search.filter(parse_filter(&client, &args.collection, text).await?);
+        }
+        for hit in client.search(search).await? {
+            print_hit(&hit);
+        }
+        return Ok(());
+    };
+    let (dim, words) = read_vecs_rows(fvecs, args.limit)?;
     let queries: Vec<f32> = words.into_iter().map(f32::from_bits).collect();
     let truth = match &args.ivecs {
         Some(path) => Some(read_vecs_rows(path, args.limit)?),
@@ -815,7 +848,16 @@ async fn search(args: SearchArgs) -> anyhow::Result<()> {
     };
     let k = args.top_k as usize;
     let request = |vector: &[f32]| {
-        let search = Search::new(args.collection.as_str(), vector)
+        let search = match &text {
+            Some((query, field)) => Search::hybrid(
+                args.collection.as_str(),
+                vector,
+                field.as_str(),
+                query.as_str(),
+            ),
+            None => Search::new(args.collection.as_str(), vector),
+        };
+        let search = search
             .users(args.user_ids.clone())
             .top_k(args.top_k)
             .ef(args.ef)
@@ -851,7 +893,7 @@ async fn search(args: SearchArgs) -> anyhow::Result<()> {
     let elapsed = started.elapsed().as_secs_f64();
     latencies.sort_by(f64::total_cmp);
     if latencies.is_empty() {
-        bail!("no queries in {}", args.fvecs.display());
+        bail!("no queries in {}", fvecs.display());
     }
     println!(
         "{} queries in {elapsed:.2} s: {:.0} q/s; latency p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms",

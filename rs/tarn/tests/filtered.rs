@@ -1063,6 +1063,31 @@ fn full_text_search_ranks_by_bm25_and_gives_the_same_answer_after_kill_9() {
         )
     });
     assert_eq!(after, before);
+    // The CLI: `tarn search --text` prints the hits, best first, with the selected fields.
+    let out = run_cli(
+        server.addr.as_str(),
+        &[
+            "search",
+            "--collection",
+            "docs",
+            "--text",
+            "kernel python",
+            "--text-field",
+            "body",
+            "--top-k",
+            "3",
+            "--output-field",
+            "body",
+        ],
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    for (line, (doc, score)) in lines.iter().zip(&after) {
+        let fields: Vec<&str> = line.split('\t').collect();
+        assert_eq!(fields[0], doc.to_string(), "{line}");
+        assert_eq!(fields[2].parse::<f32>().unwrap(), *score, "{line}");
+        assert!(fields[3].starts_with("{\"body\":"), "{line}");
+    }
 }
 
 /// The CLI: `collection create --field`, `collection add-field`, `insert --attributes` from a
