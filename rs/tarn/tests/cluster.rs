@@ -152,6 +152,8 @@ struct Node {
     /// `--advertise` when other nodes reach it through a proxy (else its listening address).
     advertise: Option<String>,
     server: Option<Server>,
+    /// Set once the node has run: its address is then known to the cluster and kept.
+    has_run: bool,
 }
 
 impl Node {
@@ -164,6 +166,7 @@ impl Node {
             lease_seconds,
             advertise: None,
             server: None,
+            has_run: false,
         }
     }
 
@@ -178,8 +181,34 @@ impl Node {
         }
     }
 
-    /// Starts the node with extra arguments and environment; its log if it exits instead.
+    /// Starts the node with extra arguments and environment; its log if it exits instead. A
+    /// node's first start takes another free port when its own was taken between
+    /// `free_port` and the bind (by another test's process).
     fn try_start(
+        &mut self,
+        etcd: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<(), String> {
+        for _ in 0..5 {
+            match self.try_start_once(etcd, extra, env) {
+                Err(log)
+                    if !self.has_run
+                        && self.advertise.is_none()
+                        && log.contains("Address already in use") =>
+                {
+                    self.port = free_port();
+                }
+                result => {
+                    self.has_run |= result.is_ok();
+                    return result;
+                }
+            }
+        }
+        self.try_start_once(etcd, extra, env)
+    }
+
+    fn try_start_once(
         &mut self,
         etcd: &str,
         extra: &[&str],
