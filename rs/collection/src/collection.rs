@@ -1099,16 +1099,9 @@ impl Collection {
                 .collect())
         };
         let fused = match &request.text {
-            Some(text) if request.vector.is_empty() => text_hits(text, request.top_k)?
-                .into_iter()
-                .map(|(user_id, doc_id, score)| Fused {
-                    user_id,
-                    doc_id,
-                    score,
-                    vector: None,
-                    text: None,
-                })
-                .collect(),
+            Some(text) if request.vector.is_empty() => {
+                Fused::unfused(text_hits(text, request.top_k)?)
+            }
             Some(text) => {
                 let depth = request.hybrid.depth_for(request.top_k);
                 let vector = self.vector_hits(&set, request, depth)?;
@@ -1116,17 +1109,7 @@ impl Collection {
                 let higher = self.config().metric().higher_is_better();
                 fuse(&vector, higher, &text, &request.hybrid, request.top_k)
             }
-            None => self
-                .vector_hits(&set, request, request.top_k)?
-                .into_iter()
-                .map(|(user_id, doc_id, score)| Fused {
-                    user_id,
-                    doc_id,
-                    score,
-                    vector: None,
-                    text: None,
-                })
-                .collect(),
+            None => Fused::unfused(self.vector_hits(&set, request, request.top_k)?),
         };
         self.with_values(&set, request, fused)
     }

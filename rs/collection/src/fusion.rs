@@ -113,6 +113,21 @@ pub struct Fused {
     pub text: Option<SideRank>,
 }
 
+impl Fused {
+    /// The hits of a search with one side only, as they are (no side ranks).
+    pub fn unfused(hits: Vec<(u128, u128, f32)>) -> Vec<Fused> {
+        hits.into_iter()
+            .map(|(user_id, doc_id, score)| Fused {
+                user_id,
+                doc_id,
+                score,
+                vector: None,
+                text: None,
+            })
+            .collect()
+    }
+}
+
 /// A side's candidates, best first: `(user, doc, score)`.
 pub type SideHits = [(u128, u128, f32)];
 

@@ -353,12 +353,16 @@ pub fn text_query(text: &Option<pb::TextQuery>) -> Option<TextQuery> {
     text.as_ref().map(|text| TextQuery {
         field: text.field.clone(),
         query: text.query.clone(),
-        stats: text.stats.as_ref().map(|stats| TextStats {
-            n_docs: stats.n_docs,
-            total_len: stats.total_len,
-            doc_freqs: stats.doc_freqs.clone(),
-        }),
+        stats: text.stats.as_ref().map(text_stats),
     })
+}
+
+pub fn text_stats(stats: &pb::TextStats) -> TextStats {
+    TextStats {
+        n_docs: stats.n_docs,
+        total_len: stats.total_len,
+        doc_freqs: stats.doc_freqs.clone(),
+    }
 }
 
 pub fn text_stats_to_wire(stats: &TextStats) -> pb::TextStats {

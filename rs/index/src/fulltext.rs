@@ -23,6 +23,7 @@ use unicode_normalization::char::is_combining_mark;
 use unicode_normalization::UnicodeNormalization;
 use unicode_segmentation::UnicodeSegmentation;
 
+use crate::attribute_index::SlotSet;
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::error::{IndexError, Result};
 use crate::search::Hit;
@@ -260,21 +261,16 @@ impl TextColumn {
             .map_or(&[], |&term_id| &self.postings[term_id as usize])
     }
 
-    /// The statistics of the live slots for `terms`: `dead` lists the dead slots (`is_dead`
-    /// answers for one), so a partition without dead slots costs one lookup per term.
-    pub(crate) fn stats(
-        &self,
-        terms: &[String],
-        dead: impl Iterator<Item = u32>,
-        is_dead: impl Fn(u32) -> bool,
-    ) -> TextStats {
+    /// The statistics of the live slots for `terms` (`dead`: the dead slots), so a partition
+    /// without dead slots costs one lookup per term.
+    pub(crate) fn stats(&self, terms: &[String], dead: &SlotSet) -> TextStats {
         let mut stats = TextStats {
             n_docs: self.n_docs,
             total_len: self.total_len,
             doc_freqs: Vec::with_capacity(terms.len()),
         };
         let mut any_dead = false;
-        for slot in dead {
+        for slot in dead.iter() {
             let len = self.len_of(slot);
             if len > 0 {
                 any_dead = true;
@@ -286,7 +282,7 @@ impl TextColumn {
             let postings = self.postings_of(term);
             let df = match any_dead {
                 false => postings.len(),
-                true => postings.iter().filter(|p| !is_dead(p.slot)).count(),
+                true => postings.iter().filter(|p| !dead.contains(p.slot)).count(),
             };
             stats.doc_freqs.push(df as u64);
         }
@@ -608,8 +604,11 @@ mod tests {
                 k1: 0.5 + rng.random::<f64>(),
                 b: rng.random::<f64>(),
             };
-            let dead_slots = (0..n as u32).filter(|&s| dead[s as usize]);
-            let stats = column.stats(&query, dead_slots, |s| dead[s as usize]);
+            let mut dead_slots = SlotSet::empty(n as u32);
+            for slot in (0..n as u32).filter(|&s| dead[s as usize]) {
+                dead_slots.insert(slot);
+            }
+            let stats = column.stats(&query, &dead_slots);
             let live_docs: Vec<Vec<String>> = texts
                 .iter()
                 .enumerate()

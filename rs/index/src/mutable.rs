@@ -463,10 +463,10 @@ impl MutableSegment {
         let Some(column) = data.attributes.text_column(field) else {
             return TextStats::default();
         };
-        let dead = SlotSet::from_words(data.tombstones.words().to_vec());
-        column.stats(terms, dead.iter(), |slot| {
-            data.tombstones.get(slot as usize)
-        })
+        column.stats(
+            terms,
+            &SlotSet::from_words(data.tombstones.words().to_vec()),
+        )
     }
 
     /// The `k` live documents of one tenant with the best BM25 scores for `terms` in `field`

@@ -838,10 +838,7 @@ impl SealedSegment {
         let Some(column) = partition.attributes.text_column(field) else {
             return TextStats::default();
         };
-        let dead = SlotSet::from_words(partition.tombstones.snapshot());
-        column.stats(terms, dead.iter(), |slot| {
-            partition.tombstones.get(slot as usize)
-        })
+        column.stats(terms, &SlotSet::from_words(partition.tombstones.snapshot()))
     }
 
     /// The best live documents of one tenant for a text query (as

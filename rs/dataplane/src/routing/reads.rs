@@ -140,11 +140,12 @@ impl Router {
         // A (tenant, document) lives on one shard: its values are looked up by that pair
         // after the merge.
         let mut values = std::collections::HashMap::new();
-        let mut stats: Option<pb::TextStats> = None;
+        let mut stats: Option<tarn_collection::TextStats> = None;
         for (shard, answer) in answers {
             match answer {
                 Ok((_, Some(shard_stats))) if stats_only => {
-                    let sum = stats.get_or_insert_with(|| pb::TextStats {
+                    let shard_stats = convert::text_stats(&shard_stats);
+                    let sum = stats.get_or_insert_with(|| tarn_collection::TextStats {
                         doc_freqs: vec![0; shard_stats.doc_freqs.len()],
                         ..Default::default()
                     });
@@ -155,11 +156,7 @@ impl Router {
                             sum.doc_freqs.len()
                         )));
                     }
-                    sum.n_docs += shard_stats.n_docs;
-                    sum.total_len += shard_stats.total_len;
-                    for (total, df) in sum.doc_freqs.iter_mut().zip(&shard_stats.doc_freqs) {
-                        *total += df;
-                    }
+                    sum.add(&shard_stats);
                 }
                 Ok((hits, _)) => results.push(fanout::shard_hits(hits.into_iter().map(|hit| {
                     let doc_id = hit.doc_id.as_ref().map_or(0, convert::id_to_u128);
@@ -179,7 +176,7 @@ impl Router {
         }
         if stats_only {
             return Ok(pb::SearchResponse {
-                text_stats: stats,
+                text_stats: stats.as_ref().map(convert::text_stats_to_wire),
                 missing_shards,
                 ..Default::default()
             });
