@@ -52,8 +52,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::etcd_api::etcdserverpb::{
-    compare, event::EventType, request_op, response_op, Compare, RequestOp, TxnRequest,
-    WatchCreateRequest,
+    compare, event::EventType, request_op, response_op, Compare, RangeRequest, RequestOp,
+    TxnRequest, WatchCreateRequest,
 };
 use crate::etcd_api::v3electionpb::LeaderKey;
 use crate::etcd_api::{delete_request, prefix_end, ConnectOptions, EtcdClient};
@@ -64,7 +64,8 @@ use tokio::task::JoinHandle;
 use crate::copies::{CopyEvidence, ShardRecord};
 use crate::error::{ClusterError, Result};
 use crate::map::{
-    ClusterState, CollectionDef, CollectionMap, MoveFailure, NodeInfo, ShardAssignment,
+    ClusterState, CollectionDef, CollectionMap, HistoryWitness, MoveFailure, NodeInfo,
+    ShardAssignment,
 };
 use crate::store::{
     ClusterIdentity, ClusterStore, Liveness, Registration, ShardSwap, StoreIdentity,
@@ -155,8 +156,38 @@ struct History {
     /// The revision the ledger says this data directory saw (`guard_history`): every read,
     /// whenever sent, must be at or past it.
     guarded_floor: i64,
+    /// The newest write seen (the ledger's, then any newer read): it must stay in the store's
+    /// history as it was seen ([`Inner::check_witness`]).
+    witness: Option<HistoryWitness>,
     /// Set when the store broke that history: the reason. Never cleared in this process.
     fault: Option<String>,
+}
+
+impl History {
+    /// Keeps `witness` if it is newer than the one kept.
+    fn note_witness(&mut self, witness: Option<&HistoryWitness>) {
+        if let Some(witness) = witness {
+            if self
+                .witness
+                .as_ref()
+                .is_none_or(|w| witness.mod_revision > w.mod_revision)
+            {
+                self.witness = Some(witness.clone());
+            }
+        }
+    }
+
+    /// Records that the store broke the history (logging it once): the error to return.
+    fn fence(&mut self, fault: String) -> ClusterError {
+        if self.fault.is_none() {
+            tracing::error!(%fault, "THIS NODE IS FENCED: the cluster's store broke its history; \
+                it acknowledges no write and changes no shard copy until it is restarted \
+                against an etcd that holds its history (see docs/CLUSTER.md, etcd restored \
+                from a backup)");
+            self.fault = Some(fault);
+        }
+        ClusterError::HistoryBroken(self.fault.clone().unwrap_or_default())
+    }
 }
 
 /// The watch task and the channel it publishes on.
@@ -356,8 +387,7 @@ impl ClusterStore for EtcdStore {
             .get_or_try_init(|| async {
                 let floor = self.inner.floor();
                 let view = self.inner.load().await?;
-                self.inner
-                    .check_history(view.revision, view.cluster_id.as_deref(), floor)?;
+                self.inner.check_view(&view, floor).await?;
                 let (tx, _) = watch::channel(Arc::new(view.state()));
                 let tx = Arc::new(tx);
                 let task = tokio::spawn(follow_forever(
@@ -717,11 +747,12 @@ impl ClusterStore for EtcdStore {
         self.inner.connected.load(Ordering::Relaxed)
     }
 
-    fn guard_history(&self, cluster_id: &str, floor: i64) {
+    fn guard_history(&self, cluster_id: &str, floor: i64, witness: Option<HistoryWitness>) {
         let mut history = self.inner.history.lock();
         history.cluster_id = Some(cluster_id.to_owned());
         history.floor = history.floor.max(floor);
         history.guarded_floor = history.guarded_floor.max(floor);
+        history.note_witness(witness.as_ref());
     }
 
     fn history_fault(&self) -> Option<String> {
@@ -745,6 +776,7 @@ impl Inner {
         &self,
         revision: i64,
         cluster_id: Option<&str>,
+        witness: Option<&HistoryWitness>,
         floor_then: i64,
     ) -> Result<()> {
         let mut history = self.history.lock();
@@ -776,19 +808,85 @@ impl Inner {
             ))
         } else {
             history.floor = history.floor.max(revision);
+            history.note_witness(witness);
             None
         };
         match fault {
             None => Ok(()),
-            Some(fault) => {
-                tracing::error!(%fault, "THIS NODE IS FENCED: the cluster's store broke its history; \
-                    it acknowledges no write and changes no shard copy until it is restarted \
-                    against an etcd that holds its history (see docs/CLUSTER.md, etcd restored \
-                    from a backup)");
-                history.fault = Some(fault.clone());
-                Err(ClusterError::HistoryBroken(fault))
-            }
+            Some(fault) => Err(history.fence(fault)),
         }
+    }
+
+    /// Checks a view just read (whole) against the history this store must keep, then keeps
+    /// its newest write as the witness to check later reads against.
+    async fn check_view(&self, view: &View, floor_then: i64) -> Result<()> {
+        self.check_history(view.revision, view.cluster_id.as_deref(), None, floor_then)?;
+        self.check_witness().await?;
+        self.history.lock().note_witness(view.witness.as_ref());
+        Ok(())
+    }
+
+    /// Checks that the newest write this node saw ([`History::witness`]) is in the store's
+    /// history as it was seen: read at its revision, its key holds the same value written at
+    /// that revision. An etcd restored from an older backup and written to since shows a
+    /// revision past the node's, so only this tells it apart. Where the store compacted its
+    /// history past the witness, the key's current version is judged instead: one written
+    /// before the witness's revision, or at it with another value, breaks the history; a later
+    /// one cannot be judged (the revision check stays).
+    async fn check_witness(&self) -> Result<()> {
+        let Some(witness) = self.history.lock().witness.clone() else {
+            return Ok(());
+        };
+        let read = |revision: i64| {
+            let request = RangeRequest {
+                key: witness.key.as_bytes().to_vec(),
+                revision,
+                ..RangeRequest::default()
+            };
+            tokio::time::timeout(REQUEST_TIMEOUT, self.client.range(request))
+        };
+        let found = match read(witness.mod_revision).await {
+            Ok(Ok(response)) => response.kvs.into_iter().next(),
+            Ok(Err(status)) if status.code() == tonic::Code::OutOfRange => {
+                // Compacted past the witness: the key as it is now.
+                let now = self
+                    .call(
+                        "read the witness key",
+                        self.client.get(witness.key.as_bytes(), false),
+                    )
+                    .await?;
+                match now.kvs.into_iter().next() {
+                    Some(kv) if kv.mod_revision > witness.mod_revision => return Ok(()),
+                    Some(kv) => Some(kv),
+                    None => return Ok(()),
+                }
+            }
+            Ok(Err(status)) => return Err(self.failed("read the witness key", &status)),
+            Err(_) => {
+                self.set_connected(false);
+                return Err(ClusterError::StoreUnavailable(format!(
+                    "etcd at {}: read the witness key: no answer in {REQUEST_TIMEOUT:?}",
+                    self.endpoints
+                )));
+            }
+        };
+        let same = found
+            .as_ref()
+            .is_some_and(|kv| HistoryWitness::of(&kv.key, &kv.value, kv.mod_revision) == witness);
+        if same {
+            return Ok(());
+        }
+        let there = match &found {
+            Some(kv) => format!("a value written at revision {}", kv.mod_revision),
+            None => "no such key".to_owned(),
+        };
+        let fault = format!(
+            "etcd at {} holds another history: this node saw {} written at revision {}, and \
+             etcd's history at that revision has {there} (restored from an older backup, and \
+             written to since?)",
+            self.endpoints, witness.key, witness.mod_revision
+        );
+        Err(self.history.lock().fence(fault))
     }
 
     /// The cluster id and the revision etcd holds now, read linearizably.
@@ -1271,7 +1369,8 @@ async fn register_again(
     // restored from an older backup): the node stays out, fenced, instead.
     let floor = inner.floor();
     let (cluster_id, revision) = inner.current_identity().await?;
-    inner.check_history(revision, cluster_id.as_deref(), floor)?;
+    inner.check_history(revision, cluster_id.as_deref(), None, floor)?;
+    inner.check_witness().await?;
     let lease = inner.grant(ttl_seconds(ttl)).await?;
     match inner.create_node_key(node, lease.id).await {
         Ok(Some(revision)) => Ok(Some((lease, revision))),
@@ -1407,6 +1506,8 @@ struct View {
     cluster_id: Option<String>,
     /// The revision each live node's registration was written at.
     registered_at: BTreeMap<String, i64>,
+    /// The newest write under the prefix.
+    witness: Option<HistoryWitness>,
 }
 
 /// What a key under the prefix is.
@@ -1466,6 +1567,13 @@ impl View {
     /// the collection unreadable (never absent: absent would let nodes act on its shards).
     /// Takes `key`'s new `value`, written at `revision`.
     fn put(&mut self, prefix: &str, key: &[u8], value: &[u8], revision: i64) {
+        if self
+            .witness
+            .as_ref()
+            .is_none_or(|w| revision > w.mod_revision)
+        {
+            self.witness = Some(HistoryWitness::of(key, value, revision));
+        }
         let key_text = String::from_utf8_lossy(key);
         self.unreadable.remove(key_text.as_ref());
         let kind = key_kind(prefix, key);
@@ -1577,6 +1685,7 @@ impl View {
         }
         ClusterState {
             revision: self.revision,
+            witness: self.witness.clone(),
             nodes: self.nodes.clone(),
             registered_at: self.registered_at.clone(),
             collections,
@@ -1617,12 +1726,14 @@ async fn follow_forever(
             let floor = inner.floor();
             match inner.load().await {
                 Ok(reloaded) => {
-                    if inner
-                        .check_history(reloaded.revision, reloaded.cluster_id.as_deref(), floor)
-                        .is_err()
-                    {
+                    match inner.check_view(&reloaded, floor).await {
+                        Ok(()) => {}
                         // Fenced: the last state stays published, and nothing follows.
-                        return;
+                        Err(ClusterError::HistoryBroken(_)) => return,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "etcd still unreachable");
+                            continue;
+                        }
                     }
                     view = reloaded;
                     publish(&tx, &view);
@@ -1685,7 +1796,12 @@ async fn follow(
             view.revision = view.revision.max(kv.mod_revision);
         }
         if inner
-            .check_history(view.revision, view.cluster_id.as_deref(), floor)
+            .check_history(
+                view.revision,
+                view.cluster_id.as_deref(),
+                view.witness.as_ref(),
+                floor,
+            )
             .is_err()
         {
             return "the store broke this cluster's history".to_owned();
@@ -1720,29 +1836,31 @@ mod tests {
                 cluster_id: Some("c".to_owned()),
                 floor: 40,
                 guarded_floor: 30,
+                witness: None,
                 fault: None,
             }),
         };
         let id = Some("c");
         let sent = inner.floor();
-        inner.check_history(45, id, inner.floor()).unwrap();
-        inner.check_history(44, id, sent).unwrap();
+        inner.check_history(45, id, None, inner.floor()).unwrap();
+        inner.check_history(44, id, None, sent).unwrap();
         assert_eq!(inner.floor(), 45);
         // Below the ledger's revision, whenever sent: a rollback.
-        assert!(inner.check_history(29, id, 0).is_err());
+        assert!(inner.check_history(29, id, None, 0).is_err());
         // And the fence stays.
-        assert!(inner.check_history(50, id, inner.floor()).is_err());
+        assert!(inner.check_history(50, id, None, inner.floor()).is_err());
         let inner = Inner {
             history: Mutex::new(History {
                 cluster_id: Some("c".to_owned()),
                 floor: 45,
                 guarded_floor: 0,
+                witness: None,
                 fault: None,
             }),
             ..inner
         };
         let sent = inner.floor();
-        assert!(inner.check_history(44, id, sent).is_err());
+        assert!(inner.check_history(44, id, None, sent).is_err());
     }
 
     #[test]

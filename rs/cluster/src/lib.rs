@@ -20,8 +20,8 @@ pub use error::{ClusterError, Result};
 pub use etcd::{EtcdStore, Leadership, DEFAULT_PREFIX, ELECTION_TTL, REQUEST_TIMEOUT};
 pub use map::{
     initial_placement, plan_move, plan_move_skipping, shard_for, ClusterState, CollectionDef,
-    CollectionMap, MoveFailure, NodeInfo, PlannedMove, ReadPositions, ShardAssignment, ShardKey,
-    ShardName, ShardState, TokenPosition, DEFAULT_SHARDS, MAX_SHARDS,
+    CollectionMap, HistoryWitness, MoveFailure, NodeInfo, PlannedMove, ReadPositions,
+    ShardAssignment, ShardKey, ShardName, ShardState, TokenPosition, DEFAULT_SHARDS, MAX_SHARDS,
 };
 pub use merge::{merge_top_k, ShardHit};
 pub use replicas::{

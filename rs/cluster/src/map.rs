@@ -279,11 +279,37 @@ pub struct CollectionMap {
     pub shards: Vec<ShardAssignment>,
 }
 
+/// One write in etcd's history that a node saw: the key, the revision it was written at and a
+/// checksum of its value. A node keeps the newest one it acted on (in its ledger); an etcd whose
+/// history at that revision says otherwise is not the history the node saw, even when its
+/// revision has since grown past the node's (restored from an older backup, then written to).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryWitness {
+    pub key: String,
+    pub mod_revision: i64,
+    /// CRC32 of the value written.
+    pub value_crc32: u32,
+}
+
+impl HistoryWitness {
+    /// The witness of `key` holding `value`, written at `mod_revision`.
+    pub fn of(key: &[u8], value: &[u8], mod_revision: i64) -> HistoryWitness {
+        HistoryWitness {
+            key: String::from_utf8_lossy(key).into_owned(),
+            mod_revision,
+            value_crc32: crc32fast::hash(value),
+        }
+    }
+}
+
 /// Everything a node knows of the cluster, as of one etcd revision.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClusterState {
     /// The etcd revision this view was read at (0 for a fresh in-memory store).
     pub revision: i64,
+    /// The newest write under the cluster's prefix in this view (`None` for an in-memory
+    /// store): what a node records to recognise its etcd's history later.
+    pub witness: Option<HistoryWitness>,
     /// Live nodes (their lease has not lapsed), by node id.
     pub nodes: BTreeMap<String, NodeInfo>,
     /// The store revision each live node's registration was written at: a node that

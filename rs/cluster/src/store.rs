@@ -10,7 +10,9 @@ use tokio::sync::watch;
 
 use crate::copies::{CopyEvidence, ShardRecord};
 use crate::error::{ClusterError, Result};
-use crate::map::{ClusterState, CollectionMap, MoveFailure, NodeInfo, ShardAssignment};
+use crate::map::{
+    ClusterState, CollectionMap, HistoryWitness, MoveFailure, NodeInfo, ShardAssignment,
+};
 
 /// A node's membership: alive while this handle lives and the store can reach it. Dropping it
 /// ends the membership (the lease is revoked, or simply lapses if the process dies).
@@ -261,8 +263,10 @@ pub trait ClusterStore: Send + Sync + std::fmt::Debug + 'static {
     /// below `floor` (nor below any it showed since): when it does (etcd wiped or replaced
     /// under the running node, or restored from an older backup), it stops following etcd,
     /// never registers the node again, and [`ClusterStore::history_fault`] says why. The node
-    /// fences itself on that.
-    fn guard_history(&self, _cluster_id: &str, _floor: i64) {}
+    /// fences itself on that. `witness`, the newest write the node acted on, must be in the
+    /// store's history as the node saw it: an etcd restored from an older backup and written
+    /// to since shows a revision past `floor`, but another write at the witness's revision.
+    fn guard_history(&self, _cluster_id: &str, _floor: i64, _witness: Option<HistoryWitness>) {}
 
     /// Why the store broke the history [`ClusterStore::guard_history`] set, if it did.
     fn history_fault(&self) -> Option<String> {

@@ -21,6 +21,10 @@ pub(crate) const LEDGER_FILE: &str = "CLUSTER_LEDGER";
 struct LedgerState {
     /// The highest etcd revision the node acted on.
     revision: i64,
+    /// The newest write under the cluster's prefix in the state the node acted on: an etcd
+    /// that holds another write at its revision has another history, even past `revision`.
+    #[serde(default)]
+    witness: Option<tarn_cluster::HistoryWitness>,
     /// By local shard name: the highest epoch at which this directory held a role in the
     /// shard's record (owner, replica, or the taker of a move).
     held: BTreeMap<String, u64>,
@@ -73,6 +77,11 @@ impl CopyLedger {
         self.state.lock().revision
     }
 
+    /// The newest write the node acted on (`None`: none, or the history started again).
+    pub(crate) fn witness(&self) -> Option<tarn_cluster::HistoryWitness> {
+        self.state.lock().witness.clone()
+    }
+
     /// The highest epoch at which this directory held a role in `local`'s record (0: none).
     pub(crate) fn held_epoch(&self, local: &str) -> u64 {
         self.state.lock().held.get(local).copied().unwrap_or(0)
@@ -88,17 +97,28 @@ impl CopyLedger {
             .is_none_or(|dropped_at| epoch > *dropped_at)
     }
 
-    /// Records that the node acted on the store's state at `revision`, holding each copy in
-    /// `held` at its epoch; writes the file (blocking: call off the async workers) when
-    /// anything grew.
+    /// Records that the node acted on the store's state at `revision`, whose newest write is
+    /// `witness`, holding each copy in `held` at its epoch; writes the file (blocking: call
+    /// off the async workers) when anything grew.
     pub(crate) fn note_held(
         &self,
         revision: i64,
+        witness: Option<tarn_cluster::HistoryWitness>,
         held: impl IntoIterator<Item = (String, u64)>,
     ) -> std::io::Result<()> {
         self.change(|state| {
             let mut grew = revision > state.revision;
             state.revision = state.revision.max(revision);
+            if let Some(witness) = witness {
+                if state
+                    .witness
+                    .as_ref()
+                    .is_none_or(|w| witness.mod_revision > w.mod_revision)
+                {
+                    state.witness = Some(witness);
+                    grew = true;
+                }
+            }
             for (local, epoch) in held {
                 let slot = state.held.entry(local).or_default();
                 if epoch > *slot {
@@ -129,7 +149,10 @@ impl CopyLedger {
     /// Forgets the revision seen (blocking): etcd's history starts again (a new cluster, or a
     /// rollback the operator accepted). Held epochs and drops stay.
     pub(crate) fn restart_history(&self) -> std::io::Result<()> {
-        self.change(|state| std::mem::take(&mut state.revision) != 0)
+        self.change(|state| {
+            let witness = state.witness.take().is_some();
+            std::mem::take(&mut state.revision) != 0 || witness
+        })
     }
 
     /// Records, before it is deleted, that `local`'s copy is deleted here on a record at
@@ -203,14 +226,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ledger = CopyLedger::open(dir.path()).unwrap();
         assert_eq!((ledger.revision(), ledger.held_epoch("c.1.0")), (0, 0));
+        let witness = |at| Some(tarn_cluster::HistoryWitness::of(b"/tarn/k", b"v", at));
         ledger
-            .note_held(40, [("c.1.0".to_owned(), 3), ("c.1.1".to_owned(), 1)])
+            .note_held(
+                40,
+                witness(39),
+                [("c.1.0".to_owned(), 3), ("c.1.1".to_owned(), 1)],
+            )
             .unwrap();
         // An older view lowers nothing.
-        ledger.note_held(12, [("c.1.0".to_owned(), 2)]).unwrap();
+        ledger
+            .note_held(12, witness(11), [("c.1.0".to_owned(), 2)])
+            .unwrap();
         ledger.note_dropped("c.1.1", 41, 5).unwrap();
         let reopened = CopyLedger::open(dir.path()).unwrap();
         assert_eq!(reopened.revision(), 41);
+        assert_eq!(reopened.witness(), witness(39));
         assert_eq!(reopened.held_epoch("c.1.0"), 3);
         assert_eq!(reopened.held_epoch("c.1.1"), 0);
         // Started empty again only by a record newer than the drop's (a shard given up to
@@ -225,6 +256,7 @@ mod tests {
             (restarted.revision(), restarted.held_epoch("c.1.0")),
             (0, 3)
         );
+        assert_eq!(restarted.witness(), None);
         assert!(!restarted.may_start_empty("c.1.1", 5));
         // A seed's copy stays marked until the seed finishes.
         reopened.note_seeding("c.1.2", true).unwrap();

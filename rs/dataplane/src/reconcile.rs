@@ -53,8 +53,9 @@ pub(crate) async fn reconcile(node: std::sync::Weak<ClusterNode>) {
             })
             .collect();
         let revision = current.revision;
+        let witness = current.witness.clone();
         if let Err(error) = node
-            .note_ledger(move |ledger| ledger.note_held(revision, held))
+            .note_ledger(move |ledger| ledger.note_held(revision, witness, held))
             .await
         {
             tracing::error!(%error, "cannot write the cluster ledger; local copies are judged again later");

@@ -1119,10 +1119,35 @@ async fn wait_until_fenced(addrs: &[String], limit: Duration, what: &str) {
     }
 }
 
+/// The etcd revision a node's data directory says it acted on (its cluster ledger).
+fn ledger_revision(data_dir: &Path) -> i64 {
+    let ledger = std::fs::read(data_dir.join("CLUSTER_LEDGER")).unwrap();
+    let ledger: serde_json::Value = serde_json::from_slice(&ledger).unwrap();
+    ledger["revision"].as_i64().unwrap()
+}
+
+/// Writes a key outside tarn's prefix until etcd's revision is past `revision`.
+async fn advance_etcd_past(endpoint: &str, revision: i64) {
+    let client = tarn_cluster::etcd_api::EtcdClient::connect(
+        &[endpoint.to_owned()],
+        &tarn_cluster::etcd_api::ConnectOptions::default(),
+    )
+    .unwrap();
+    loop {
+        let put = client.put(b"/elsewhere/counter", b"x", 0).await.unwrap();
+        if put.header.unwrap().revision > revision + 5 {
+            return;
+        }
+    }
+}
+
 /// etcd restored from a backup taken before a drain (its volume copied while stopped, then put
 /// back after the drain and more writes): every node fences itself (writes refused
-/// UNAVAILABLE "fenced", no copy deleted, set aside or created), a restart is refused naming
-/// `--accept-etcd-rollback`, and with it the node that took the shard sets its newer copy
+/// UNAVAILABLE "fenced", no copy deleted, set aside or created); a restart is refused naming
+/// `--accept-etcd-rollback`, also once the restored etcd was written to past every revision
+/// the nodes saw (its history differs at the newest write a node acted on: before, a node
+/// compared revisions only and joined, and CI saw that when lease expiries and registrations
+/// had moved the restored etcd past a node's revision); and with it the node that took the shard sets its newer copy
 /// aside (its record is older than the epoch it held it at) while the node that gave it away
 /// never starts it empty: no Get answers OK without an acknowledged document, and every
 /// acknowledged document is in a copy on disk. Before, the new owner deleted its copy and the
@@ -1203,6 +1228,10 @@ fn processes_an_etcd_restored_from_an_older_backup_fences_the_nodes_and_loses_no
             );
         }
     }
+    // Other writers move the restored etcd past every revision a node saw: its revision alone
+    // no longer tells it apart.
+    let seen = nodes.iter().map(|n| ledger_revision(&n.dir)).max().unwrap();
+    rt.block_on(advance_etcd_past(&etcd.endpoint(), seen));
     // A restart is refused against the older history, naming the way out.
     let log = nodes[0]
         .try_start(&etcd.endpoint(), &[], &[])

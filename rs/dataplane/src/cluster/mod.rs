@@ -206,7 +206,7 @@ impl ClusterNode {
         // From here on the store must hold this cluster's id and never go back behind what
         // this directory saw; a new cluster (--force-new-cluster) or an accepted rollback
         // starts that history again at the store's revision.
-        let floor = if options.force_new_cluster || options.accept_etcd_rollback {
+        let (floor, witness) = if options.force_new_cluster || options.accept_etcd_rollback {
             tracing::warn!(
                 seen = ledger.revision(),
                 "the store's history starts again here (--force-new-cluster or \
@@ -214,11 +214,11 @@ impl ClusterNode {
                  set aside, never deleted"
             );
             ledger.restart_history()?;
-            0
+            (0, None)
         } else {
-            ledger.revision()
+            (ledger.revision(), ledger.witness())
         };
-        store.guard_history(&identity.cluster_id, floor);
+        store.guard_history(&identity.cluster_id, floor, witness);
         let JoinOptions {
             node_id,
             address,
