@@ -742,6 +742,28 @@ class Client:
             for d in response.docs
         ]
 
+    def count(
+        self,
+        collection: str,
+        user_ids: Optional[Ids] = None,
+        filter=None,
+        min_seq_no: int = 0,
+        read_token: bytes = b"",
+    ) -> int:
+        """The exact number of live documents of `user_ids` (tenant 0 when None), all of them or
+        those matching `filter`; a document owned by two of the tenants counts twice. With a
+        write's `read_token` (or `min_seq_no`), waits within the deadline until that write is
+        counted."""
+        request = tarn_pb2.CountRequest(
+            collection=collection,
+            user_ids=_ids(user_ids),
+            min_seq_no=min_seq_no,
+            read_token=read_token,
+        )
+        if filter is not None:
+            request.filter.CopyFrom(to_filter(filter))
+        return self._call(self.stub.Count, request).count
+
     # Backups: consistent snapshots of live collections (docs/SNAPSHOT_FORMAT.md).
 
     def snapshot(self, collection: str, out) -> int:

@@ -280,10 +280,19 @@ def test_filtered_search_remove_by_filter_and_attributes(client):
     assert docs[0].attributes == {"section": "libs", "tags": ["a1", "b1"], "size": 1.0}
     assert docs[1].attributes == {"section": "devel", "tags": ["a3", "b3"]}
 
+    # Count: exact, with and without a filter; other tenants count nothing.
+    for spec, oracle in cases:
+        expected = [i for i in range(n) if _matches(attributes[i], **oracle)]
+        assert client.count(name, user_ids=5, filter=spec, min_seq_no=seq) == len(expected), spec
+    assert client.count(name, user_ids=5) == n
+    assert client.count(name, user_ids=[5, 6]) == n
+    assert client.count(name) == 0
+
     # Remove by filter: counted, gone, the rest untouched.
     doomed = {i for i in range(n) if attributes[i]["section"] == "devel"}
     ack = client.remove_matching(name, {"section": "devel"}, user_ids=5)
     assert ack.n_removed == len(doomed)
+    assert client.count(name, user_ids=5, read_token=ack.read_token) == n - len(doomed)
     hits = client.search(name, vectors[3], top_k=n, user_ids=5, exact=True, read_token=ack.read_token)
     assert {h.doc_id for h in hits} == set(range(n)) - doomed
 
@@ -296,6 +305,9 @@ def test_filtered_search_remove_by_filter_and_attributes(client):
     assert [h.doc_id for h in hits] == [1000]
 
     # Bad input names the field.
+    with pytest.raises(grpc.RpcError) as err:
+        client.count(name, user_ids=5, filter={"colour": "red"})
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "filter" in err.value.details()
     with pytest.raises(grpc.RpcError) as err:
         client.search(name, vectors[0], filter={"colour": "red"})
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "colour" in err.value.details()

@@ -16,8 +16,8 @@ use crate::connect::{open_channel, Address, TlsOptions};
 use crate::error::{Code, Error, Result};
 use crate::snapshot::{feed_restore, Restored, SnapshotStream};
 use crate::types::{
-    id_to_wire, ClusterStatus, CollectionInfo, CollectionSpec, Document, ForgetReport, Hit, Insert,
-    ReadToken, Remove, Search, SetAsideShard, ShardKey, ShardStatus, WriteAck,
+    id_to_wire, ClusterStatus, CollectionInfo, CollectionSpec, Count, Document, ForgetReport, Hit,
+    Insert, ReadToken, Remove, Search, SetAsideShard, ShardKey, ShardStatus, WriteAck,
 };
 
 /// Largest message the client sends or accepts (a large batch of vectors, a large `get`).
@@ -558,6 +558,28 @@ impl Client {
             })
             .await?;
         Ok(reply.docs.into_iter().map(Document::from_wire).collect())
+    }
+
+    /// The exact number of live documents a [`Count`] names (its tenants', matching its
+    /// filter). Without a token, a copy counts what it has applied, which may lag a write just
+    /// acknowledged ([`Count::after`]).
+    ///
+    /// ```no_run
+    /// # async fn example(client: tarn_client::Client) -> tarn_client::Result<()> {
+    /// use tarn_client::{Count, Filter};
+    /// let n = client
+    ///     .count(Count::new("debian").filter(Filter::field("section").eq("utils")))
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn count(&self, count: Count) -> Result<u64> {
+        let (request, timeout) = count.into_wire();
+        let reply = self
+            .call(request, timeout, |mut stub, request| async move {
+                stub.count(request).await
+            })
+            .await?;
+        Ok(reply.count)
     }
 
     /// Checkpoints a collection now; returns the sequence number everything up to which is in

@@ -48,7 +48,7 @@ pub use error::{retry_overloaded, Code, Error, Result, RETRY_AFTER_MS};
 pub use filter::{Field, Filter, Range};
 pub use snapshot::{Restored, SnapshotStream};
 pub use types::{
-    ClusterStatus, CollectionInfo, CollectionSpec, Document, Durability, ForgetReport, Fusion, Hit,
-    Insert, Metric, NodeStatus, Quantization, ReadToken, Remove, ReplicaLag, Search, SetAsideShard,
-    ShardKey, ShardStatus, SideScore, WriteAck,
+    ClusterStatus, CollectionInfo, CollectionSpec, Count, Document, Durability, ForgetReport,
+    Fusion, Hit, Insert, Metric, NodeStatus, Quantization, ReadToken, Remove, ReplicaLag, Search,
+    SetAsideShard, ShardKey, ShardStatus, SideScore, WriteAck,
 };

@@ -743,6 +743,77 @@ impl Remove {
     }
 }
 
+/// The exact number of live documents of some tenants (none listed: tenant 0), all of them or
+/// those matching a filter ([`Client::count`](crate::Client::count)). A document owned by two
+/// of the tenants counts twice.
+///
+/// ```
+/// use tarn_client::{Count, Filter};
+/// let all = Count::new("docs").users([7u128]);
+/// let some = Count::new("docs").filter(Filter::field("section").eq("oldlibs"));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Count {
+    collection: String,
+    user_ids: Vec<u128>,
+    filter: Option<Filter>,
+    after: ReadToken,
+    timeout: Option<Duration>,
+}
+
+impl Count {
+    /// Counts every document of tenant 0 unless [`Count::users`] or [`Count::filter`] say
+    /// otherwise.
+    pub fn new(collection: impl Into<String>) -> Count {
+        Count {
+            collection: collection.into(),
+            user_ids: Vec::new(),
+            filter: None,
+            after: ReadToken::default(),
+            timeout: None,
+        }
+    }
+
+    /// The tenants whose documents are counted.
+    pub fn users(mut self, user_ids: impl Into<Vec<u128>>) -> Count {
+        self.user_ids = user_ids.into();
+        self
+    }
+
+    /// Counts only the documents matching `filter`.
+    pub fn filter(mut self, filter: impl Into<Filter>) -> Count {
+        self.filter = Some(filter.into());
+        self
+    }
+
+    /// Waits (within the deadline) until the write `token` is counted, on every shard asked.
+    pub fn after(mut self, token: ReadToken) -> Count {
+        self.after = token;
+        self
+    }
+
+    /// The deadline of this call (the client's default unless set).
+    pub fn timeout(mut self, timeout: Duration) -> Count {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    pub(crate) fn into_wire(self) -> (pb::CountRequest, Option<Duration>) {
+        let request = pb::CountRequest {
+            collection: self.collection,
+            user_ids: self.user_ids.into_iter().map(id_to_wire).collect(),
+            filter: self.filter.as_ref().map(Filter::to_wire),
+            min_seq_no: if self.after.as_bytes().is_empty() {
+                self.after.seq_no()
+            } else {
+                0
+            },
+            read_token: self.after.as_bytes().to_vec(),
+        };
+        (request, self.timeout)
+    }
+}
+
 /// A top-k search over some tenants' documents (none listed: tenant 0).
 ///
 /// ```

@@ -938,6 +938,32 @@ impl Collection {
             .matching_documents(user_ids, filter))
     }
 
+    /// The exact number of live `(user_id, doc_id)` pairs of the listed tenants (tenant 0 when
+    /// none; a tenant listed twice counts once) matching `filter` (every document when `None`),
+    /// read from the segments at the moment of the call. The filter is validated first, naming
+    /// `filter`.
+    pub fn count(&self, user_ids: &[u128], filter: Option<&Filter>) -> Result<u64> {
+        if user_ids.len() > 10_000 {
+            return Err(CollectionError::invalid(
+                "user_ids",
+                "at most 10000 tenants per count",
+            ));
+        }
+        let mut tenants = op::Operation::tenants(user_ids).to_vec();
+        tenants.sort_unstable();
+        tenants.dedup();
+        match filter {
+            Some(filter) => Ok(self.matching_documents(&tenants, filter)?.len() as u64),
+            None => {
+                let apply = self.shared().apply.lock();
+                Ok(tenants
+                    .iter()
+                    .map(|t| apply.counts.get(t).copied().unwrap_or(0))
+                    .sum())
+            }
+        }
+    }
+
     fn validate_filter(&self, filter: &Filter) -> Result<()> {
         filter
             .validate(&self.schema())

@@ -404,6 +404,23 @@ impl Router {
             .collect())
     }
 
+    /// The number of live documents of `user_ids` matching `filter` in a local collection, once
+    /// `min_seq` is visible (as `local_get`).
+    pub async fn local_count(
+        &self,
+        name: &str,
+        user_ids: &[u128],
+        filter: Option<&tarn_collection::Filter>,
+        min_seq: u64,
+        token_epoch: u64,
+        deadline: Option<Duration>,
+    ) -> Result<u64, ApiError> {
+        let collection = self.resolve(name).await?;
+        self.await_position(name, &collection, min_seq, token_epoch, deadline)
+            .await?;
+        Ok(collection.count(user_ids, filter)?)
+    }
+
     pub async fn local_info(&self, name: &str) -> Result<pb::CollectionInfo, ApiError> {
         let collection = self.resolve(name).await?;
         Ok(convert::collection_info(

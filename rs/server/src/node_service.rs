@@ -133,6 +133,23 @@ impl Node for NodeService {
         self.tarn.get(request).await
     }
 
+    async fn count(
+        &self,
+        request: Request<pb::ShardCountRequest>,
+    ) -> Result<Response<pb::CountResponse>, Status> {
+        let min_seq_epoch = request.get_ref().min_seq_epoch;
+        let mut request = self.inner(request, |m| {
+            let mut inner = m
+                .request
+                .ok_or_else(|| ApiError::invalid("request", "missing"))?;
+            inner.collection = address(m.shard)?;
+            inner.read_token.clear();
+            Ok(inner)
+        })?;
+        request.extensions_mut().insert(TokenEpoch(min_seq_epoch));
+        self.tarn.count(request).await
+    }
+
     async fn get_shard(
         &self,
         request: Request<pb::ShardInfoRequest>,

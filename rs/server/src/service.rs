@@ -474,6 +474,46 @@ impl Tarn for TarnService {
         self.observe("Get", started, result)
     }
 
+    async fn count(&self, request: Request<pb::CountRequest>) -> RpcResult<pb::CountResponse> {
+        let started = Instant::now();
+        let result = async {
+            self.keys.check(&request, Access::Read)?;
+            self.check_shard_address(&request, &request.get_ref().collection)?;
+            let deadline = client_deadline(&request);
+            let api_key = crate::auth::api_key(&request);
+            let token_epoch = request
+                .extensions()
+                .get::<crate::node_service::TokenEpoch>()
+                .map_or(0, |e| e.0);
+            let request = request.into_inner();
+            let count = match self.router.cluster_for(&request.collection) {
+                Some(cluster) => {
+                    self.router
+                        .routed_count(cluster, &request, deadline, api_key.as_deref())
+                        .await?
+                }
+                None => {
+                    let min_seq = local_position(request.min_seq_no, &request.read_token)?;
+                    let filter = request.filter.as_ref().map(convert::filter).transpose()?;
+                    let user_ids = convert::ids(&request.user_ids);
+                    self.router
+                        .local_count(
+                            &request.collection,
+                            &user_ids,
+                            filter.as_ref(),
+                            min_seq,
+                            token_epoch,
+                            deadline,
+                        )
+                        .await?
+                }
+            };
+            Ok(pb::CountResponse { count })
+        }
+        .await;
+        self.observe("Count", started, result)
+    }
+
     async fn flush(&self, request: Request<pb::FlushRequest>) -> RpcResult<pb::FlushResponse> {
         let started = Instant::now();
         let result = async {

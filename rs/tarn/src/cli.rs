@@ -43,6 +43,20 @@ pub enum Command {
         #[arg(long)]
         with_payload: bool,
     },
+    /// Print the exact number of live documents of the tenants (tenant 0 by default), all or
+    /// those matching --filter.
+    Count {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[arg(long)]
+        collection: String,
+        #[arg(long = "user-id")]
+        user_ids: Vec<u128>,
+        /// Count only the documents matching this filter (the grammar of `tarn search
+        /// --filter`).
+        #[arg(long)]
+        filter: Option<String>,
+    },
     /// Remove documents: listed ones (--doc-id), or every one matching --filter.
     Remove {
         #[command(flatten)]

@@ -666,6 +666,19 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 println!("{line}");
             }
         }
+        Command::Count {
+            client,
+            collection,
+            user_ids,
+            filter,
+        } => {
+            let client = connect(&client).await?;
+            let mut count = tarn_client::Count::new(collection.clone()).users(user_ids);
+            if let Some(text) = filter {
+                count = count.filter(parse_filter(&client, &collection, &text).await?);
+            }
+            println!("{}", client.count(count).await?);
+        }
         Command::Remove {
             client,
             collection,

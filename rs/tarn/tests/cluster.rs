@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::{run_cli, runtime, Server};
 use rand::{Rng, SeedableRng};
 use tarn_client::{
-    Client, Code, CollectionSpec, Durability, Insert, Metric, Remove, Search, ShardKey,
+    Client, Code, CollectionSpec, Count, Durability, Insert, Metric, Remove, Search, ShardKey,
 };
 
 /// A free loopback TCP port (bound, then released).
@@ -2316,13 +2316,39 @@ fn filtered_search_over_shards_is_exact_and_remove_and_add_fields_reach_every_sh
                 Search::new("pkgs", vec![0.0f32; DIM])
                     .users([7u128])
                     .exact(true)
-                    .filter(python)
+                    .filter(python.clone())
                     .after(removed.read_token()),
             )
             .await
             .unwrap();
         assert!(hits.is_empty(), "{hits:?}");
         check(data.clone(), removed.read_token(), 2).await;
+        // Count sums every shard's, each read after the token's write; no tenant's documents
+        // are counted for another.
+        let libs = Filter::field("section").eq("libs");
+        let n_libs = data.keys().filter(|&&i| has(i) && i % 5 == 1).count() as u64;
+        for client in &clients {
+            let after = |count: tarn_client::Count| count.after(removed.read_token());
+            let all = Count::new("pkgs").users([7u128]);
+            assert_eq!(client.count(after(all)).await.unwrap(), data.len() as u64);
+            let libs = Count::new("pkgs").users([7u128]).filter(libs.clone());
+            assert_eq!(client.count(after(libs)).await.unwrap(), n_libs);
+            let python = Count::new("pkgs").users([7u128]).filter(python.clone());
+            assert_eq!(client.count(after(python)).await.unwrap(), 0);
+            assert_eq!(
+                client
+                    .count(Count::new("pkgs").users([8u128]))
+                    .await
+                    .unwrap(),
+                0
+            );
+        }
+        let error = clients[1]
+            .count(Count::new("pkgs").filter(Filter::field("color").eq("red")))
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), Code::InvalidArgument, "{error}");
+        assert!(error.message().contains("filter"), "{error}");
 
         // AddFields reaches every shard: documents on every shard can use the field at once.
         let info = clients[0]

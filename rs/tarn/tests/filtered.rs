@@ -1235,6 +1235,14 @@ fn the_cli_creates_fields_inserts_attributes_and_searches_with_a_filter() {
         stderr.contains("--filter") && stderr.contains("')'"),
         "{stderr}"
     );
+    let count = |filter: Option<&str>| {
+        let mut args = vec!["count", "--collection", "pkgs"];
+        args.extend(filter.map(|f| ["--filter", f]).into_iter().flatten());
+        run_cli(addr, &args).trim().parse::<u64>().unwrap()
+    };
+    assert_eq!(count(None), 4);
+    assert_eq!(count(Some("section = python")), 2);
+    assert_eq!(count(Some("not (section exists)")), 1);
     let out = run_cli(
         addr,
         &[
@@ -1247,4 +1255,6 @@ fn the_cli_creates_fields_inserts_attributes_and_searches_with_a_filter() {
     );
     assert!(out.contains("removed 2"), "{out}");
     assert_eq!(search("installed_size_kb >= 0"), vec![1]);
+    assert_eq!(count(Some("section = python")), 0);
+    assert_eq!(count(None), 2);
 }

@@ -353,6 +353,22 @@ fn filtered_search_is_exact_and_never_short_through_replay_checkpoints_merges_an
     expected.sort_unstable();
     assert_eq!(matching, expected);
     assert_eq!(matching.len(), K - 1);
+    // Count agrees with the model, by filter and without, over segments merged and rebuilt.
+    for tenants in [&[1u128, 2][..], &[1], &[2], &[2, 2, 1], &[9]] {
+        for filter in [None, Some(section("nine")), Some(Filter::All(Vec::new()))] {
+            let expected = model
+                .iter()
+                .filter(|((user, _), (_, a))| {
+                    tenants.contains(user) && filter.as_ref().is_none_or(|f| f.matches(a))
+                })
+                .count() as u64;
+            assert_eq!(
+                c.count(tenants, filter.as_ref()).unwrap(),
+                expected,
+                "{tenants:?} {filter:?}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -593,7 +609,9 @@ fn every_bad_attribute_filter_and_field_is_refused_naming_it_and_nothing_is_logg
         assert!(reason.contains(expected), "{reason}");
         refused(c.search(&request), "filter");
         refused(c.matching_documents(&[1], &filter), "filter");
+        refused(c.count(&[1], Some(&filter)), "filter");
     }
+    refused(c.count(&vec![1; 10_001], None), "user_ids");
     let after = c.stats();
     assert_eq!(after.last_appended_seq, before.last_appended_seq);
     assert_eq!(after.n_documents, 0);

@@ -357,6 +357,75 @@ impl Router {
     }
 }
 
+impl Router {
+    /// Counts over every shard holding the tenants' documents (one for a tenant-keyed
+    /// collection), each read from an in-sync copy once the token's position is visible there,
+    /// and sums: a (tenant, document) pair lives on one shard.
+    pub async fn routed_count(
+        &self,
+        cluster: &ClusterNode,
+        request: &pb::CountRequest,
+        deadline: Option<Duration>,
+        api_key: Option<&str>,
+    ) -> Result<u64, ApiError> {
+        let map = cluster.map(&request.collection).await?;
+        let user_ids = convert::ids(&request.user_ids);
+        // Checked for its structure here; every shard checks it against its fields.
+        let filter = request.filter.as_ref().map(convert::filter).transpose()?;
+        let timeout = fanout::forward_deadline(deadline);
+        let shards = fanout::search_shards(&map.def, &user_ids);
+        let token = read_positions(&map, &request.read_token, request.min_seq_no, &shards)?;
+        let parts = shards.into_iter().map(|shard| (shard, ())).collect();
+        let answers = self
+            .fan_out("Count", parts, |shard, ()| {
+                let (min_seq, min_seq_epoch) = shard_position(&token, shard, request.min_seq_no);
+                let (map, token, filter, users) = (&map, &token, &filter, &user_ids);
+                let call = move |target, map: Arc<CollectionMap>| async move {
+                    not_given_up(&map, token, shard)?;
+                    match target {
+                        Target::Local(name) => {
+                            self.local_count(
+                                &name,
+                                users,
+                                filter.as_ref(),
+                                min_seq,
+                                min_seq_epoch,
+                                Some(timeout),
+                            )
+                            .await
+                        }
+                        Target::Remote(mut client, shard_ref) => {
+                            self.count_forwarded("Count");
+                            let count = pb::ShardCountRequest {
+                                shard: Some(shard_ref),
+                                request: Some(pb::CountRequest {
+                                    user_ids: convert::to_ids(users),
+                                    filter: request.filter.clone(),
+                                    min_seq_no: min_seq,
+                                    ..Default::default()
+                                }),
+                                min_seq_epoch,
+                            };
+                            Ok(client
+                                .count(cluster.node_request(count, api_key, timeout))
+                                .await
+                                .map_err(|s| fanout::forwarded_status(&map, shard, s))?
+                                .into_inner()
+                                .count)
+                        }
+                    }
+                };
+                self.on_shard(cluster, map, shard, Access::Spread, timeout, call)
+            })
+            .await;
+        let mut count = 0;
+        for (_, answer) in answers {
+            count += answer?;
+        }
+        Ok(count)
+    }
+}
+
 /// What a partial search keeps of its deadline for merging and answering after the shards'
 /// share (a tenth of it, at most this).
 const PARTIAL_RESERVE: Duration = Duration::from_millis(500);
