@@ -610,6 +610,57 @@ class Client:
 
     # Reads.
 
+    def _search_request(
+        self,
+        collection: str,
+        query,
+        top_k: int = 10,
+        user_ids: Optional[Ids] = None,
+        ef: int = 0,
+        exact: bool = False,
+        min_seq_no: int = 0,
+        read_token: bytes = b"",
+        allow_partial: bool = False,
+        filter=None,
+        output_fields: Optional[Sequence[str]] = None,
+        with_payload: bool = False,
+        text: Optional[tuple] = None,
+        fusion: str = "rrf",
+        rrf_k: float = 0,
+        depth: int = 0,
+        weights: Optional[tuple] = None,
+    ):
+        """The SearchRequest of `search` for one query row."""
+        hybrid = {}
+        if text is not None:
+            field, text_query = text
+            if fusion not in _FUSIONS:
+                raise ValueError(f"fusion must be one of {sorted(_FUSIONS)}, got {fusion!r}")
+            vector_weight, text_weight = weights if weights is not None else (None, None)
+            hybrid = dict(
+                text=tarn_pb2.TextQuery(field=field, query=text_query),
+                fusion=tarn_pb2.Fusion(
+                    method=_FUSIONS[fusion], rrf_k=rrf_k, depth=depth,
+                    vector_weight=vector_weight, text_weight=text_weight,
+                ),
+            )
+        request = tarn_pb2.SearchRequest(
+            collection=collection,
+            user_ids=_ids(user_ids),
+            vector=query.tolist(),
+            top_k=top_k,
+            ef=ef,
+            exact=exact,
+            min_seq_no=min_seq_no,
+            read_token=read_token,
+            allow_partial=allow_partial,
+            filter=to_filter(filter) if filter is not None else None,
+            output_fields=list(output_fields or ()),
+            with_payload=with_payload,
+            **hybrid,
+        )
+        return request
+
     def search(
         self,
         collection: str,
@@ -644,36 +695,26 @@ class Client:
         query = _matrix(vector)
         if query.shape[0] != 1:
             raise ValueError("search takes one vector")
-        hybrid = {}
-        if text is not None:
-            field, text_query = text
-            if fusion not in _FUSIONS:
-                raise ValueError(f"fusion must be one of {sorted(_FUSIONS)}, got {fusion!r}")
-            vector_weight, text_weight = weights if weights is not None else (None, None)
-            hybrid = dict(
-                text=tarn_pb2.TextQuery(field=field, query=text_query),
-                fusion=tarn_pb2.Fusion(
-                    method=_FUSIONS[fusion], rrf_k=rrf_k, depth=depth,
-                    vector_weight=vector_weight, text_weight=text_weight,
-                ),
-            )
-        request = tarn_pb2.SearchRequest(
-            collection=collection,
-            user_ids=_ids(user_ids),
-            vector=query[0].tolist(),
-            top_k=top_k,
-            ef=ef,
-            exact=exact,
-            min_seq_no=min_seq_no,
-            read_token=read_token,
-            allow_partial=allow_partial,
-            filter=to_filter(filter) if filter is not None else None,
-            output_fields=list(output_fields or ()),
-            with_payload=with_payload,
-            **hybrid,
+        request = self._search_request(
+            collection, query[0], top_k, user_ids=user_ids, ef=ef, exact=exact,
+            min_seq_no=min_seq_no, read_token=read_token, allow_partial=allow_partial,
+            filter=filter, output_fields=output_fields, with_payload=with_payload, text=text,
+            fusion=fusion, rrf_k=rrf_k, depth=depth, weights=weights,
         )
         response = self._call(self.stub.Search, request)
         return [_hit(h) for h in response.hits]
+
+    def search_batch(self, collection: str, vectors, top_k: int = 10, **options) -> list:
+        """Searches with every row of `vectors` (a 2-d array, or a list of vectors; at most
+        1,000) in one call, each with the options of `search`; returns one list of hits per row,
+        in order. The first search that fails fails the call, its message naming it
+        (`searches[3]: ...`)."""
+        queries = _matrix(vectors)
+        request = tarn_pb2.SearchBatchRequest(
+            searches=[self._search_request(collection, q, top_k, **options) for q in queries]
+        )
+        response = self._call(self.stub.SearchBatch, request)
+        return [[_hit(h) for h in result.hits] for result in response.results]
 
     def search_text(
         self,
@@ -763,6 +804,59 @@ class Client:
         if filter is not None:
             request.filter.CopyFrom(to_filter(filter))
         return self._call(self.stub.Count, request).count
+
+    def scroll(
+        self,
+        collection: str,
+        user_ids: Optional[Ids] = None,
+        filter=None,
+        limit: int = 100,
+        cursor: bytes = b"",
+        output_fields: Optional[Sequence[str]] = None,
+        with_payload: bool = False,
+        with_vectors: bool = False,
+        min_seq_no: int = 0,
+        read_token: bytes = b"",
+    ) -> tuple:
+        """One page of the live documents of `user_ids` (tenant 0 when None), all or those
+        matching `filter`, in (user_id, doc_id) order: `(documents, next_cursor)`; pass
+        `next_cursor` as `cursor` for the next page (None after the last). Documents carry every
+        field (or those `output_fields` names), the payload with `with_payload` and the vector
+        with `with_vectors` (else an empty array). Each page is read when asked for: a document
+        live and unchanged for the whole scroll comes exactly once."""
+        request = tarn_pb2.ScrollRequest(
+            collection=collection,
+            user_ids=_ids(user_ids),
+            limit=limit,
+            cursor=cursor or b"",
+            output_fields=list(output_fields or ()),
+            with_payload=with_payload,
+            with_vectors=with_vectors,
+            min_seq_no=min_seq_no,
+            read_token=read_token,
+        )
+        if filter is not None:
+            request.filter.CopyFrom(to_filter(filter))
+        response = self._call(self.stub.Scroll, request)
+        docs = [
+            Document(
+                from_id(d.doc_id),
+                from_id(d.user_id),
+                np.asarray(d.vector, dtype=np.float32),
+                *_from_attributes(d.attributes),
+            )
+            for d in response.docs
+        ]
+        return docs, (response.next_cursor or None)
+
+    def scroll_all(self, collection: str, **options):
+        """Every document `scroll` lists, page after page (the options of `scroll`)."""
+        cursor = options.pop("cursor", b"")
+        while True:
+            docs, cursor = self.scroll(collection, cursor=cursor, **options)
+            yield from docs
+            if cursor is None:
+                return
 
     # Backups: consistent snapshots of live collections (docs/SNAPSHOT_FORMAT.md).
 

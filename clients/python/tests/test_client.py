@@ -40,6 +40,18 @@ def test_insert_search_get_remove_with_two_tenants(client):
         assert all(h.user_id == a for h in hits)
         assert all(h.user_id == b for h in client.search(name, va[i], top_k=5, user_ids=b))
 
+    # A batch answers each row as a search alone does, in order.
+    rows = va[[0, 17, 49]]
+    batch = client.search_batch(name, rows, top_k=3, user_ids=a, min_seq_no=seq)
+    assert [[h.doc_id for h in hits] for hits in batch] == [
+        [h.doc_id for h in client.search(name, row, top_k=3, user_ids=a)] for row in rows
+    ]
+    assert [hits[0].doc_id for hits in batch] == [1000, 1017, 1049]
+    with pytest.raises(grpc.RpcError) as err:
+        client.search_batch(name, rows, top_k=0, user_ids=a)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("searches[0]: ") and "top_k" in err.value.details()
+
     docs = client.get(name, [1003, 2003, 999999], user_id=a)
     assert [d.doc_id for d in docs] == [1003]
     np.testing.assert_allclose(docs[0].vector, va[3], atol=1e-6)
@@ -287,6 +299,27 @@ def test_filtered_search_remove_by_filter_and_attributes(client):
     assert client.count(name, user_ids=5) == n
     assert client.count(name, user_ids=[5, 6]) == n
     assert client.count(name) == 0
+
+    # Scroll: every document once, in id order, a page at a time, with a filter too.
+    pages = []
+    cursor = b""
+    while cursor is not None:
+        docs, cursor = client.scroll(name, user_ids=5, limit=64, cursor=cursor, min_seq_no=seq,
+                                     with_vectors=True)
+        pages.append(docs)
+    assert [len(p) for p in pages] == [64, 64, 64, 64, 44]
+    listed = [d for p in pages for d in p]
+    assert [d.doc_id for d in listed] == list(range(n))
+    np.testing.assert_allclose(listed[7].vector, vectors[7], atol=1e-6)
+    assert listed[7].attributes == attributes[7]
+    web = [d.doc_id for d in client.scroll_all(name, user_ids=5, filter={"section": "web"},
+                                                limit=7, output_fields=["section"])]
+    assert web == [i for i in range(n) if attributes[i]["section"] == "web"]
+    docs, _ = client.scroll(name, user_ids=5, limit=1, output_fields=["section"])
+    assert docs[0].attributes == {"section": "python"} and docs[0].vector.size == 0
+    with pytest.raises(grpc.RpcError) as err:
+        client.scroll(name, user_ids=5, cursor=b"junk")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "cursor" in err.value.details()
 
     # Remove by filter: counted, gone, the rest untouched.
     doomed = {i for i in range(n) if attributes[i]["section"] == "devel"}

@@ -17,7 +17,8 @@ use crate::error::{Code, Error, Result};
 use crate::snapshot::{feed_restore, Restored, SnapshotStream};
 use crate::types::{
     id_to_wire, ClusterStatus, CollectionInfo, CollectionSpec, Count, Document, ForgetReport, Hit,
-    Insert, ReadToken, Remove, Search, SetAsideShard, ShardKey, ShardStatus, WriteAck,
+    Insert, ReadToken, Remove, Scroll, ScrollPage, Search, SetAsideShard, ShardKey, ShardStatus,
+    WriteAck,
 };
 
 /// Largest message the client sends or accepts (a large batch of vectors, a large `get`).
@@ -357,6 +358,46 @@ impl Client {
         Ok(reply.hits.iter().map(Hit::from_wire).collect())
     }
 
+    /// Many searches in one call (at most 1,000, of any collections), answered in order, each
+    /// as [`Client::search`] answers it alone. The first that fails fails the call, its message
+    /// naming it (`searches[3]: ...`). The longest of the searches' deadlines (or the
+    /// client's) applies to the whole call.
+    ///
+    /// ```no_run
+    /// # async fn example(client: tarn_client::Client, queries: Vec<Vec<f32>>) -> tarn_client::Result<()> {
+    /// use tarn_client::Search;
+    /// let searches = queries.iter().map(|q| Search::new("debian", &q[..]).top_k(10));
+    /// for hits in client.search_batch(searches).await? {
+    ///     println!("{:?}", hits.first().map(|h| h.doc_id));
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn search_batch(
+        &self,
+        searches: impl IntoIterator<Item = Search>,
+    ) -> Result<Vec<Vec<Hit>>> {
+        let mut timeout: Option<std::time::Duration> = None;
+        let searches = searches
+            .into_iter()
+            .map(|search| {
+                let (request, own) = search.into_wire();
+                timeout = timeout.max(own);
+                request
+            })
+            .collect();
+        let request = pb::SearchBatchRequest { searches };
+        let reply = self
+            .call(request, timeout, |mut stub, request| async move {
+                stub.search_batch(request).await
+            })
+            .await?;
+        Ok(reply
+            .results
+            .iter()
+            .map(|result| result.hits.iter().map(Hit::from_wire).collect())
+            .collect())
+    }
+
     /// A search that may answer from part of the shards (cluster mode, with
     /// [`Search::allow_partial`]): the hits, and the shards that did not answer.
     pub async fn search_partial(&self, search: Search) -> Result<(Vec<Hit>, Vec<u32>)> {
@@ -580,6 +621,39 @@ impl Client {
             })
             .await?;
         Ok(reply.count)
+    }
+
+    /// One page of a [`Scroll`]; pass [`ScrollPage::next`] to [`Scroll::cursor`] for the next.
+    ///
+    /// ```no_run
+    /// # async fn example(client: tarn_client::Client) -> tarn_client::Result<()> {
+    /// use tarn_client::Scroll;
+    /// let mut cursor = Vec::new();
+    /// loop {
+    ///     let page = client
+    ///         .scroll(Scroll::new("debian").limit(1000).vectors(true).cursor(cursor))
+    ///         .await?;
+    ///     for doc in &page.docs {
+    ///         println!("{} {:?}", doc.doc_id, doc.attributes);
+    ///     }
+    ///     match page.next {
+    ///         Some(next) => cursor = next,
+    ///         None => break,
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn scroll(&self, scroll: Scroll) -> Result<ScrollPage> {
+        let (request, timeout) = scroll.into_wire();
+        let reply = self
+            .call(request, timeout, |mut stub, request| async move {
+                stub.scroll(request).await
+            })
+            .await?;
+        Ok(ScrollPage {
+            docs: reply.docs.into_iter().map(Document::from_wire).collect(),
+            next: (!reply.next_cursor.is_empty()).then_some(reply.next_cursor),
+        })
     }
 
     /// Checkpoints a collection now; returns the sequence number everything up to which is in

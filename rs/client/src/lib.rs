@@ -49,6 +49,6 @@ pub use filter::{Field, Filter, Range};
 pub use snapshot::{Restored, SnapshotStream};
 pub use types::{
     ClusterStatus, CollectionInfo, CollectionSpec, Count, Document, Durability, ForgetReport,
-    Fusion, Hit, Insert, Metric, NodeStatus, Quantization, ReadToken, Remove, ReplicaLag, Search,
-    SetAsideShard, ShardKey, ShardStatus, SideScore, WriteAck,
+    Fusion, Hit, Insert, Metric, NodeStatus, Quantization, ReadToken, Remove, ReplicaLag, Scroll,
+    ScrollPage, Search, SetAsideShard, ShardKey, ShardStatus, SideScore, WriteAck,
 };

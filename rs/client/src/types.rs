@@ -814,6 +814,132 @@ impl Count {
     }
 }
 
+/// One page of the live documents of some tenants (none listed: tenant 0), all or those
+/// matching a filter, in (user_id, doc_id) order ([`Client::scroll`](crate::Client::scroll)):
+/// export and migration. Each page is read when asked for: a document live and unchanged for
+/// the whole scroll comes exactly once.
+///
+/// ```
+/// use tarn_client::{Filter, Scroll};
+/// let first = Scroll::new("docs").users([7u128]).limit(500).vectors(true);
+/// let utils = Scroll::new("docs").filter(Filter::field("section").eq("utils"));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Scroll {
+    collection: String,
+    user_ids: Vec<u128>,
+    filter: Option<Filter>,
+    limit: u32,
+    cursor: Vec<u8>,
+    output_fields: Vec<String>,
+    with_payload: bool,
+    with_vectors: bool,
+    after: ReadToken,
+    timeout: Option<Duration>,
+}
+
+impl Scroll {
+    /// The first page (100 documents) of tenant 0's documents, every field, no vectors.
+    pub fn new(collection: impl Into<String>) -> Scroll {
+        Scroll {
+            collection: collection.into(),
+            user_ids: Vec::new(),
+            filter: None,
+            limit: 0,
+            cursor: Vec::new(),
+            output_fields: Vec::new(),
+            with_payload: false,
+            with_vectors: false,
+            after: ReadToken::default(),
+            timeout: None,
+        }
+    }
+
+    /// The tenants whose documents are listed.
+    pub fn users(mut self, user_ids: impl Into<Vec<u128>>) -> Scroll {
+        self.user_ids = user_ids.into();
+        self
+    }
+
+    /// Only the documents matching `filter`.
+    pub fn filter(mut self, filter: impl Into<Filter>) -> Scroll {
+        self.filter = Some(filter.into());
+        self
+    }
+
+    /// Documents per page (1 to 10,000; 100 unless set).
+    pub fn limit(mut self, limit: u32) -> Scroll {
+        self.limit = limit;
+        self
+    }
+
+    /// Starts after where a page ended ([`ScrollPage::next`]).
+    pub fn cursor(mut self, cursor: impl Into<Vec<u8>>) -> Scroll {
+        self.cursor = cursor.into();
+        self
+    }
+
+    /// The declared fields each document returns (none: every field; `"*"`: every field).
+    pub fn output_fields<S: Into<String>>(mut self, fields: impl IntoIterator<Item = S>) -> Scroll {
+        self.output_fields = fields.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Returns each document's payload too.
+    pub fn payload(mut self, with_payload: bool) -> Scroll {
+        self.with_payload = with_payload;
+        self
+    }
+
+    /// Returns each document's vector too (left out unless asked for).
+    pub fn vectors(mut self, with_vectors: bool) -> Scroll {
+        self.with_vectors = with_vectors;
+        self
+    }
+
+    /// Waits (within the deadline) until the write `token` is visible, on every shard asked.
+    pub fn after(mut self, token: ReadToken) -> Scroll {
+        self.after = token;
+        self
+    }
+
+    /// The deadline of this call (the client's default unless set).
+    pub fn timeout(mut self, timeout: Duration) -> Scroll {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    pub(crate) fn into_wire(self) -> (pb::ScrollRequest, Option<Duration>) {
+        let request = pb::ScrollRequest {
+            collection: self.collection,
+            user_ids: self.user_ids.into_iter().map(id_to_wire).collect(),
+            filter: self.filter.as_ref().map(Filter::to_wire),
+            limit: self.limit,
+            cursor: self.cursor,
+            output_fields: self.output_fields,
+            with_payload: self.with_payload,
+            with_vectors: self.with_vectors,
+            min_seq_no: if self.after.as_bytes().is_empty() {
+                self.after.seq_no()
+            } else {
+                0
+            },
+            read_token: self.after.as_bytes().to_vec(),
+        };
+        (request, self.timeout)
+    }
+}
+
+/// One page of a [`Scroll`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ScrollPage {
+    /// In (user_id, doc_id) order; vectors empty unless asked for.
+    pub docs: Vec<Document>,
+    /// The cursor of the next page ([`Scroll::cursor`]); `None` after the last page.
+    pub next: Option<Vec<u8>>,
+}
+
 /// A top-k search over some tenants' documents (none listed: tenant 0).
 ///
 /// ```

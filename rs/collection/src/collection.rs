@@ -199,6 +199,20 @@ pub struct SearchHit {
     pub text_side: Option<SideRank>,
 }
 
+/// The most documents one scroll page holds.
+pub const MAX_SCROLL_LIMIT: usize = 10_000;
+
+/// One page of [`Collection::scroll`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScrollPage {
+    /// `(user_id, doc_id, vector, values)` in (user_id, doc_id) order; the vector is empty
+    /// unless asked for.
+    pub docs: Vec<(u128, u128, Vec<f32>, Attributes)>,
+    /// The pair to scroll on from (the page's last one, present or removed meanwhile) when
+    /// documents follow the page; `None` at the end.
+    pub next: Option<(u128, u128)>,
+}
+
 /// Which of a document's values a search or a get returns: declared fields by name (`"*"`:
 /// every field), and the payload.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -888,6 +902,63 @@ impl Collection {
             }
         }
         Ok(found)
+    }
+
+    /// One page of the live documents of `user_ids` (tenant 0 when none; a tenant listed twice
+    /// counts once) matching `filter` (every one when `None`), in (user_id, doc_id) order,
+    /// strictly after the pair `after`: at most `limit` (1..=10,000), each with the values
+    /// `output` selects and, with `with_vectors`, its vector (else an empty one). The page is
+    /// read from the segments at the moment of the call: a document live and unchanged for a
+    /// whole scroll comes exactly once; one written or removed meanwhile may or may not.
+    /// Bad input is named (`limit`, `user_ids`, `filter`, `output_fields`).
+    pub fn scroll(
+        &self,
+        user_ids: &[u128],
+        filter: Option<&Filter>,
+        after: Option<(u128, u128)>,
+        limit: usize,
+        output: &FieldSelection,
+        with_vectors: bool,
+    ) -> Result<ScrollPage> {
+        if !(1..=MAX_SCROLL_LIMIT).contains(&limit) {
+            return Err(CollectionError::invalid(
+                "limit",
+                format!("must be 1 to {MAX_SCROLL_LIMIT}"),
+            ));
+        }
+        if user_ids.len() > 10_000 {
+            return Err(CollectionError::invalid(
+                "user_ids",
+                "at most 10000 tenants per scroll",
+            ));
+        }
+        let schema = self.schema();
+        output.validate(&schema)?;
+        let stored = output.needs_stored(&schema);
+        let mut tenants = op::Operation::tenants(user_ids).to_vec();
+        tenants.sort_unstable();
+        tenants.dedup();
+        let everything = Filter::All(Vec::new());
+        let pairs = self.matching_documents(&tenants, filter.unwrap_or(&everything))?;
+        let rest = &pairs[after.map_or(0, |after| pairs.partition_point(|p| *p <= after))..];
+        let set = self.shared().segments();
+        let mut docs = Vec::with_capacity(limit.min(rest.len()));
+        for &(user_id, doc_id) in rest.iter().take(limit) {
+            // One lookup: the vector and the values of the same version.
+            let found = match with_vectors {
+                true => set.get_with_attributes(user_id, doc_id, stored)?,
+                false => set
+                    .document(user_id, doc_id, stored)?
+                    .map(|values| (Vec::new(), values)),
+            };
+            if let Some((vector, values)) = found {
+                docs.push((user_id, doc_id, vector, output.apply(values)));
+            }
+        }
+        Ok(ScrollPage {
+            docs,
+            next: (rest.len() > limit).then(|| rest[limit - 1]),
+        })
     }
 
     /// Every live document, as `(user_id, doc_id, vector)` in (user, doc) order, read from the

@@ -24,8 +24,8 @@ mod triggers;
 mod wal_tail;
 
 pub use collection::{
-    Collection, CollectionStats, FieldSelection, SearchHit, SearchRequest, TextQuery,
-    MAX_PAIRS_PER_REQUEST,
+    Collection, CollectionStats, FieldSelection, ScrollPage, SearchHit, SearchRequest, TextQuery,
+    MAX_PAIRS_PER_REQUEST, MAX_SCROLL_LIMIT,
 };
 pub use config::{
     Bm25Config, CollectionConfig, DurabilityName, HnswConfig, MetricName, QuantizationConfig,

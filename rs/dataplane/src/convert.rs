@@ -107,6 +107,50 @@ pub fn get_selection(output_fields: &[String], with_payload: bool) -> FieldSelec
     }
 }
 
+/// The version byte of a scroll cursor: `[1, user_id (16 bytes, big-endian), doc_id (16)]`.
+const SCROLL_CURSOR_V1: u8 = 1;
+
+/// A scroll's cursor on the wire: where the next page starts after.
+pub fn scroll_cursor(after: Option<(u128, u128)>) -> Vec<u8> {
+    match after {
+        None => Vec::new(),
+        Some((user_id, doc_id)) => {
+            let mut bytes = Vec::with_capacity(33);
+            bytes.push(SCROLL_CURSOR_V1);
+            bytes.extend_from_slice(&user_id.to_be_bytes());
+            bytes.extend_from_slice(&doc_id.to_be_bytes());
+            bytes
+        }
+    }
+}
+
+/// A scroll's cursor from the wire (empty: from the start); anything else is refused naming
+/// `cursor`.
+pub fn scroll_after(cursor: &[u8]) -> Result<Option<(u128, u128)>, ApiError> {
+    if cursor.is_empty() {
+        return Ok(None);
+    }
+    match cursor {
+        [SCROLL_CURSOR_V1, rest @ ..] if rest.len() == 32 => {
+            let (user, doc) = rest.split_at(16);
+            let word = |b: &[u8]| u128::from_be_bytes(b.try_into().expect("16 bytes"));
+            Ok(Some((word(user), word(doc))))
+        }
+        _ => Err(ApiError::invalid(
+            "cursor",
+            "not a cursor this server gave (pass a page's next_cursor unchanged)",
+        )),
+    }
+}
+
+/// A scroll's page size: 0 means 100.
+pub fn scroll_limit(limit: u32) -> usize {
+    match limit {
+        0 => 100,
+        n => n as usize,
+    }
+}
+
 pub fn to_ids(values: &[u128]) -> Vec<pb::Id> {
     values.iter().copied().map(u128_to_id).collect()
 }

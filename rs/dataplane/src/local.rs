@@ -421,6 +421,45 @@ impl Router {
         Ok(collection.count(user_ids, filter)?)
     }
 
+    /// One page of a scroll of a local collection (`Collection::scroll`), once `min_seq` is
+    /// visible (as `local_get`).
+    pub async fn local_scroll(
+        &self,
+        name: &str,
+        request: &pb::ScrollRequest,
+        min_seq: u64,
+        token_epoch: u64,
+        deadline: Option<Duration>,
+    ) -> Result<pb::ScrollResponse, ApiError> {
+        let collection = self.resolve(name).await?;
+        self.await_position(name, &collection, min_seq, token_epoch, deadline)
+            .await?;
+        let filter = request.filter.as_ref().map(convert::filter).transpose()?;
+        let after = convert::scroll_after(&request.cursor)?;
+        let output = convert::get_selection(&request.output_fields, request.with_payload);
+        let page = collection.scroll(
+            &convert::ids(&request.user_ids),
+            filter.as_ref(),
+            after,
+            convert::scroll_limit(request.limit),
+            &output,
+            request.with_vectors,
+        )?;
+        Ok(pb::ScrollResponse {
+            docs: page
+                .docs
+                .into_iter()
+                .map(|(user_id, doc_id, vector, values)| pb::Document {
+                    doc_id: Some(convert::u128_to_id(doc_id)),
+                    user_id: Some(convert::u128_to_id(user_id)),
+                    vector,
+                    attributes: convert::attributes_to_wire(&values),
+                })
+                .collect(),
+            next_cursor: convert::scroll_cursor(page.next),
+        })
+    }
+
     pub async fn local_info(&self, name: &str) -> Result<pb::CollectionInfo, ApiError> {
         let collection = self.resolve(name).await?;
         Ok(convert::collection_info(

@@ -57,9 +57,21 @@ pub enum ApiError {
     DeadlineExceeded(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// One part of a call made of several (a batch's search) failed: its error, named.
+    #[error("{part}: {inner}")]
+    Within { part: String, inner: Box<ApiError> },
 }
 
 impl ApiError {
+    /// This error as the failure of `part` of a call made of several (`searches[3]`): the
+    /// same code, the message prefixed with the part.
+    pub fn within(self, part: &str) -> ApiError {
+        ApiError::Within {
+            part: part.to_owned(),
+            inner: Box::new(self),
+        }
+    }
+
     pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
         ApiError::InvalidArgument {
             field,
@@ -142,6 +154,14 @@ impl From<ApiError> for Status {
             ApiError::Forwarded(error) => Status::new(forwarded_code(error.code()), message),
             ApiError::DeadlineExceeded(_) => Status::deadline_exceeded(message),
             ApiError::Internal(_) => Status::internal(message),
+            ApiError::Within { part, inner } => {
+                let status = Status::from(*inner);
+                Status::with_metadata(
+                    status.code(),
+                    format!("{part}: {}", status.message()),
+                    status.metadata().clone(),
+                )
+            }
         }
     }
 }

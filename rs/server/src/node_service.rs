@@ -64,6 +64,26 @@ impl NodeService {
         extensions.insert(FromNodeService);
         Ok(Request::from_parts(metadata, extensions, message(outer)?))
     }
+
+    /// A shard read's request for the `Tarn` handler: the inner request addressed to the
+    /// shard (`address_to` sets its collection and clears its read token: the router sent the
+    /// shard's own position in `min_seq_no`), with the epoch of that position attached.
+    fn shard_read<M, T>(
+        &self,
+        request: Request<M>,
+        min_seq_epoch: u64,
+        parts: impl FnOnce(M) -> (Option<pb::ShardRef>, Option<T>),
+        address_to: impl FnOnce(&mut T, String),
+    ) -> Result<Request<T>, Status> {
+        let mut request = self.inner(request, |m| {
+            let (shard, inner) = parts(m);
+            let mut inner = inner.ok_or_else(|| ApiError::invalid("request", "missing"))?;
+            address_to(&mut inner, address(shard)?);
+            Ok(inner)
+        })?;
+        request.extensions_mut().insert(TokenEpoch(min_seq_epoch));
+        Ok(request)
+    }
 }
 
 #[tonic::async_trait]
@@ -104,15 +124,15 @@ impl Node for NodeService {
         request: Request<pb::ShardSearchRequest>,
     ) -> Result<Response<pb::SearchResponse>, Status> {
         let min_seq_epoch = request.get_ref().min_seq_epoch;
-        let mut request = self.inner(request, |m| {
-            let mut inner = m
-                .request
-                .ok_or_else(|| ApiError::invalid("request", "missing"))?;
-            inner.collection = address(m.shard)?;
-            inner.read_token.clear();
-            Ok(inner)
-        })?;
-        request.extensions_mut().insert(TokenEpoch(min_seq_epoch));
+        let request = self.shard_read(
+            request,
+            min_seq_epoch,
+            |m| (m.shard, m.request),
+            |inner, name| {
+                inner.collection = name;
+                inner.read_token.clear();
+            },
+        )?;
         self.tarn.search(request).await
     }
 
@@ -121,15 +141,15 @@ impl Node for NodeService {
         request: Request<pb::ShardGetRequest>,
     ) -> Result<Response<pb::GetResponse>, Status> {
         let min_seq_epoch = request.get_ref().min_seq_epoch;
-        let mut request = self.inner(request, |m| {
-            let mut inner = m
-                .request
-                .ok_or_else(|| ApiError::invalid("request", "missing"))?;
-            inner.collection = address(m.shard)?;
-            inner.read_token.clear();
-            Ok(inner)
-        })?;
-        request.extensions_mut().insert(TokenEpoch(min_seq_epoch));
+        let request = self.shard_read(
+            request,
+            min_seq_epoch,
+            |m| (m.shard, m.request),
+            |inner, name| {
+                inner.collection = name;
+                inner.read_token.clear();
+            },
+        )?;
         self.tarn.get(request).await
     }
 
@@ -138,16 +158,33 @@ impl Node for NodeService {
         request: Request<pb::ShardCountRequest>,
     ) -> Result<Response<pb::CountResponse>, Status> {
         let min_seq_epoch = request.get_ref().min_seq_epoch;
-        let mut request = self.inner(request, |m| {
-            let mut inner = m
-                .request
-                .ok_or_else(|| ApiError::invalid("request", "missing"))?;
-            inner.collection = address(m.shard)?;
-            inner.read_token.clear();
-            Ok(inner)
-        })?;
-        request.extensions_mut().insert(TokenEpoch(min_seq_epoch));
+        let request = self.shard_read(
+            request,
+            min_seq_epoch,
+            |m| (m.shard, m.request),
+            |inner, name| {
+                inner.collection = name;
+                inner.read_token.clear();
+            },
+        )?;
         self.tarn.count(request).await
+    }
+
+    async fn scroll(
+        &self,
+        request: Request<pb::ShardScrollRequest>,
+    ) -> Result<Response<pb::ScrollResponse>, Status> {
+        let min_seq_epoch = request.get_ref().min_seq_epoch;
+        let request = self.shard_read(
+            request,
+            min_seq_epoch,
+            |m| (m.shard, m.request),
+            |inner, name| {
+                inner.collection = name;
+                inner.read_token.clear();
+            },
+        )?;
+        self.tarn.scroll(request).await
     }
 
     async fn get_shard(

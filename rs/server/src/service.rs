@@ -47,6 +47,54 @@ impl TarnService {
         result.map(Response::new)
     }
 
+    /// One search (a Search call's, or one of a SearchBatch's), its caller checked: routed in
+    /// cluster mode, else run on a local collection.
+    async fn search_one(
+        &self,
+        request: pb::SearchRequest,
+        deadline: Option<Duration>,
+        api_key: Option<&str>,
+        token_epoch: u64,
+    ) -> Result<pb::SearchResponse, ApiError> {
+        if let Some(cluster) = self.router.cluster_for(&request.collection) {
+            return self
+                .router
+                .routed_search(cluster, request, deadline, api_key)
+                .await;
+        }
+        let min_seq = local_position(request.min_seq_no, &request.read_token)?;
+        let search = SearchRequest {
+            user_ids: convert::ids(&request.user_ids),
+            vector: request.vector,
+            top_k: request.top_k as usize,
+            ef: request.ef as usize,
+            exact: request.exact,
+            min_seq,
+            filter: request.filter.as_ref().map(convert::filter).transpose()?,
+            output: convert::search_selection(&request.output_fields, request.with_payload),
+            text: convert::text_query(&request.text),
+            hybrid: convert::hybrid(request.fusion.as_ref())?,
+        };
+        if request.text.as_ref().is_some_and(|text| text.stats_only) {
+            let stats = self
+                .router
+                .local_text_stats_at(&request.collection, search, deadline, token_epoch)
+                .await?;
+            return Ok(pb::SearchResponse {
+                text_stats: Some(convert::text_stats_to_wire(&stats)),
+                ..Default::default()
+            });
+        }
+        let hits = self
+            .router
+            .local_search_at(&request.collection, search, deadline, token_epoch)
+            .await?;
+        Ok(pb::SearchResponse {
+            hits: convert::search_hits(hits),
+            ..Default::default()
+        })
+    }
+
     /// A shard address (`<collection>.<uid>.<shard>@<epoch>`) is for the cluster's own
     /// node-to-node calls, which come through the `Node` service (`node_service.rs`): the public
     /// API refuses it from the wire, whatever the caller's key (a client writing to a shard
@@ -69,6 +117,12 @@ impl TarnService {
         }
     }
 }
+
+/// Most searches in one SearchBatch.
+const MAX_BATCH_SEARCHES: usize = 1000;
+
+/// Routed searches of one SearchBatch in flight at once.
+const ROUTED_BATCH_CONCURRENCY: usize = 8;
 
 /// The time left before the client's deadline (`grpc-timeout`), if it sent one.
 fn client_deadline<T>(request: &Request<T>) -> Option<Duration> {
@@ -362,47 +416,67 @@ impl Tarn for TarnService {
                 .get::<crate::node_service::TokenEpoch>()
                 .map_or(0, |e| e.0);
             let request = request.into_inner();
-            if let Some(cluster) = self.router.cluster_for(&request.collection) {
-                return self
-                    .router
-                    .routed_search(cluster, request, deadline, api_key.as_deref())
-                    .await;
-            }
-            let min_seq = local_position(request.min_seq_no, &request.read_token)?;
-            let search = SearchRequest {
-                user_ids: convert::ids(&request.user_ids),
-                vector: request.vector,
-                top_k: request.top_k as usize,
-                ef: request.ef as usize,
-                exact: request.exact,
-                min_seq,
-                filter: request.filter.as_ref().map(convert::filter).transpose()?,
-                output: convert::search_selection(&request.output_fields, request.with_payload),
-                text: convert::text_query(&request.text),
-                hybrid: convert::hybrid(request.fusion.as_ref())?,
-            };
-            if request.text.as_ref().is_some_and(|text| text.stats_only) {
-                let stats = self
-                    .router
-                    .local_text_stats_at(&request.collection, search, deadline, token_epoch)
-                    .await?;
-                return Ok(pb::SearchResponse {
-                    text_stats: Some(convert::text_stats_to_wire(&stats)),
-                    ..Default::default()
-                });
-            }
-            let hits = self
-                .router
-                .local_search_at(&request.collection, search, deadline, token_epoch)
-                .await?;
-            Ok(pb::SearchResponse {
-                hits: convert::search_hits(hits),
-                ..Default::default()
-            })
+            self.search_one(request, deadline, api_key.as_deref(), token_epoch)
+                .await
         }
         .await;
         self.metrics.search.observe(started.elapsed().as_secs_f64());
         self.observe("Search", started, result)
+    }
+
+    async fn search_batch(
+        &self,
+        request: Request<pb::SearchBatchRequest>,
+    ) -> RpcResult<pb::SearchBatchResponse> {
+        let started = Instant::now();
+        let result = async {
+            self.keys.check(&request, Access::Read)?;
+            for search in &request.get_ref().searches {
+                self.check_shard_address(&request, &search.collection)?;
+            }
+            let deadline = client_deadline(&request);
+            let api_key = crate::auth::api_key(&request);
+            let searches = request.into_inner().searches;
+            if searches.is_empty() || searches.len() > MAX_BATCH_SEARCHES {
+                return Err(ApiError::invalid(
+                    "searches",
+                    format!("1 to {MAX_BATCH_SEARCHES} searches per batch"),
+                ));
+            }
+            let api_key = api_key.as_deref();
+            let routed = searches
+                .iter()
+                .all(|s| self.router.cluster_for(&s.collection).is_some());
+            let named = |i: usize| move |e: ApiError| e.within(&format!("searches[{i}]"));
+            let mut results = Vec::with_capacity(searches.len());
+            if routed {
+                // Routed searches wait on other nodes: a few at a time, answered in order.
+                use futures_util::{StreamExt, TryStreamExt};
+                results = futures_util::stream::iter(searches.into_iter().enumerate())
+                    .map(|(i, search)| async move {
+                        self.search_one(search, deadline, api_key, 0)
+                            .await
+                            .map_err(named(i))
+                    })
+                    .buffered(ROUTED_BATCH_CONCURRENCY)
+                    .try_collect()
+                    .await?;
+            } else {
+                // Local searches run on this worker one after another, letting its other tasks
+                // run between them: a batch holds the worker no longer than one search does.
+                for (i, search) in searches.into_iter().enumerate() {
+                    results.push(
+                        self.search_one(search, deadline, api_key, 0)
+                            .await
+                            .map_err(named(i))?,
+                    );
+                    tokio::task::yield_now().await;
+                }
+            }
+            Ok(pb::SearchBatchResponse { results })
+        }
+        .await;
+        self.observe("SearchBatch", started, result)
     }
 
     async fn get(&self, request: Request<pb::GetRequest>) -> RpcResult<pb::GetResponse> {
@@ -512,6 +586,42 @@ impl Tarn for TarnService {
         }
         .await;
         self.observe("Count", started, result)
+    }
+
+    async fn scroll(&self, request: Request<pb::ScrollRequest>) -> RpcResult<pb::ScrollResponse> {
+        let started = Instant::now();
+        let result = async {
+            self.keys.check(&request, Access::Read)?;
+            self.check_shard_address(&request, &request.get_ref().collection)?;
+            let deadline = client_deadline(&request);
+            let api_key = crate::auth::api_key(&request);
+            let token_epoch = request
+                .extensions()
+                .get::<crate::node_service::TokenEpoch>()
+                .map_or(0, |e| e.0);
+            let request = request.into_inner();
+            match self.router.cluster_for(&request.collection) {
+                Some(cluster) => {
+                    self.router
+                        .routed_scroll(cluster, &request, deadline, api_key.as_deref())
+                        .await
+                }
+                None => {
+                    let min_seq = local_position(request.min_seq_no, &request.read_token)?;
+                    self.router
+                        .local_scroll(
+                            &request.collection,
+                            &request,
+                            min_seq,
+                            token_epoch,
+                            deadline,
+                        )
+                        .await
+                }
+            }
+        }
+        .await;
+        self.observe("Scroll", started, result)
     }
 
     async fn flush(&self, request: Request<pb::FlushRequest>) -> RpcResult<pb::FlushResponse> {

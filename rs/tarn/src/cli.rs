@@ -57,6 +57,28 @@ pub enum Command {
         #[arg(long)]
         filter: Option<String>,
     },
+    /// Print every live document of the tenants (tenant 0 by default), all or those matching
+    /// --filter, in (user id, doc id) order, one JSON object per line: export and migration.
+    Scroll {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[arg(long)]
+        collection: String,
+        #[arg(long = "user-id")]
+        user_ids: Vec<u128>,
+        /// Only the documents matching this filter (the grammar of `tarn search --filter`).
+        #[arg(long)]
+        filter: Option<String>,
+        /// Documents per request (1 to 10000).
+        #[arg(long, default_value_t = 1000)]
+        page: u32,
+        /// Print each document's vector too.
+        #[arg(long)]
+        with_vectors: bool,
+        /// Print each document's payload too.
+        #[arg(long)]
+        with_payload: bool,
+    },
     /// Remove documents: listed ones (--doc-id), or every one matching --filter.
     Remove {
         #[command(flatten)]

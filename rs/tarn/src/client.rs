@@ -1,6 +1,6 @@
 //! The client commands of the `tarn` binary.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -678,6 +678,54 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 count = count.filter(parse_filter(&client, &collection, &text).await?);
             }
             println!("{}", client.count(count).await?);
+        }
+        Command::Scroll {
+            client,
+            collection,
+            user_ids,
+            filter,
+            page,
+            with_vectors,
+            with_payload,
+        } => {
+            let client = connect(&client).await?;
+            let filter = match filter {
+                Some(text) => Some(parse_filter(&client, &collection, &text).await?),
+                None => None,
+            };
+            let mut cursor = Vec::new();
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            loop {
+                let mut scroll = tarn_client::Scroll::new(collection.clone())
+                    .users(user_ids.clone())
+                    .limit(page)
+                    .cursor(cursor)
+                    .vectors(with_vectors)
+                    .payload(with_payload);
+                if let Some(filter) = &filter {
+                    scroll = scroll.filter(filter.clone());
+                }
+                let page = client.scroll(scroll).await?;
+                for doc in &page.docs {
+                    let mut line = serde_json::json!({
+                        "doc_id": doc.doc_id.to_string(),
+                        "user_id": doc.user_id.to_string(),
+                        "attributes": attributes_json(&doc.attributes),
+                    });
+                    if with_vectors {
+                        line["vector"] = serde_json::json!(doc.vector);
+                    }
+                    if let Some(payload) = doc.attributes.payload() {
+                        line["payload"] = serde_json::from_str(payload)?;
+                    }
+                    writeln!(out, "{line}")?;
+                }
+                match page.next {
+                    Some(next) => cursor = next,
+                    None => break,
+                }
+            }
+            out.flush()?;
         }
         Command::Remove {
             client,

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use common::{run_cli, runtime, Server};
 use rand::{Rng, SeedableRng};
 use tarn_client::{
-    Client, Code, CollectionSpec, Count, Durability, Insert, Metric, Remove, Search, ShardKey,
+    Client, Code, CollectionSpec, Count, Durability, Insert, Metric, Remove, Scroll, Search,
+    ShardKey,
 };
 
 /// A free loopback TCP port (bound, then released).
@@ -2349,6 +2350,55 @@ fn filtered_search_over_shards_is_exact_and_remove_and_add_fields_reach_every_sh
             .unwrap_err();
         assert_eq!(error.code(), Code::InvalidArgument, "{error}");
         assert!(error.message().contains("filter"), "{error}");
+        // A batch of routed searches answers each as it is answered alone, in order.
+        let searches: Vec<Search> = data
+            .values()
+            .take(12)
+            .map(|v| {
+                Search::new("pkgs", v.clone())
+                    .users([7u128])
+                    .top_k(5)
+                    .after(removed.read_token())
+            })
+            .collect();
+        let batch = clients[2].search_batch(searches.clone()).await.unwrap();
+        assert_eq!(batch.len(), searches.len());
+        for (search, hits) in searches.into_iter().zip(batch) {
+            assert_eq!(clients[1].search(search).await.unwrap(), hits);
+        }
+        // Scroll over the 4 shards lists every document once, in id order, page by page.
+        let every: Vec<u128> = data.keys().copied().collect();
+        let libs_docs: Vec<u128> = every
+            .iter()
+            .copied()
+            .filter(|&i| has(i) && i % 5 == 1)
+            .collect();
+        for (limit, filter, expected) in [(7u32, None, every), (3, Some(libs), libs_docs)] {
+            let mut listed = Vec::new();
+            let mut cursor = Vec::new();
+            loop {
+                let mut scroll = Scroll::new("pkgs")
+                    .users([7u128])
+                    .limit(limit)
+                    .cursor(cursor.clone())
+                    .after(removed.read_token())
+                    .vectors(true);
+                if let Some(filter) = &filter {
+                    scroll = scroll.filter(filter.clone());
+                }
+                let page = clients[listed.len() % 3].scroll(scroll).await.unwrap();
+                assert!(page.docs.len() <= limit as usize);
+                for doc in &page.docs {
+                    assert_eq!(doc.vector, data[&doc.doc_id]);
+                }
+                listed.extend(page.docs.iter().map(|d| d.doc_id));
+                match page.next {
+                    Some(next) => cursor = next,
+                    None => break,
+                }
+            }
+            assert_eq!(listed, expected, "limit {limit}");
+        }
 
         // AddFields reaches every shard: documents on every shard can use the field at once.
         let info = clients[0]
@@ -2668,6 +2718,9 @@ fn full_text_and_hybrid_search_over_shards_answer_as_one_shard_does() {
                 .with("body", Value::text(texts[i as usize].clone()))
         };
         let removed: Vec<u128> = (0..N).step_by(9).collect();
+        // Searches read after the removes (their tokens): a search that raced them would
+        // count and find removed documents on some shards only.
+        let mut after = BTreeMap::new();
         for name in ["spread", "whole"] {
             client
                 .insert(
@@ -2677,10 +2730,11 @@ fn full_text_and_hybrid_search_over_shards_answer_as_one_shard_does() {
                 .await
                 .unwrap();
             client.flush(name).await.unwrap();
-            client
+            let ack = client
                 .remove(Remove::new(name, removed.clone()))
                 .await
                 .unwrap();
+            after.insert(name, ack.read_token());
         }
         let queries = [
             "python libraries",
@@ -2703,6 +2757,7 @@ fn full_text_and_hybrid_search_over_shards_answer_as_one_shard_does() {
                     .fusion(Fusion::RelativeScore)
                     .weights(0.4, 0.6),
             ]
+            .map(|search| search.after(after[name].clone()))
         };
         for query in queries {
             for (spread, whole) in searches("spread", query)

@@ -1242,6 +1242,27 @@ fn the_cli_creates_fields_inserts_attributes_and_searches_with_a_filter() {
     };
     assert_eq!(count(None), 4);
     assert_eq!(count(Some("section = python")), 2);
+    // Scroll prints the documents, one JSON object a line, in id order, page by page.
+    let scroll = |extra: &[&str]| {
+        let mut args = vec!["scroll", "--collection", "pkgs", "--page", "1"];
+        args.extend_from_slice(extra);
+        run_cli(addr, &args)
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let all = scroll(&["--with-vectors"]);
+    let ids: Vec<&str> = all.iter().map(|d| d["doc_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["0", "1", "2", "3"]);
+    assert_eq!(all[0]["attributes"]["section"], "python");
+    assert_eq!(all[0]["vector"].as_array().unwrap().len(), 4);
+    let python = scroll(&["--filter", "section = python"]);
+    let ids: Vec<&str> = python
+        .iter()
+        .map(|d| d["doc_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["0", "2"]);
+    assert!(python[0].get("vector").is_none());
     assert_eq!(count(Some("not (section exists)")), 1);
     let out = run_cli(
         addr,

@@ -235,6 +235,83 @@ fn every_rpc_and_every_error_code() {
             code(c.search(search("nope", &[], vec![1.0, 0.0, 0.0], 2)).await),
             Code::NotFound
         );
+        // SearchBatch: each search answered as alone, in order; the first failure fails the
+        // call, named; an empty or oversized batch is refused naming `searches`.
+        let mut first = search("docs", &[7], vec![0.9, 0.0, 0.0], 2);
+        first.min_seq_no = last_seq;
+        let searches = vec![
+            first,
+            search("docs", &[8], vec![0.9, 0.0, 0.0], 2),
+            search("docs", &[7], vec![5.0, 5.0, 5.0], 1),
+        ];
+        let mut alone = Vec::new();
+        for request in &searches {
+            alone.push(c.search(request.clone()).await.unwrap().into_inner());
+        }
+        let batch = c
+            .search_batch(pb::SearchBatchRequest {
+                searches: searches.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(batch.results, alone);
+        assert_eq!(batch.results[0].hits[0].doc_id, Some(id(2)));
+        for (searches, message) in [
+            (
+                vec![
+                    searches[0].clone(),
+                    search("docs", &[7], vec![1.0, 0.0, 0.0], 0),
+                ],
+                "searches[1]: invalid top_k",
+            ),
+            (
+                vec![search("nope", &[], vec![1.0, 0.0, 0.0], 2)],
+                "searches[0]: collection 'nope' not found",
+            ),
+            (Vec::new(), "searches: 1 to 1000"),
+            (vec![searches[1].clone(); 1001], "searches: 1 to 1000"),
+        ] {
+            let status = c
+                .search_batch(pb::SearchBatchRequest { searches })
+                .await
+                .unwrap_err();
+            assert!(
+                status.message().starts_with(message),
+                "{}",
+                status.message()
+            );
+            let expected = if message.contains("nope") {
+                Code::NotFound
+            } else {
+                Code::InvalidArgument
+            };
+            assert_eq!(status.code(), expected, "{}", status.message());
+        }
+        // Count: exact per tenant; a bad filter names it.
+        let count = |users: &[u128]| pb::CountRequest {
+            collection: "docs".into(),
+            user_ids: users.iter().map(|&u| id(u)).collect(),
+            min_seq_no: last_seq,
+            ..Default::default()
+        };
+        let n7 = c.count(count(&[7])).await.unwrap().into_inner().count;
+        assert!(n7 > 0);
+        assert_eq!(c.count(count(&[8])).await.unwrap().into_inner().count, 0);
+        assert_eq!(
+            c.count(count(&[7, 8, 7])).await.unwrap().into_inner().count,
+            n7
+        );
+        assert_eq!(
+            code(
+                c.count(pb::CountRequest {
+                    collection: "nope".into(),
+                    ..Default::default()
+                })
+                .await
+            ),
+            Code::NotFound
+        );
         // A min_seq_no that never comes: the client's deadline is respected.
         let mut request = Request::new(search("docs", &[7], vec![1.0, 0.0, 0.0], 2));
         request.get_mut().min_seq_no = last_seq + 1000;

@@ -369,6 +369,46 @@ fn filtered_search_is_exact_and_never_short_through_replay_checkpoints_merges_an
             );
         }
     }
+    // Scroll lists the model's pairs once each, in order, page by page, with their values.
+    let everything = tarn_collection::FieldSelection::everything();
+    for (limit, filter) in [
+        (1, None),
+        (37, None),
+        (10_000, None),
+        (5, Some(section("nine"))),
+    ] {
+        let mut listed = Vec::new();
+        let mut after = None;
+        loop {
+            let page = c
+                .scroll(&[2, 1], filter.as_ref(), after, limit, &everything, true)
+                .unwrap();
+            assert!(page.docs.len() <= limit);
+            for (user, doc, vector, values) in &page.docs {
+                let (stored, attributes) = &model[&(*user, *doc)];
+                assert_eq!((vector, values), (stored, attributes), "{user} {doc}");
+            }
+            listed.extend(page.docs.iter().map(|(user, doc, _, _)| (*user, *doc)));
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        let mut expected: Vec<(u128, u128)> = model
+            .iter()
+            .filter(|(_, (_, a))| filter.as_ref().is_none_or(|f| f.matches(a)))
+            .map(|(pair, _)| *pair)
+            .collect();
+        expected.sort_unstable();
+        assert_eq!(listed, expected, "limit {limit} {filter:?}");
+    }
+    let page = c
+        .scroll(&[1], None, None, 3, &Default::default(), false)
+        .unwrap();
+    assert!(page
+        .docs
+        .iter()
+        .all(|(_, _, v, a)| v.is_empty() && a.is_empty()));
 }
 
 #[test]
@@ -610,8 +650,24 @@ fn every_bad_attribute_filter_and_field_is_refused_naming_it_and_nothing_is_logg
         refused(c.search(&request), "filter");
         refused(c.matching_documents(&[1], &filter), "filter");
         refused(c.count(&[1], Some(&filter)), "filter");
+        let all = tarn_collection::FieldSelection::everything();
+        refused(
+            c.scroll(&[1], Some(&filter), None, 9, &all, false),
+            "filter",
+        );
     }
     refused(c.count(&vec![1; 10_001], None), "user_ids");
+    let all = tarn_collection::FieldSelection::everything();
+    refused(c.scroll(&[1], None, None, 0, &all, false), "limit");
+    refused(c.scroll(&[1], None, None, 10_001, &all, false), "limit");
+    let unknown = tarn_collection::FieldSelection {
+        fields: vec!["colour".into()],
+        payload: false,
+    };
+    refused(
+        c.scroll(&[1], None, None, 10, &unknown, false),
+        "output_fields",
+    );
     let after = c.stats();
     assert_eq!(after.last_appended_seq, before.last_appended_seq);
     assert_eq!(after.n_documents, 0);

@@ -426,6 +426,108 @@ impl Router {
     }
 }
 
+impl Router {
+    /// One page of a scroll over every shard holding the tenants' documents: each shard gives
+    /// its first `limit` documents after the cursor (read from an in-sync copy once the token's
+    /// position is visible there); the page is the first `limit` of them all in (user_id,
+    /// doc_id) order, and more follow when any shard had more.
+    pub async fn routed_scroll(
+        &self,
+        cluster: &ClusterNode,
+        request: &pb::ScrollRequest,
+        deadline: Option<Duration>,
+        api_key: Option<&str>,
+    ) -> Result<pb::ScrollResponse, ApiError> {
+        let map = cluster.map(&request.collection).await?;
+        let user_ids = convert::ids(&request.user_ids);
+        // Checked here so that a bad one is named once; every shard checks the rest.
+        convert::scroll_after(&request.cursor)?;
+        request.filter.as_ref().map(convert::filter).transpose()?;
+        let limit = convert::scroll_limit(request.limit);
+        let timeout = fanout::forward_deadline(deadline);
+        let shards = fanout::search_shards(&map.def, &user_ids);
+        let token = read_positions(&map, &request.read_token, request.min_seq_no, &shards)?;
+        let parts = shards.into_iter().map(|shard| (shard, ())).collect();
+        let answers = self
+            .fan_out("Scroll", parts, |shard, ()| {
+                let (min_seq, min_seq_epoch) = shard_position(&token, shard, request.min_seq_no);
+                let (map, token) = (&map, &token);
+                let shard_request = pb::ScrollRequest {
+                    min_seq_no: min_seq,
+                    read_token: Vec::new(),
+                    ..request.clone()
+                };
+                let call = move |target, map: Arc<CollectionMap>| {
+                    let shard_request = shard_request.clone();
+                    async move {
+                        not_given_up(&map, token, shard)?;
+                        match target {
+                            Target::Local(name) => {
+                                self.local_scroll(
+                                    &name,
+                                    &shard_request,
+                                    min_seq,
+                                    min_seq_epoch,
+                                    Some(timeout),
+                                )
+                                .await
+                            }
+                            Target::Remote(mut client, shard_ref) => {
+                                self.count_forwarded("Scroll");
+                                let scroll = pb::ShardScrollRequest {
+                                    shard: Some(shard_ref),
+                                    request: Some(pb::ScrollRequest {
+                                        collection: String::new(),
+                                        ..shard_request
+                                    }),
+                                    min_seq_epoch,
+                                };
+                                Ok(client
+                                    .scroll(cluster.node_request(scroll, api_key, timeout))
+                                    .await
+                                    .map_err(|s| fanout::forwarded_status(&map, shard, s))?
+                                    .into_inner())
+                            }
+                        }
+                    }
+                };
+                self.on_shard(cluster, map, shard, Access::Spread, timeout, call)
+            })
+            .await;
+        // A shard with more stopped at its cursor: past the nearest such stop, a shard's
+        // documents were not looked at, so the page ends there at the latest.
+        let mut docs = Vec::new();
+        let mut stop: Option<(u128, u128)> = None;
+        for (_, answer) in answers {
+            let page = answer?;
+            if let Some(at) = convert::scroll_after(&page.next_cursor)? {
+                stop = Some(stop.map_or(at, |s| s.min(at)));
+            }
+            docs.extend(page.docs);
+        }
+        let pair = |d: &pb::Document| {
+            (
+                d.user_id.as_ref().map_or(0, convert::id_to_u128),
+                d.doc_id.as_ref().map_or(0, convert::id_to_u128),
+            )
+        };
+        docs.sort_by_key(pair);
+        if let Some(stop) = stop {
+            docs.retain(|d| pair(d) <= stop);
+        }
+        let next = if docs.len() > limit {
+            docs.truncate(limit);
+            docs.last().map(pair)
+        } else {
+            stop
+        };
+        Ok(pb::ScrollResponse {
+            docs,
+            next_cursor: convert::scroll_cursor(next),
+        })
+    }
+}
+
 /// What a partial search keeps of its deadline for merging and answering after the shards'
 /// share (a tenth of it, at most this).
 const PARTIAL_RESERVE: Duration = Duration::from_millis(500);
