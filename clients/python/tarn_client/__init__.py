@@ -708,7 +708,9 @@ class Client:
         """Searches with every row of `vectors` (a 2-d array, or a list of vectors; at most
         1,000) in one call, each with the options of `search`; returns one list of hits per row,
         in order. The first search that fails fails the call, its message naming it
-        (`searches[3]: ...`)."""
+        (`searches[3]: ...`). One collection and one set of options per call here; with
+        `allow_partial`, the shards that did not answer are not reported (use `search` for
+        that)."""
         queries = _matrix(vectors)
         request = tarn_pb2.SearchBatchRequest(
             searches=[self._search_request(collection, q, top_k, **options) for q in queries]

@@ -361,7 +361,9 @@ impl Client {
     /// Many searches in one call (at most 1,000, of any collections), answered in order, each
     /// as [`Client::search`] answers it alone. The first that fails fails the call, its message
     /// naming it (`searches[3]: ...`). The longest of the searches' deadlines (or the
-    /// client's) applies to the whole call.
+    /// client's) applies to the whole call, each search getting what is left of it. With
+    /// [`Search::allow_partial`], the shards that did not answer are not reported (use
+    /// [`Client::search_partial`] for that).
     ///
     /// ```no_run
     /// # async fn example(client: tarn_client::Client, queries: Vec<Vec<f32>>) -> tarn_client::Result<()> {

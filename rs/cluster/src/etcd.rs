@@ -1567,10 +1567,12 @@ impl View {
     /// the collection unreadable (never absent: absent would let nodes act on its shards).
     /// Takes `key`'s new `value`, written at `revision`.
     fn put(&mut self, prefix: &str, key: &[u8], value: &[u8], revision: i64) {
-        if self
-            .witness
-            .as_ref()
-            .is_none_or(|w| revision > w.mod_revision)
+        // A witness is read back by its key: only a key that is text can be.
+        if std::str::from_utf8(key).is_ok()
+            && self
+                .witness
+                .as_ref()
+                .is_none_or(|w| revision > w.mod_revision)
         {
             self.witness = Some(HistoryWitness::of(key, value, revision));
         }

@@ -448,13 +448,15 @@ impl Tarn for TarnService {
                 .iter()
                 .all(|s| self.router.cluster_for(&s.collection).is_some());
             let named = |i: usize| move |e: ApiError| e.within(&format!("searches[{i}]"));
+            // One deadline for the whole batch: each search gets what is left of it.
+            let left = || deadline.map(|d| d.saturating_sub(started.elapsed()));
             let mut results = Vec::with_capacity(searches.len());
             if routed {
                 // Routed searches wait on other nodes: a few at a time, answered in order.
                 use futures_util::{StreamExt, TryStreamExt};
                 results = futures_util::stream::iter(searches.into_iter().enumerate())
                     .map(|(i, search)| async move {
-                        self.search_one(search, deadline, api_key, 0)
+                        self.search_one(search, left(), api_key, 0)
                             .await
                             .map_err(named(i))
                     })
@@ -466,7 +468,7 @@ impl Tarn for TarnService {
                 // run between them: a batch holds the worker no longer than one search does.
                 for (i, search) in searches.into_iter().enumerate() {
                     results.push(
-                        self.search_one(search, deadline, api_key, 0)
+                        self.search_one(search, left(), api_key, 0)
                             .await
                             .map_err(named(i))?,
                     );

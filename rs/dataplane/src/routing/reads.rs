@@ -500,7 +500,10 @@ impl Router {
         let mut stop: Option<(u128, u128)> = None;
         for (_, answer) in answers {
             let page = answer?;
-            if let Some(at) = convert::scroll_after(&page.next_cursor)? {
+            let at = convert::scroll_after(&page.next_cursor).map_err(|e| {
+                ApiError::Internal(format!("a shard answered a scroll with a bad cursor: {e}"))
+            })?;
+            if let Some(at) = at {
                 stop = Some(stop.map_or(at, |s| s.min(at)));
             }
             docs.extend(page.docs);
