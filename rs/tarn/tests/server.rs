@@ -312,6 +312,37 @@ fn every_rpc_and_every_error_code() {
             ),
             Code::NotFound
         );
+        // A batch shares the call's deadline: a search that waited for its position leaves the
+        // next one only what is left (before, each had all of it: 2 s + 3 s here).
+        created(&mut c, create("batchdl", 3, pb::Metric::L2)).await;
+        let first = c
+            .insert(insert("batchdl", &[1], &[], vec![1.0, 0.0, 0.0]))
+            .await
+            .unwrap()
+            .into_inner()
+            .seq_no;
+        let mut writer = server.client().await;
+        let late_write = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            writer
+                .insert(insert("batchdl", &[2], &[], vec![0.0, 1.0, 0.0]))
+                .await
+                .unwrap();
+        });
+        let waiting = |min_seq_no| pb::SearchRequest {
+            min_seq_no,
+            ..search("batchdl", &[], vec![1.0, 0.0, 0.0], 1)
+        };
+        let mut request = Request::new(pb::SearchBatchRequest {
+            searches: vec![waiting(first + 1), waiting(first + 1000)],
+        });
+        request.set_timeout(Duration::from_secs(3));
+        let started = std::time::Instant::now();
+        let status = c.search_batch(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+        assert!(status.message().starts_with("searches[1]: "), "{status:?}");
+        assert!(started.elapsed() < Duration::from_millis(4500));
+        late_write.await.unwrap();
         // A min_seq_no that never comes: the client's deadline is respected.
         let mut request = Request::new(search("docs", &[7], vec![1.0, 0.0, 0.0], 2));
         request.get_mut().min_seq_no = last_seq + 1000;
