@@ -25,7 +25,8 @@ pub enum Command {
     /// Create, list, inspect or drop collections.
     #[command(subcommand)]
     Collection(CollectionCommand),
-    /// Insert the vectors of an fvecs file (doc id = first id + row number).
+    /// Insert the vectors of an fvecs file (doc id = first id + row number), or the documents
+    /// of a JSON-lines file (what `tarn scroll` prints).
     Insert(InsertArgs),
     /// Search with the vectors of an fvecs file; with --ivecs, report recall@k.
     Search(SearchArgs),
@@ -448,8 +449,14 @@ pub struct InsertArgs {
     #[arg(long)]
     pub collection: String,
     /// fvecs file of vectors.
-    #[arg(long)]
-    pub fvecs: PathBuf,
+    #[arg(long, required_unless_present = "jsonl", conflicts_with = "jsonl")]
+    pub fvecs: Option<PathBuf>,
+    /// A JSON-lines file (gzipped or not) of documents, one object per line, as `tarn scroll`
+    /// prints them: `doc_id` and `vector` required; `user_id` (else the --user-id flags'),
+    /// `attributes` (converted as --attributes converts them) and `payload` optional. Ids are
+    /// decimal strings or integers.
+    #[arg(long, value_name = "FILE.jsonl[.gz]", conflicts_with_all = ["attributes", "first_id"])]
+    pub jsonl: Option<PathBuf>,
     /// Tenants to insert for (repeat the flag); none = tenant 0.
     #[arg(long = "user-id")]
     pub user_ids: Vec<u128>,

@@ -188,24 +188,10 @@ fn read_attributes(
         }
         let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&line)
             .with_context(|| format!("{shown}: row {row} is not a JSON object"))?;
-        let mut attributes = Attributes::new();
-        for (key, json) in object {
-            let Some(spec) = fields.iter().find(|f| f.name == key) else {
-                ignored.insert(key);
-                continue;
-            };
-            if json.is_null() {
-                continue;
-            }
-            let value = json_value(spec.field_type, &json).ok_or_else(|| {
-                anyhow::anyhow!(
-                    "{shown}: row {row}: field {key:?} is a {} field but holds {json}",
-                    spec.field_type
-                )
-            })?;
-            attributes.insert(key, value);
-        }
-        documents.push(attributes);
+        documents.push(
+            object_attributes(object, fields, &mut ignored)
+                .with_context(|| format!("{shown}: row {row}"))?,
+        );
     }
     if documents.len() < rows {
         bail!(
@@ -217,6 +203,131 @@ fn read_attributes(
         let keys: Vec<String> = ignored.into_iter().collect();
         eprintln!(
             "note: keys the collection does not declare are left out: {}",
+            keys.join(", ")
+        );
+    }
+    Ok(documents)
+}
+
+/// A JSON object's values for the declared fields, converted to their types; null values are
+/// left out, and undeclared keys too (added to `ignored`).
+fn object_attributes(
+    object: serde_json::Map<String, serde_json::Value>,
+    fields: &[FieldSpec],
+    ignored: &mut std::collections::BTreeSet<String>,
+) -> anyhow::Result<Attributes> {
+    let mut attributes = Attributes::new();
+    for (key, json) in object {
+        let Some(spec) = fields.iter().find(|f| f.name == key) else {
+            ignored.insert(key);
+            continue;
+        };
+        if json.is_null() {
+            continue;
+        }
+        let value = json_value(spec.field_type, &json).ok_or_else(|| {
+            anyhow::anyhow!(
+                "field {key:?} is a {} field but holds {json}",
+                spec.field_type
+            )
+        })?;
+        attributes.insert(key, value);
+    }
+    Ok(attributes)
+}
+
+/// A document of a JSON-lines file (`tarn insert --jsonl`, what `tarn scroll` prints).
+struct JsonDocument {
+    /// Its tenant (`None`: the `--user-id` flags').
+    user_id: Option<u128>,
+    doc_id: u128,
+    vector: Vec<f32>,
+    attributes: Attributes,
+}
+
+/// An id in a JSON document: a decimal string (any u128) or a non-negative integer.
+fn json_id(json: &serde_json::Value) -> Option<u128> {
+    match json {
+        serde_json::Value::String(text) => text.parse().ok(),
+        serde_json::Value::Number(number) => number.as_u64().map(u128::from),
+        _ => None,
+    }
+}
+
+/// Reads the documents of a JSON-lines file (gzipped or not), one object per line:
+/// `doc_id` and `vector` required, `user_id`, `attributes` (converted as `--attributes`
+/// converts them) and `payload` (any JSON value) optional; at most `limit` of them.
+fn read_documents_jsonl(
+    path: &Path,
+    limit: Option<usize>,
+    fields: &[FieldSpec],
+) -> anyhow::Result<Vec<JsonDocument>> {
+    let shown = path.display();
+    let mut file =
+        BufReader::new(std::fs::File::open(path).with_context(|| format!("opening {shown}"))?);
+    let gzipped = file
+        .fill_buf()
+        .with_context(|| format!("reading {shown}"))?
+        .starts_with(&[0x1f, 0x8b]);
+    let reader: Box<dyn BufRead> = if gzipped {
+        Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(file)))
+    } else {
+        Box::new(file)
+    };
+    let mut ignored = std::collections::BTreeSet::new();
+    let mut documents = Vec::new();
+    for (row, line) in reader.lines().enumerate() {
+        if limit.is_some_and(|limit| documents.len() >= limit) {
+            break;
+        }
+        let line = line.with_context(|| format!("reading {shown}"))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = || format!("{shown}: line {}", row + 1);
+        let mut object: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&line).with_context(|| format!("{}: not a JSON object", at()))?;
+        let doc_id = object
+            .get("doc_id")
+            .and_then(json_id)
+            .with_context(|| format!("{}: no doc_id (a decimal string or an integer)", at()))?;
+        let user_id = match object.get("user_id") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(json) => Some(json_id(json).with_context(|| {
+                format!("{}: user_id is not a decimal string or an integer", at())
+            })?),
+        };
+        let vector = object
+            .get("vector")
+            .and_then(|v| v.as_array())
+            .and_then(|values| {
+                values
+                    .iter()
+                    .map(|x| x.as_f64().map(|x| x as f32))
+                    .collect::<Option<Vec<f32>>>()
+            })
+            .with_context(|| format!("{}: no vector (an array of numbers)", at()))?;
+        let mut attributes = match object.remove("attributes") {
+            None | Some(serde_json::Value::Null) => Attributes::new(),
+            Some(serde_json::Value::Object(values)) => {
+                object_attributes(values, fields, &mut ignored).with_context(at)?
+            }
+            Some(other) => bail!("{}: attributes is not an object: {other}", at()),
+        };
+        if let Some(payload) = object.remove("payload").filter(|p| !p.is_null()) {
+            attributes = attributes.with_payload(payload.to_string());
+        }
+        documents.push(JsonDocument {
+            user_id,
+            doc_id,
+            vector,
+            attributes,
+        });
+    }
+    if !ignored.is_empty() {
+        let keys: Vec<String> = ignored.into_iter().collect();
+        eprintln!(
+            "note: attributes the collection does not declare are left out: {}",
             keys.join(", ")
         );
     }
@@ -762,56 +873,29 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn insert(args: InsertArgs) -> anyhow::Result<()> {
-    let (dim, words) = read_vecs_rows(&args.fvecs, args.limit)?;
-    let vectors: Vec<f32> = words.into_iter().map(f32::from_bits).collect();
-    let n_rows = vectors.len() / dim.max(1);
-    let client = connect(&args.client).await?;
-    let attributes = match &args.attributes {
-        Some(path) => {
-            let info = client.collection_info(&args.collection).await?;
-            read_attributes(path, n_rows, &info.fields)?
-        }
-        None => Vec::new(),
-    };
-    let attributes = Arc::new(attributes);
-    let durability = durability(args.durability.as_deref())?;
-    let user_ids = args.user_ids.clone();
-    let batch = args.batch.max(1);
+/// Sends `requests` (each with its number of documents), `concurrency` at a time, showing
+/// progress over `n_rows` documents; the highest sequence number acknowledged.
+async fn send_inserts(
+    client: &Client,
+    requests: impl IntoIterator<Item = (Insert, usize)>,
+    n_rows: usize,
+    concurrency: usize,
+) -> anyhow::Result<u64> {
     let progress = indicatif::ProgressBar::new(n_rows as u64);
     progress.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} vectors {per_sec} eta {eta}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let vectors = Arc::new(vectors);
-    let limit = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1)));
+    let limit = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
-    let started = Instant::now();
     let mut last_seq = 0;
-    for start in (0..n_rows).step_by(batch) {
-        let end = (start + batch).min(n_rows);
+    for (request, n_docs) in requests {
         let permit = Arc::clone(&limit).acquire_owned().await?;
-        let (client, vectors, user_ids, progress, attributes) = (
-            client.clone(),
-            Arc::clone(&vectors),
-            user_ids.clone(),
-            progress.clone(),
-            Arc::clone(&attributes),
-        );
-        let (collection, first_id) = (args.collection.clone(), args.first_id);
+        let (client, progress) = (client.clone(), progress.clone());
         tasks.spawn(async move {
-            let doc_ids: Vec<u128> = (start..end).map(|r| first_id + r as u128).collect();
-            let mut request =
-                Insert::new(collection, doc_ids, &vectors[start * dim..end * dim]).users(user_ids);
-            if !attributes.is_empty() {
-                request = request.attributes(attributes[start..end].iter().cloned());
-            }
-            if let Some(durability) = durability {
-                request = request.durability(durability);
-            }
             let reply = client.insert(request).await;
             drop(permit);
-            progress.inc((end - start) as u64);
+            progress.inc(n_docs as u64);
             reply.map(|ack| ack.seq_no)
         });
         while let Some(done) = tasks.try_join_next() {
@@ -822,6 +906,87 @@ async fn insert(args: InsertArgs) -> anyhow::Result<()> {
         last_seq = last_seq.max(done??);
     }
     progress.finish_and_clear();
+    Ok(last_seq)
+}
+
+async fn insert(args: InsertArgs) -> anyhow::Result<()> {
+    let client = connect(&args.client).await?;
+    let durability = durability(args.durability.as_deref())?;
+    let batch = args.batch.max(1);
+    let started = Instant::now();
+    let with_durability = |request: Insert| match durability {
+        Some(durability) => request.durability(durability),
+        None => request,
+    };
+    let (n_rows, last_seq) = match (&args.jsonl, &args.fvecs) {
+        (Some(path), _) => {
+            let info = client.collection_info(&args.collection).await?;
+            let docs = read_documents_jsonl(path, args.limit, &info.fields)?;
+            if let Some(doc) = docs
+                .iter()
+                .find(|d| d.vector.len() != info.dimension as usize)
+            {
+                bail!(
+                    "{}: document {} has {} values, the collection's vectors {}",
+                    path.display(),
+                    doc.doc_id,
+                    doc.vector.len(),
+                    info.dimension
+                );
+            }
+            // Consecutive documents of the same tenant, `batch` to a request.
+            let mut requests = Vec::new();
+            for tenant in docs.chunk_by(|a, b| a.user_id == b.user_id) {
+                for part in tenant.chunks(batch) {
+                    let users = part[0].user_id.map_or(args.user_ids.clone(), |u| vec![u]);
+                    let vectors: Vec<f32> = part.iter().flat_map(|d| d.vector.clone()).collect();
+                    let request = Insert::new(
+                        args.collection.clone(),
+                        part.iter().map(|d| d.doc_id).collect::<Vec<_>>(),
+                        vectors,
+                    )
+                    .users(users);
+                    let request = match part.iter().any(|d| !d.attributes.is_empty()) {
+                        true => request.attributes(part.iter().map(|d| d.attributes.clone())),
+                        false => request,
+                    };
+                    requests.push((with_durability(request), part.len()));
+                }
+            }
+            let last_seq = send_inserts(&client, requests, docs.len(), args.concurrency).await?;
+            (docs.len(), last_seq)
+        }
+        (None, Some(fvecs)) => {
+            let (dim, words) = read_vecs_rows(fvecs, args.limit)?;
+            let vectors: Vec<f32> = words.into_iter().map(f32::from_bits).collect();
+            let n_rows = vectors.len() / dim.max(1);
+            let attributes = match &args.attributes {
+                Some(path) => {
+                    let info = client.collection_info(&args.collection).await?;
+                    read_attributes(path, n_rows, &info.fields)?
+                }
+                None => Vec::new(),
+            };
+            // Each request is made when a slot frees up: the vectors are not copied ahead.
+            let requests = (0..n_rows).step_by(batch).map(|start| {
+                let end = (start + batch).min(n_rows);
+                let doc_ids: Vec<u128> = (start..end).map(|r| args.first_id + r as u128).collect();
+                let mut request = Insert::new(
+                    args.collection.clone(),
+                    doc_ids,
+                    &vectors[start * dim..end * dim],
+                )
+                .users(args.user_ids.clone());
+                if !attributes.is_empty() {
+                    request = request.attributes(attributes[start..end].iter().cloned());
+                }
+                (with_durability(request), end - start)
+            });
+            let last_seq = send_inserts(&client, requests, n_rows, args.concurrency).await?;
+            (n_rows, last_seq)
+        }
+        (None, None) => bail!("give --fvecs or --jsonl"),
+    };
     let elapsed = started.elapsed().as_secs_f64();
     println!(
         "inserted {n_rows} vectors in {elapsed:.2} s: {:.0} vectors/s (last seq_no {last_seq})",

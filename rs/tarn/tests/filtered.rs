@@ -1235,6 +1235,12 @@ fn the_cli_creates_fields_inserts_attributes_and_searches_with_a_filter() {
         stderr.contains("--filter") && stderr.contains("')'"),
         "{stderr}"
     );
+    let count_in = |collection: &str| {
+        run_cli(addr, &["count", "--collection", collection])
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
     let count = |filter: Option<&str>| {
         let mut args = vec!["count", "--collection", "pkgs"];
         args.extend(filter.map(|f| ["--filter", f]).into_iter().flatten());
@@ -1256,6 +1262,82 @@ fn the_cli_creates_fields_inserts_attributes_and_searches_with_a_filter() {
     assert_eq!(ids, ["0", "1", "2", "3"]);
     assert_eq!(all[0]["attributes"]["section"], "python");
     assert_eq!(all[0]["vector"].as_array().unwrap().len(), 4);
+    // What scroll prints, insert --jsonl reads back: a copy scrolls the same.
+    let exported = files.path().join("pkgs.jsonl");
+    let text: String = all.iter().map(|d| format!("{d}\n")).collect();
+    std::fs::write(&exported, text).unwrap();
+    run_cli(
+        addr,
+        &[
+            "collection",
+            "create",
+            "copy",
+            "--dimension",
+            "4",
+            "--field",
+            "section:keyword",
+            "--field",
+            "tags:keywords",
+            "--field",
+            "installed_size_kb:number",
+            "--field",
+            "essential:bool",
+            "--field",
+            "architecture:keyword",
+        ],
+    );
+    let exported_arg = exported.to_str().unwrap();
+    let out = run_cli(
+        addr,
+        &[
+            "insert",
+            "--collection",
+            "copy",
+            "--jsonl",
+            exported_arg,
+            "--batch",
+            "3",
+        ],
+    );
+    assert!(out.contains("inserted 4 vectors"), "{out}");
+    let copied = run_cli(addr, &["scroll", "--collection", "copy", "--with-vectors"]);
+    let copied: Vec<serde_json::Value> = copied
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(copied, all);
+    // A bad line is refused naming it, before anything is sent.
+    for (line, expected) in [
+        (
+            r#"{"doc_id": "9", "vector": [1, 2]}"#,
+            "document 9 has 2 values",
+        ),
+        (r#"{"vector": [1, 2, 3, 4]}"#, "line 1: no doc_id"),
+        (
+            r#"{"doc_id": 9, "vector": [1, 2, 3, 4], "attributes": {"essential": "yes"}}"#,
+            "\"essential\" is a bool field",
+        ),
+    ] {
+        let bad = files.path().join("bad.jsonl");
+        std::fs::write(&bad, line).unwrap();
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_tarn"))
+            .args([
+                "insert",
+                "--collection",
+                "copy",
+                "--jsonl",
+                bad.to_str().unwrap(),
+            ])
+            .args(["--addr", addr])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && stderr.contains(expected),
+            "{stderr}"
+        );
+    }
+    assert_eq!(count_in("copy"), 4);
     let python = scroll(&["--filter", "section = python"]);
     let ids: Vec<&str> = python
         .iter()
