@@ -199,6 +199,14 @@ pub struct SearchHit {
     pub text_side: Option<SideRank>,
 }
 
+/// The tenants a read names (tenant 0 when none), each once, in order.
+fn distinct_tenants(user_ids: &[u128]) -> Vec<u128> {
+    let mut tenants = op::Operation::tenants(user_ids).to_vec();
+    tenants.sort_unstable();
+    tenants.dedup();
+    tenants
+}
+
 /// The most documents one scroll page holds.
 pub const MAX_SCROLL_LIMIT: usize = 10_000;
 
@@ -935,9 +943,7 @@ impl Collection {
         let schema = self.schema();
         output.validate(&schema)?;
         let stored = output.needs_stored(&schema);
-        let mut tenants = op::Operation::tenants(user_ids).to_vec();
-        tenants.sort_unstable();
-        tenants.dedup();
+        let tenants = distinct_tenants(user_ids);
         let everything = Filter::All(Vec::new());
         let pairs = self.matching_documents(&tenants, filter.unwrap_or(&everything))?;
         let rest = &pairs[after.map_or(0, |after| pairs.partition_point(|p| *p <= after))..];
@@ -1020,9 +1026,7 @@ impl Collection {
                 "at most 10000 tenants per count",
             ));
         }
-        let mut tenants = op::Operation::tenants(user_ids).to_vec();
-        tenants.sort_unstable();
-        tenants.dedup();
+        let tenants = distinct_tenants(user_ids);
         match filter {
             Some(filter) => Ok(self.matching_documents(&tenants, filter)?.len() as u64),
             None => {

@@ -95,6 +95,26 @@ impl TarnService {
         })
     }
 
+    /// A read's checks (its API key; no shard address from the wire) and what it carries
+    /// beside its message.
+    fn read_call<T>(
+        &self,
+        request: Request<T>,
+        collection: impl Fn(&T) -> &str,
+    ) -> Result<(T, ReadCall), ApiError> {
+        self.keys.check(&request, Access::Read)?;
+        self.check_shard_address(&request, collection(request.get_ref()))?;
+        let call = ReadCall {
+            deadline: client_deadline(&request),
+            api_key: crate::auth::api_key(&request),
+            token_epoch: request
+                .extensions()
+                .get::<crate::node_service::TokenEpoch>()
+                .map_or(0, |e| e.0),
+        };
+        Ok((request.into_inner(), call))
+    }
+
     /// A shard address (`<collection>.<uid>.<shard>@<epoch>`) is for the cluster's own
     /// node-to-node calls, which come through the `Node` service (`node_service.rs`): the public
     /// API refuses it from the wire, whatever the caller's key (a client writing to a shard
@@ -116,6 +136,15 @@ impl TarnService {
             )),
         }
     }
+}
+
+/// What a read carries beside its message ([`TarnService::read_call`]).
+struct ReadCall {
+    /// The time left before the client's deadline, if it sent one.
+    deadline: Option<Duration>,
+    api_key: Option<String>,
+    /// The epoch a forwarded read token's position was acknowledged at (0: none).
+    token_epoch: u64,
 }
 
 /// Most searches in one SearchBatch.
@@ -407,15 +436,14 @@ impl Tarn for TarnService {
     async fn search(&self, request: Request<pb::SearchRequest>) -> RpcResult<pb::SearchResponse> {
         let started = Instant::now();
         let result = async {
-            self.keys.check(&request, Access::Read)?;
-            self.check_shard_address(&request, &request.get_ref().collection)?;
-            let deadline = client_deadline(&request);
-            let api_key = crate::auth::api_key(&request);
-            let token_epoch = request
-                .extensions()
-                .get::<crate::node_service::TokenEpoch>()
-                .map_or(0, |e| e.0);
-            let request = request.into_inner();
+            let (
+                request,
+                ReadCall {
+                    deadline,
+                    api_key,
+                    token_epoch,
+                },
+            ) = self.read_call(request, |r| &r.collection)?;
             self.search_one(request, deadline, api_key.as_deref(), token_epoch)
                 .await
         }
@@ -484,15 +512,14 @@ impl Tarn for TarnService {
     async fn get(&self, request: Request<pb::GetRequest>) -> RpcResult<pb::GetResponse> {
         let started = Instant::now();
         let result = async {
-            self.keys.check(&request, Access::Read)?;
-            self.check_shard_address(&request, &request.get_ref().collection)?;
-            let deadline = client_deadline(&request);
-            let api_key = crate::auth::api_key(&request);
-            let token_epoch = request
-                .extensions()
-                .get::<crate::node_service::TokenEpoch>()
-                .map_or(0, |e| e.0);
-            let request = request.into_inner();
+            let (
+                request,
+                ReadCall {
+                    deadline,
+                    api_key,
+                    token_epoch,
+                },
+            ) = self.read_call(request, |r| &r.collection)?;
             // The collection first (NOT_FOUND), then the request's size, as a single node always
             // answered.
             match self.router.cluster_for(&request.collection) {
@@ -553,15 +580,14 @@ impl Tarn for TarnService {
     async fn count(&self, request: Request<pb::CountRequest>) -> RpcResult<pb::CountResponse> {
         let started = Instant::now();
         let result = async {
-            self.keys.check(&request, Access::Read)?;
-            self.check_shard_address(&request, &request.get_ref().collection)?;
-            let deadline = client_deadline(&request);
-            let api_key = crate::auth::api_key(&request);
-            let token_epoch = request
-                .extensions()
-                .get::<crate::node_service::TokenEpoch>()
-                .map_or(0, |e| e.0);
-            let request = request.into_inner();
+            let (
+                request,
+                ReadCall {
+                    deadline,
+                    api_key,
+                    token_epoch,
+                },
+            ) = self.read_call(request, |r| &r.collection)?;
             let count = match self.router.cluster_for(&request.collection) {
                 Some(cluster) => {
                     self.router
@@ -593,15 +619,14 @@ impl Tarn for TarnService {
     async fn scroll(&self, request: Request<pb::ScrollRequest>) -> RpcResult<pb::ScrollResponse> {
         let started = Instant::now();
         let result = async {
-            self.keys.check(&request, Access::Read)?;
-            self.check_shard_address(&request, &request.get_ref().collection)?;
-            let deadline = client_deadline(&request);
-            let api_key = crate::auth::api_key(&request);
-            let token_epoch = request
-                .extensions()
-                .get::<crate::node_service::TokenEpoch>()
-                .map_or(0, |e| e.0);
-            let request = request.into_inner();
+            let (
+                request,
+                ReadCall {
+                    deadline,
+                    api_key,
+                    token_epoch,
+                },
+            ) = self.read_call(request, |r| &r.collection)?;
             match self.router.cluster_for(&request.collection) {
                 Some(cluster) => {
                     self.router

@@ -159,11 +159,8 @@ async fn parse_filter(client: &Client, collection: &str, text: &str) -> anyhow::
 /// Reads `rows` documents' attributes from a JSON-lines file (gzipped when it starts with
 /// gzip's magic bytes): one object per row, keys converted by the declared `fields`' types,
 /// null values and undeclared keys left out (the undeclared ones are named once on stderr).
-fn read_attributes(
-    path: &Path,
-    rows: usize,
-    fields: &[FieldSpec],
-) -> anyhow::Result<Vec<Attributes>> {
+/// A text file's lines, gunzipped when it is gzipped.
+fn open_text(path: &Path) -> anyhow::Result<Box<dyn BufRead>> {
     let shown = path.display();
     let mut file =
         BufReader::new(std::fs::File::open(path).with_context(|| format!("opening {shown}"))?);
@@ -171,11 +168,20 @@ fn read_attributes(
         .fill_buf()
         .with_context(|| format!("reading {shown}"))?
         .starts_with(&[0x1f, 0x8b]);
-    let reader: Box<dyn BufRead> = if gzipped {
+    Ok(if gzipped {
         Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(file)))
     } else {
         Box::new(file)
-    };
+    })
+}
+
+fn read_attributes(
+    path: &Path,
+    rows: usize,
+    fields: &[FieldSpec],
+) -> anyhow::Result<Vec<Attributes>> {
+    let shown = path.display();
+    let reader = open_text(path)?;
     let mut ignored = std::collections::BTreeSet::new();
     let mut documents = Vec::with_capacity(rows);
     for (row, line) in reader.lines().enumerate() {
@@ -263,17 +269,7 @@ fn read_documents_jsonl(
     fields: &[FieldSpec],
 ) -> anyhow::Result<Vec<JsonDocument>> {
     let shown = path.display();
-    let mut file =
-        BufReader::new(std::fs::File::open(path).with_context(|| format!("opening {shown}"))?);
-    let gzipped = file
-        .fill_buf()
-        .with_context(|| format!("reading {shown}"))?
-        .starts_with(&[0x1f, 0x8b]);
-    let reader: Box<dyn BufRead> = if gzipped {
-        Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(file)))
-    } else {
-        Box::new(file)
-    };
+    let reader = open_text(path)?;
     let mut ignored = std::collections::BTreeSet::new();
     let mut documents = Vec::new();
     for (row, line) in reader.lines().enumerate() {
